@@ -1,0 +1,166 @@
+#pragma once
+// Layout algebra: where each rank sits on the mesh and which block of a global tensor it holds.
+//
+// Plain constexpr functions over small values (CuTe's habit): with static inputs they fold at compile
+// time, with dynamic ones the same code runs at run time.
+//
+//   rank <-> coordinate     row-major: the last mesh axis varies fastest (PyTorch, JAX, numpy)
+//   axis groups             the ranks that differ from this one only along one axis, in axis order;
+//                           colour/key for a communicator split (colour = the other coordinates)
+//   chunks                  torch.chunk: c = ceil(n / k); chunk i has max(0, min(n, (i+1)c) - ic) items
+//                           at offset min(n, ic)
+//   local blocks            a placement list applied to a global shape, axes left to right: every axis
+//                           that shards dim d splits the block its predecessors left on d
+
+#include <cstdint>
+#include <string>
+
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/placement.hpp"
+#include "dtensor/core/static_vector.hpp"
+
+namespace dtensor {
+
+/// Sizes of the mesh axes, in axis order.
+using MeshSizes = StaticVector<int, max_mesh_rank>;
+/// A rank's coordinate on the mesh, one entry per axis.
+using MeshCoord = StaticVector<int, max_mesh_rank>;
+/// A shape or offset of a tensor with a run-time number of dims.
+using Extents = StaticVector<std::int64_t, max_tensor_rank>;
+
+/// Number of ranks in a mesh.
+constexpr int mesh_numel(const MeshSizes& sizes) noexcept {
+  int n = 1;
+  for (int s : sizes) {
+    n *= s;
+  }
+  return n;
+}
+
+/// @pre 0 <= rank < mesh_numel(sizes). @post coord_to_rank(result, sizes) == rank.
+constexpr MeshCoord rank_to_coord(int rank, const MeshSizes& sizes) {
+  MeshCoord coord(sizes.size(), 0);
+  for (int a = sizes.size() - 1; a >= 0; --a) {
+    coord[a] = rank % sizes[a];
+    rank /= sizes[a];
+  }
+  return coord;
+}
+
+constexpr int coord_to_rank(const MeshCoord& coord, const MeshSizes& sizes) noexcept {
+  int rank = 0;
+  for (int a = 0; a < sizes.size(); ++a) {
+    rank = rank * sizes[a] + coord[a];
+  }
+  return rank;
+}
+
+/// The rank at position `i` of the group along `axis` that contains `rank` (its key is `i`).
+constexpr int axis_group_rank(int rank, int axis, int i, const MeshSizes& sizes) {
+  MeshCoord coord = rank_to_coord(rank, sizes);
+  coord[axis] = i;
+  return coord_to_rank(coord, sizes);
+}
+
+/// All ranks of the group along `axis` that contains `rank`, ordered by their coordinate on `axis`.
+template <int Capacity = 64>
+constexpr StaticVector<int, Capacity> axis_group_ranks(int rank, int axis, const MeshSizes& sizes) {
+  StaticVector<int, Capacity> out;
+  for (int i = 0; i < sizes[axis]; ++i) {
+    out.push_back(axis_group_rank(rank, axis, i, sizes));
+  }
+  return out;
+}
+
+/// Colour of `rank`'s group along `axis` for a communicator split: the row-major index of the other
+/// coordinates. Ranks share a colour exactly when they share a group along `axis`.
+constexpr int axis_color(int rank, int axis, const MeshSizes& sizes) {
+  const MeshCoord coord = rank_to_coord(rank, sizes);
+  int color = 0;
+  for (int a = 0; a < sizes.size(); ++a) {
+    if (a != axis) {
+      color = color * sizes[a] + coord[a];
+    }
+  }
+  return color;
+}
+
+/// Key of `rank` in its group along `axis` (its coordinate on that axis = its rank in the group).
+constexpr int axis_key(int rank, int axis, const MeshSizes& sizes) {
+  return rank_to_coord(rank, sizes)[axis];
+}
+
+/// torch.chunk's chunk length: ceil(n / k).
+constexpr std::int64_t chunk_stride(std::int64_t n, int k) noexcept {
+  return (n + k - 1) / k;
+}
+
+/// Length of chunk `i` of `n` items split into `k` chunks the torch.chunk way (trailing chunks may be
+/// short or empty).
+constexpr std::int64_t chunk_size(std::int64_t n, int k, int i) noexcept {
+  const std::int64_t c = chunk_stride(n, k);
+  const std::int64_t begin = c * i;
+  const std::int64_t end = c * (i + 1) < n ? c * (i + 1) : n;
+  return end > begin ? end - begin : 0;
+}
+
+/// Offset of chunk `i`: i * ceil(n / k), clamped to n for empty chunks.
+constexpr std::int64_t chunk_offset(std::int64_t n, int k, int i) noexcept {
+  const std::int64_t o = chunk_stride(n, k) * i;
+  return o < n ? o : n;
+}
+
+/// A rank's block of a global tensor: its local shape and the global index of its first element.
+struct Block {
+  Extents shape;
+  Extents offset;
+  friend constexpr bool operator==(const Block&, const Block&) = default;
+};
+
+/// The block that the rank at `coord` holds of a tensor of shape `global` placed by `placements`
+/// (one per mesh axis; Shard dims may be negative) on a mesh of `sizes`. Replicate and Partial axes
+/// keep the block; Shard axes split it, left to right.
+/// @pre check_placements(placements, sizes.size(), global.size()) == PlacementError::none
+constexpr Block local_block(const Extents& global, const PlacementList& placements, const MeshSizes& sizes,
+                            const MeshCoord& coord) {
+  Block b{global, Extents(global.size(), 0)};
+  for (int a = 0; a < placements.size(); ++a) {
+    const Placement p = normalize(placements[a], global.size());
+    if (!p.is_shard()) {
+      continue;
+    }
+    const std::int64_t n = b.shape[p.dim];
+    b.offset[p.dim] += chunk_offset(n, sizes[a], coord[a]);
+    b.shape[p.dim] = chunk_size(n, sizes[a], coord[a]);
+  }
+  return b;
+}
+
+constexpr Block local_block(const Extents& global, const PlacementList& placements, const MeshSizes& sizes,
+                            int rank) {
+  return local_block(global, placements, sizes, rank_to_coord(rank, sizes));
+}
+
+/// Number of elements of an extent list.
+constexpr std::int64_t numel(const Extents& shape) noexcept {
+  std::int64_t n = 1;
+  for (std::int64_t s : shape) {
+    n *= s;
+  }
+  return n;
+}
+
+/// "(dp=2, tp=4)" for axis names and sizes (a size < 0 prints as '?', not yet known).
+template <class Names>
+std::string mesh_to_string(const Names& names, const MeshSizes& sizes) {
+  std::string s = "(";
+  for (int a = 0; a < sizes.size(); ++a) {
+    if (a > 0) {
+      s += ", ";
+    }
+    s += std::string(names[a]) + "=" + (sizes[a] < 0 ? std::string("?") : std::to_string(sizes[a]));
+  }
+  return s + ")";
+}
+
+} // namespace dtensor

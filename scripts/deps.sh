@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages dtensor's build, tests and demo need, if any is missing (idempotent: does
+# nothing when all are present). Needs root or sudo only when something is missing.
+set -euo pipefail
+
+packages=(g++ cmake ninja-build catch2 libgloo-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,66 @@
+// Compile-fail cases for the compile-time vocabulary. Each `//! CASE name regex` line is one ctest case
+// that compiles this file with -DCASE_name and expects the compiler output to match regex. Without a case
+// the file must compile.
+#include <dtensor/mesh/mesh_shape.hpp>
+#include <dtensor/mesh/placement_check.hpp>
+
+using namespace dtensor;
+using Mesh = MeshShape<Axis<"dp">, Axis<"tp", 4>>;
+
+//! CASE zero_axis_size Size must be > 0; write Axis<.name.> for a size known only at run time
+#ifdef CASE_zero_axis_size
+using Bad = MeshShape<Axis<"tp", 0>>;
+constexpr int n = Bad::rank;
+#endif
+
+//! CASE empty_axis_name a mesh axis needs a non-empty name
+#ifdef CASE_empty_axis_name
+constexpr int n = Axis<"">::size;
+#endif
+
+//! CASE duplicate_axis_names two axes have the same name; give every axis a unique name
+#ifdef CASE_duplicate_axis_names
+constexpr int n = MeshShape<Axis<"tp", 2>, Axis<"tp", 4>>::rank;
+#endif
+
+//! CASE not_an_axis takes Axis<.name., size> or Axis<.name.> arguments only
+#ifdef CASE_not_an_axis
+constexpr int n = MeshShape<int>::rank;
+#endif
+
+//! CASE unknown_axis_name no mesh axis has this name
+#ifdef CASE_unknown_axis_name
+constexpr int n = Mesh::index_of<"pp">();
+#endif
+
+//! CASE too_few_placements wrong number of placements: give exactly one placement per mesh axis
+#ifdef CASE_too_few_placements
+constexpr bool ok = validate_placements<Mesh, 2, Shard<0>>();
+#endif
+
+//! CASE too_many_placements wrong number of placements: give exactly one placement per mesh axis
+#ifdef CASE_too_many_placements
+constexpr bool ok = validate_placements<Mesh, 2, Shard<0>, Replicate, Replicate>();
+#endif
+
+//! CASE shard_dim_too_large Shard<D>: D must be in \[-rank, rank\) of the tensor \(use Shard<-1> for the last dim\)
+#ifdef CASE_shard_dim_too_large
+constexpr bool ok = validate_placements<Mesh, 2, Shard<2>, Replicate>();
+#endif
+
+//! CASE shard_dim_too_negative Shard<D>: D must be in \[-rank, rank\)
+#ifdef CASE_shard_dim_too_negative
+constexpr bool ok = validate_placements<Mesh, 2, Replicate, Shard<-3>>();
+#endif
+
+//! CASE mixed_partial_ops only Partial<sum> and Partial<avg> may be mixed
+#ifdef CASE_mixed_partial_ops
+constexpr bool ok = validate_placements<Mesh, 2, Partial<ReduceOp::sum>, Partial<ReduceOp::max>>();
+#endif
+
+//! CASE not_a_placement placements must be Shard<D>, Replicate or Partial<ReduceOp>
+#ifdef CASE_not_a_placement
+constexpr bool ok = validate_placements<Mesh, 2, Shard<0>, int>();
+#endif
+
+int main() {}
