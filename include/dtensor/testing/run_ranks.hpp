@@ -1,0 +1,152 @@
+#pragma once
+// run_ranks: n ranks as n threads of this process, over gloo on 127.0.0.1 with an in-process store, so
+// every multi-rank test runs under plain ctest.
+//
+//   dtensor::testing::run_ranks(4, [](dtensor::ProcessGroup& world) {
+//     auto t = dtensor::Tensor<float, 1>::full({8}, float(world.rank()));
+//     dtensor::all_reduce(t, dtensor::ReduceOp::sum, world);
+//     DTENSOR_CHECK(t(0) == 6.0f, "rank " + std::to_string(world.rank()) + ": wrong sum");
+//   });
+//
+// When a rank throws, its message is recorded, its groups are aborted (peers blocked on it fail within
+// seconds, as if its process had died) and the store is aborted; ranks still running after `grace` are
+// aborted too. run_ranks then throws one dtensor::Error naming the first failing rank and its message,
+// followed by the other ranks' errors. Catch2's assertions are not thread-safe: inside `fn`, throw
+// (DTENSOR_CHECK) instead of REQUIRE.
+//
+// Needs the gloo backend (DTENSOR_HAS_GLOO, target dtensor::gloo); without it this header declares nothing.
+
+#if DTENSOR_HAS_GLOO
+
+#include "dtensor/backends/gloo/backend.hpp"
+#include "dtensor/backends/gloo/store.hpp"
+#include "dtensor/comm/process_group.hpp"
+#include "dtensor/core/error.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dtensor::testing {
+
+struct RunRanksOptions {
+  /// Default timeout of every op and of the rendezvous.
+  std::chrono::milliseconds timeout = std::chrono::seconds(20);
+  /// After the first failure, ranks still running this long are aborted.
+  std::chrono::milliseconds grace = std::chrono::seconds(3);
+};
+
+/// Runs fn(world) on `n` ranks (threads), world being a gloo group over all of them. Throws dtensor::Error
+/// when any rank throws (see above).
+inline void run_ranks(int n, const std::function<void(ProcessGroup&)>& fn, RunRanksOptions options = {}) {
+  DTENSOR_CHECK(n >= 1, "run_ranks: the number of ranks must be >= 1, got " + std::to_string(n));
+  auto store = std::make_shared<InProcessStore>(options.timeout);
+  std::vector<ProcessGroup> worlds(n);
+  std::mutex m;
+  std::condition_variable cv;
+  int finished = 0;
+  struct Failure {
+    int rank;
+    std::string message;
+  };
+  std::vector<Failure> failures;
+  std::chrono::steady_clock::time_point first_failure;
+
+  auto abort_rank = [&](int r, const std::string& reason) {
+    std::shared_ptr<Backend> b;
+    {
+      std::lock_guard lock(m);
+      b = worlds[r].backend_ptr();
+    }
+    if (b) {
+      abort_gloo_rank(*b, reason);
+    }
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      std::string error;
+      bool failed = false;
+      try {
+        GlooOptions go;
+        go.timeout = options.timeout;
+        ProcessGroup world(make_gloo_backend(store, r, n, go));
+        {
+          std::lock_guard lock(m);
+          worlds[r] = world;
+        }
+        fn(world);
+      } catch (const std::exception& e) {
+        failed = true;
+        error = e.what();
+      } catch (...) {
+        failed = true;
+        error = "unknown exception";
+      }
+      if (failed) {
+        {
+          std::lock_guard lock(m);
+          if (failures.empty()) {
+            first_failure = std::chrono::steady_clock::now();
+          }
+          failures.push_back({r, error});
+        }
+        const std::string reason = "rank " + std::to_string(r) + " failed: " + error;
+        abort_rank(r, reason);
+        store->abort(reason);
+      }
+      {
+        std::lock_guard lock(m);
+        ++finished;
+      }
+      cv.notify_all();
+    });
+  }
+
+  {
+    std::unique_lock lock(m);
+    bool forced = false;
+    while (finished < n) {
+      if (failures.empty() || forced) {
+        cv.wait(lock);
+        continue;
+      }
+      if (cv.wait_until(lock, first_failure + options.grace, [&] { return finished == n; })) {
+        break;
+      }
+      forced = true; // safety net: release ranks the failure did not reach
+      const std::string reason = "rank " + std::to_string(failures.front().rank) + " failed first";
+      lock.unlock();
+      for (int r = 0; r < n; ++r) {
+        abort_rank(r, reason);
+      }
+      store->abort(reason);
+      lock.lock();
+    }
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+  worlds.clear(); // every rank done: now the groups may close their connections
+
+  if (!failures.empty()) {
+    std::string msg = "run_ranks(" + std::to_string(n) + "): rank " + std::to_string(failures[0].rank) +
+                      " failed: " + failures[0].message;
+    for (std::size_t i = 1; i < failures.size(); ++i) {
+      msg += "\n  then rank " + std::to_string(failures[i].rank) + ": " + failures[i].message;
+    }
+    throw Error(msg);
+  }
+}
+
+} // namespace dtensor::testing
+
+#endif // DTENSOR_HAS_GLOO
