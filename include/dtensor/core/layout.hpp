@@ -28,6 +28,28 @@ using MeshCoord = StaticVector<int, max_mesh_rank>;
 /// A shape or offset of a tensor with a run-time number of dims.
 using Extents = StaticVector<std::int64_t, max_tensor_rank>;
 
+/// A set of mesh axes, as a bit mask.
+using AxisMask = std::uint16_t;
+
+constexpr AxisMask axis_bit(int a) noexcept {
+  return static_cast<AxisMask>(1u << a);
+}
+constexpr int axis_count(AxisMask m) noexcept {
+  int n = 0;
+  for (; m != 0; m &= static_cast<AxisMask>(m - 1)) {
+    ++n;
+  }
+  return n;
+}
+/// The lowest axis of a non-empty mask.
+constexpr int first_axis(AxisMask m) noexcept {
+  int a = 0;
+  while (!(m & axis_bit(a))) {
+    ++a;
+  }
+  return a;
+}
+
 /// Number of ranks in a mesh.
 constexpr int mesh_numel(const MeshSizes& sizes) noexcept {
   int n = 1;

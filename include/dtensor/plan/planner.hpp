@@ -63,28 +63,6 @@ constexpr std::string_view to_string(StepKind k) noexcept {
   return "?";
 }
 
-/// A set of mesh axes, as a bit mask.
-using AxisMask = std::uint16_t;
-
-constexpr AxisMask axis_bit(int a) noexcept {
-  return static_cast<AxisMask>(1u << a);
-}
-constexpr int axis_count(AxisMask m) noexcept {
-  int n = 0;
-  for (; m != 0; m &= static_cast<AxisMask>(m - 1)) {
-    ++n;
-  }
-  return n;
-}
-/// The lowest axis of a non-empty mask.
-constexpr int first_axis(AxisMask m) noexcept {
-  int a = 0;
-  while (!(m & axis_bit(a))) {
-    ++a;
-  }
-  return a;
-}
-
 /// One step of a plan. `before` and `after` are the exact layouts around it.
 struct Step {
   StepKind kind = StepKind::local_chunk;
