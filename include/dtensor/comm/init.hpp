@@ -181,11 +181,12 @@ inline DistEnv read_dist_env(const EnvLookup& env = detail::system_env) {
     e.source = source;
     return true;
   };
-  const bool found = from("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun") ||
-                     from("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                          "OMPI_COMM_WORLD_LOCAL_SIZE", "openmpi") ||
-                     from("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "mpich") ||
-                     from("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "slurm");
+  [[maybe_unused]] const bool found =
+      from("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun") ||
+      from("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+           "OMPI_COMM_WORLD_LOCAL_SIZE", "openmpi") ||
+      from("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "mpich") ||
+      from("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "slurm");
   DTENSOR_CHECK(e.rank < e.world_size, "init_process_group: rank " + std::to_string(e.rank) +
                                            " is out of range for world size " + std::to_string(e.world_size) +
                                            " (from the " + e.source + " environment variables)");

@@ -1,0 +1,758 @@
+// dtensor-run: torchrun for C++ programs. Starts --nproc-per-node copies of a program on this machine with
+// torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+// MASTER_PORT), prefixes their output per rank, forwards SIGINT/SIGTERM/SIGHUP, and when a rank exits
+// non-zero stops the others and exits non-zero naming it.
+//
+//   dtensor-run --nproc-per-node 4 ./train --steps 10                   # one machine
+//   dtensor-run --nnodes 2 --node-rank 0 --master-addr node0 --nproc-per-node 8 ./train   # on node0
+//   dtensor-run --nnodes 2 --node-rank 1 --master-addr node0 --nproc-per-node 8 ./train   # on node1
+//
+// The launcher on node 0 hosts the job's TcpStore on --master-port (DTENSOR_USE_AGENT_STORE=1 tells the
+// ranks), so the port stays bound for the whole job and ranks may start in any order. With several nodes
+// the launchers share failures through that store: a failed rank anywhere stops every node.
+// Run `dtensor-run --help` for every flag.
+
+#include "dtensor/comm/tcp_store.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr const char* kUsage = R"(usage: dtensor-run [options] program [args...]
+
+Starts --nproc-per-node copies of `program` with torchrun's environment variables
+(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, MASTER_ADDR, MASTER_PORT).
+
+options (torchrun's spellings; `--a-b` and `--a_b`, `--opt v` and `--opt=v` are all accepted):
+  --nproc-per-node N     processes on this machine (default 1)
+  --nnodes N             machines in the job (default 1; "N:N" accepted, elastic ranges are not)
+  --node-rank R          this machine's index, 0..nnodes-1 (default 0)
+  --master-addr A        address of node 0, where the store runs (default 127.0.0.1)
+  --master-port P        port of the store (default 29500; 0 = a free port, one machine only)
+  --standalone           one machine on a free port (= --nnodes 1 --master-port 0)
+  --tee T                streams whose lines get a "[rankN]: " prefix: 0 none (inherited as is),
+                         1 stdout, 2 stderr, 3 both (default 3)
+  --log-dir DIR          also write each rank's captured streams to DIR/rank_N.{stdout,stderr}
+  --local-ranks-filter L show output only from these local ranks (comma list, e.g. 0 or 0,3)
+  --rank0-store          let rank 0 host the store instead of this launcher (as plain torch does)
+  --stop-timeout S       seconds between SIGTERM and SIGKILL when stopping ranks (default 10)
+  -h, --help             this text
+
+Exit status: 0 when every rank exited 0; else the first failed rank's exit code (128+signal when it
+was killed), 128+signal when dtensor-run itself was interrupted.
+)";
+
+[[noreturn]] void die(const std::string& msg, int code = 2) {
+  std::fprintf(stderr, "dtensor-run: %s\n", msg.c_str());
+  std::exit(code);
+}
+
+struct Args {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int tee = 3;
+  std::string log_dir;
+  std::set<int> ranks_filter;
+  bool agent_store = true;
+  double stop_timeout = 10;
+  std::vector<std::string> cmd;
+};
+
+int parse_int(const std::string& flag, const std::string& v, int lo, int hi) {
+  std::size_t used = 0;
+  long x = 0;
+  try {
+    x = std::stol(v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty() || x < lo || x > hi) {
+    die(flag + ": '" + v + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return static_cast<int>(x);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  bool standalone = false;
+  bool port_given = false;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      break; // the program
+    }
+    std::string value;
+    bool has_value = false;
+    if (auto eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    std::replace(arg.begin(), arg.end(), '_', '-');
+    auto need = [&]() -> std::string {
+      if (has_value) {
+        return value;
+      }
+      if (i + 1 >= argc) {
+        die(arg + " needs a value (see --help)");
+      }
+      return argv[++i];
+    };
+    if (arg == "-h" || arg == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (arg == "--nproc-per-node") {
+      a.nproc_per_node = parse_int(arg, need(), 1, 4096);
+    } else if (arg == "--nnodes") {
+      std::string v = need();
+      if (auto colon = v.find(':'); colon != std::string::npos) {
+        if (v.substr(0, colon) != v.substr(colon + 1)) {
+          die("--nnodes " + v + ": elastic node ranges are not supported; give one number");
+        }
+        v = v.substr(0, colon);
+      }
+      a.nnodes = parse_int(arg, v, 1, 1 << 16);
+    } else if (arg == "--node-rank") {
+      a.node_rank = parse_int(arg, need(), 0, 1 << 16);
+    } else if (arg == "--master-addr") {
+      a.master_addr = need();
+    } else if (arg == "--master-port") {
+      a.master_port = parse_int(arg, need(), 0, 65535);
+      port_given = true;
+    } else if (arg == "--standalone") {
+      standalone = true;
+    } else if (arg == "--tee") {
+      a.tee = parse_int(arg, need(), 0, 3);
+    } else if (arg == "--log-dir") {
+      a.log_dir = need();
+    } else if (arg == "--local-ranks-filter") {
+      std::string v = need();
+      std::size_t at = 0;
+      while (at <= v.size()) {
+        const std::size_t comma = std::min(v.find(',', at), v.size());
+        a.ranks_filter.insert(parse_int(arg, v.substr(at, comma - at), 0, 1 << 20));
+        at = comma + 1;
+      }
+    } else if (arg == "--rank0-store") {
+      a.agent_store = false;
+    } else if (arg == "--stop-timeout") {
+      try {
+        a.stop_timeout = std::stod(need());
+      } catch (...) {
+        die("--stop-timeout needs a number of seconds");
+      }
+    } else {
+      die("unknown option " + arg + " (see --help)");
+    }
+  }
+  for (; i < argc; ++i) {
+    a.cmd.emplace_back(argv[i]);
+  }
+  if (a.cmd.empty()) {
+    die("no program given (see --help)");
+  }
+  if (standalone) {
+    a.nnodes = 1;
+    a.master_addr = "127.0.0.1";
+    if (!port_given) {
+      a.master_port = 0;
+    }
+  }
+  if (a.node_rank >= a.nnodes) {
+    die("--node-rank " + std::to_string(a.node_rank) + " must be < --nnodes " + std::to_string(a.nnodes));
+  }
+  if (a.master_port == 0 && (a.nnodes > 1 || !a.agent_store)) {
+    die("--master-port 0 (a free port) needs --nnodes 1 and the launcher-hosted store");
+  }
+  if (!a.ranks_filter.empty() && a.tee == 0) {
+    a.tee = 3;
+  }
+  return a;
+}
+
+// ---- signals: a self-pipe the main loop polls ----------------------------------------------------------
+
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  const int saved = errno;
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] auto n = ::write(g_signal_pipe[1], &c, 1);
+  errno = saved;
+}
+
+void install_handlers() {
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    die("pipe: " + std::string(std::strerror(errno)));
+  }
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
+    ::sigaction(s, &sa, nullptr);
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig);
+}
+
+void write_all(int fd, std::string_view s) {
+  while (!s.empty()) {
+    const ssize_t k = ::write(fd, s.data(), s.size());
+    if (k < 0 && errno == EINTR) {
+      continue;
+    }
+    if (k <= 0) {
+      return; // the reader went away; drop the output
+    }
+    s.remove_prefix(static_cast<std::size_t>(k));
+  }
+}
+
+// ---- ranks ---------------------------------------------------------------------------------------------
+
+struct Stream {
+  int fd = -1;    // read end, -1 when closed or not captured
+  int target = 1; // 1 stdout, 2 stderr
+  std::string partial;
+  std::unique_ptr<std::ofstream> log;
+};
+
+struct Rank {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0; // waitpid status once exited
+  Stream out, err;
+  bool show = true;
+};
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) {
+    return "exit code " + std::to_string(WEXITSTATUS(status));
+  }
+  if (WIFSIGNALED(status)) {
+    return "killed by " + signal_name(WTERMSIG(status));
+  }
+  return "status " + std::to_string(status);
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) {
+    return WEXITSTATUS(status);
+  }
+  if (WIFSIGNALED(status)) {
+    return 128 + WTERMSIG(status);
+  }
+  return 1;
+}
+
+class Launcher {
+public:
+  explicit Launcher(Args args) : a_(std::move(args)) {}
+
+  int run() {
+    install_handlers();
+    store_timeout_ = store_timeout_from_env();
+    // The store: node 0 hosts it (unless --rank0-store); with several nodes every launcher is a client too.
+    if (a_.agent_store && a_.node_rank == 0) {
+      try {
+        server_ = std::make_unique<dtensor::TcpStoreServer>(a_.master_port);
+      } catch (const std::exception& e) {
+        die(e.what());
+      }
+      a_.master_port = server_->port();
+    }
+    if (a_.agent_store && a_.nnodes > 1) {
+      try {
+        dtensor::TcpStoreOptions so;
+        so.timeout = store_timeout_;
+        store_ = std::make_shared<dtensor::TcpStore>(a_.node_rank == 0 ? "127.0.0.1" : a_.master_addr,
+                                                     a_.master_port, so);
+      } catch (const std::exception& e) {
+        die(std::string(e.what()), 1);
+      }
+      watcher_ = std::thread([this] { watch_store(); });
+    }
+    spawn_all();
+    const int code = loop();
+    finish_store(code == 0);
+    return code;
+  }
+
+private:
+  static std::chrono::milliseconds store_timeout_from_env() {
+    if (const char* v = std::getenv("DTENSOR_TIMEOUT"); v != nullptr && *v != '\0') {
+      try {
+        return std::chrono::milliseconds(static_cast<long long>(std::stod(v) * 1000.0));
+      } catch (...) {
+        die(std::string("DTENSOR_TIMEOUT='") + v + "' is not a number of seconds");
+      }
+    }
+    return std::chrono::seconds(300);
+  }
+
+  int world_size() const { return a_.nnodes * a_.nproc_per_node; }
+
+  std::vector<std::string> child_env(const Rank& r) const {
+    std::map<std::string, std::string> set = {
+        {"RANK", std::to_string(r.rank)},
+        {"WORLD_SIZE", std::to_string(world_size())},
+        {"LOCAL_RANK", std::to_string(r.local_rank)},
+        {"LOCAL_WORLD_SIZE", std::to_string(a_.nproc_per_node)},
+        {"GROUP_RANK", std::to_string(a_.node_rank)},
+        {"GROUP_WORLD_SIZE", std::to_string(a_.nnodes)},
+        {"ROLE_RANK", std::to_string(r.rank)},
+        {"ROLE_WORLD_SIZE", std::to_string(world_size())},
+        {"ROLE_NAME", "default"},
+        {"MASTER_ADDR", a_.master_addr},
+        {"MASTER_PORT", std::to_string(a_.master_port)},
+        {"DTENSOR_USE_AGENT_STORE", a_.agent_store ? "1" : "0"},
+    };
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string_view kv(*e);
+      const std::string key(kv.substr(0, kv.find('=')));
+      if (!set.contains(key)) {
+        env.emplace_back(kv);
+      }
+    }
+    if (a_.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+      env.emplace_back("OMP_NUM_THREADS=1"); // as torchrun: N ranks on one machine share its cores
+    }
+    for (const auto& [k, v] : set) {
+      env.push_back(k + "=" + v);
+    }
+    return env;
+  }
+
+  void spawn_all() {
+    if (!a_.log_dir.empty()) {
+      ::mkdir(a_.log_dir.c_str(), 0755);
+    }
+    ranks_.resize(static_cast<std::size_t>(a_.nproc_per_node));
+    for (int l = 0; l < a_.nproc_per_node; ++l) {
+      Rank& r = ranks_[static_cast<std::size_t>(l)];
+      r.local_rank = l;
+      r.rank = a_.node_rank * a_.nproc_per_node + l;
+      r.show = a_.ranks_filter.empty() || a_.ranks_filter.contains(l);
+      spawn(r);
+    }
+  }
+
+  void spawn(Rank& r) {
+    // Everything the child needs is prepared here: between fork and exec only async-signal-safe calls.
+    std::vector<std::string> env = child_env(r);
+    std::vector<char*> envp;
+    for (auto& s : env) {
+      envp.push_back(s.data());
+    }
+    envp.push_back(nullptr);
+    std::vector<std::string> args = a_.cmd;
+    std::vector<char*> argv;
+    for (auto& s : args) {
+      argv.push_back(s.data());
+    }
+    argv.push_back(nullptr);
+    const std::string exec_fail =
+        "dtensor-run: rank " + std::to_string(r.rank) + ": cannot execute '" + a_.cmd[0] + "': ";
+
+    int out_pipe[2] = {-1, -1};
+    int err_pipe[2] = {-1, -1};
+    const bool cap_out = (a_.tee & 1) != 0;
+    const bool cap_err = (a_.tee & 2) != 0;
+    if ((cap_out && ::pipe2(out_pipe, O_CLOEXEC) != 0) || (cap_err && ::pipe2(err_pipe, O_CLOEXEC) != 0)) {
+      die("pipe: " + std::string(std::strerror(errno)));
+    }
+    const pid_t launcher = ::getpid();
+    // Signals stay blocked across fork until the child has reset the launcher's handlers (which write
+    // into the launcher's self-pipe).
+    sigset_t all, previous;
+    sigfillset(&all);
+    ::sigprocmask(SIG_BLOCK, &all, &previous);
+    const pid_t pid = ::fork();
+    if (pid != 0) {
+      ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    }
+    if (pid < 0) {
+      die("fork: " + std::string(std::strerror(errno)));
+    }
+    if (pid == 0) {
+      ::setpgid(0, 0); // its own process group: signals reach the rank's whole process tree
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) {
+        ::_exit(137); // the launcher died before prctl took effect
+      }
+      for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) {
+        ::signal(s, SIG_DFL);
+      }
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      if (cap_out) {
+        ::dup2(out_pipe[1], 1);
+      }
+      if (cap_err) {
+        ::dup2(err_pipe[1], 2);
+      }
+      ::execvpe(argv[0], argv.data(), envp.data());
+      const int e = errno;
+      [[maybe_unused]] auto n1 = ::write(2, exec_fail.data(), exec_fail.size());
+      const char* d = ::strerrordesc_np(e);
+      [[maybe_unused]] auto n2 = ::write(2, d, std::strlen(d));
+      [[maybe_unused]] auto n3 = ::write(2, "\n", 1);
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid); // also here, so the group exists before any kill(-pid)
+    r.pid = pid;
+    r.running = true;
+    ++running_;
+    auto setup = [&](Stream& s, int* p, bool cap, int target, const char* ext) {
+      s.target = target;
+      if (!cap) {
+        return;
+      }
+      ::close(p[1]);
+      s.fd = p[0];
+      ::fcntl(s.fd, F_SETFL, ::fcntl(s.fd, F_GETFL) | O_NONBLOCK);
+      if (!a_.log_dir.empty()) {
+        s.log = std::make_unique<std::ofstream>(a_.log_dir + "/rank_" + std::to_string(r.rank) + "." + ext);
+      }
+    };
+    setup(r.out, out_pipe, cap_out, 1, "stdout");
+    setup(r.err, err_pipe, cap_err, 2, "stderr");
+  }
+
+  void emit(const Rank& r, Stream& s, std::string_view line) {
+    if (s.log) {
+      *s.log << line << '\n';
+      s.log->flush();
+    }
+    if (r.show) {
+      std::string text = "[rank" + std::to_string(r.rank) + "]: ";
+      text.append(line);
+      text += '\n';
+      write_all(s.target, text);
+    }
+  }
+
+  /// Reads what is available; closes the stream at EOF.
+  void drain(const Rank& r, Stream& s) {
+    char buf[65536];
+    for (;;) {
+      const ssize_t k = ::read(s.fd, buf, sizeof(buf));
+      if (k > 0) {
+        s.partial.append(buf, static_cast<std::size_t>(k));
+        std::size_t at = 0;
+        for (std::size_t nl; (nl = s.partial.find('\n', at)) != std::string::npos; at = nl + 1) {
+          emit(r, s, std::string_view(s.partial).substr(at, nl - at));
+        }
+        s.partial.erase(0, at);
+        continue;
+      }
+      if (k < 0 && errno == EINTR) {
+        continue;
+      }
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return;
+      }
+      close_stream(r, s);
+      return;
+    }
+  }
+
+  void close_stream(const Rank& r, Stream& s) {
+    if (s.fd < 0) {
+      return;
+    }
+    if (!s.partial.empty()) {
+      emit(r, s, s.partial);
+      s.partial.clear();
+    }
+    ::close(s.fd);
+    s.fd = -1;
+  }
+
+  void signal_all(int sig) {
+    for (auto& r : ranks_) {
+      if (r.running) {
+        ::kill(-r.pid, sig);
+      }
+    }
+  }
+
+  /// Stops every running rank: `sig` now, SIGKILL after --stop-timeout.
+  void stop_all(int sig) {
+    signal_all(sig);
+    if (!kill_deadline_) {
+      kill_deadline_ =
+          Clock::now() + std::chrono::milliseconds(static_cast<long long>(a_.stop_timeout * 1000));
+    }
+  }
+
+  void reap() {
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) {
+        return;
+      }
+      for (auto& r : ranks_) {
+        if (r.pid != pid || !r.running) {
+          continue;
+        }
+        r.running = false;
+        r.status = status;
+        --running_;
+        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!ok && !failed_ && !interrupted_) {
+          failed_ = &r;
+          report_ = "rank " + std::to_string(r.rank) + " (local rank " + std::to_string(r.local_rank) +
+                    " on node " + std::to_string(a_.node_rank) + ", pid " + std::to_string(r.pid) +
+                    ") failed: " + describe_status(status);
+          std::fprintf(stderr, "dtensor-run: %s; stopping the other ranks\n", report_.c_str());
+          publish_failure(report_);
+          stop_all(SIGTERM);
+        }
+        if (kill_deadline_ || interrupted_) {
+          // keep killing stragglers in this rank's group (grandchildren)
+          ::kill(-r.pid, SIGKILL);
+        }
+      }
+    }
+  }
+
+  int loop() {
+    std::vector<pollfd> pfds;
+    std::vector<std::pair<Rank*, Stream*>> owners;
+    std::optional<Clock::time_point> drain_deadline;
+    for (;;) {
+      if (running_ == 0 && !drain_deadline) {
+        drain_deadline = Clock::now() + 2s; // output of grandchildren that outlive their rank
+      }
+      pfds.clear();
+      owners.clear();
+      pfds.push_back({g_signal_pipe[0], POLLIN, 0});
+      owners.emplace_back(nullptr, nullptr);
+      for (auto& r : ranks_) {
+        for (Stream* s : {&r.out, &r.err}) {
+          if (s->fd >= 0) {
+            pfds.push_back({s->fd, POLLIN, 0});
+            owners.emplace_back(&r, s);
+          }
+        }
+      }
+      if (running_ == 0 && pfds.size() == 1) {
+        break;
+      }
+      int timeout_ms = 200;
+      if (kill_deadline_) {
+        timeout_ms = std::min(timeout_ms, dtensor::detail::tcp::ms_until(*kill_deadline_) + 1);
+      }
+      ::poll(pfds.data(), pfds.size(), timeout_ms);
+      if ((pfds[0].revents & POLLIN) != 0) {
+        char sigs[64];
+        const ssize_t n = ::read(g_signal_pipe[0], sigs, sizeof(sigs));
+        for (ssize_t k = 0; k < n; ++k) {
+          on_event(static_cast<unsigned char>(sigs[k]));
+        }
+      }
+      for (std::size_t i = 1; i < pfds.size(); ++i) {
+        if (pfds[i].revents != 0) {
+          drain(*owners[i].first, *owners[i].second);
+        }
+      }
+      reap();
+      check_remote();
+      if (kill_deadline_ && Clock::now() >= *kill_deadline_ && running_ > 0) {
+        std::fprintf(stderr, "dtensor-run: %d rank(s) still running after %.0f s; sending SIGKILL\n",
+                     running_, a_.stop_timeout);
+        signal_all(SIGKILL);
+        kill_deadline_ = Clock::now() + 3600s;
+      }
+      if (drain_deadline && Clock::now() >= *drain_deadline) {
+        for (auto& r : ranks_) {
+          close_stream(r, r.out);
+          close_stream(r, r.err);
+        }
+      }
+    }
+    if (interrupted_) {
+      std::fprintf(stderr, "dtensor-run: interrupted by %s; stopped %d rank(s)\n",
+                   signal_name(interrupted_).c_str(), a_.nproc_per_node);
+      return 128 + interrupted_;
+    }
+    if (failed_ != nullptr) {
+      std::fprintf(stderr, "dtensor-run: %s\n", report_.c_str());
+      const int code = exit_code_of(failed_->status);
+      return code == 0 ? 1 : code;
+    }
+    if (!remote_failure_.empty()) {
+      std::fprintf(stderr, "dtensor-run: stopped: %s\n", remote_failure_.c_str());
+      return 1;
+    }
+    return 0;
+  }
+
+  void on_event(int sig) {
+    if (sig == SIGCHLD) {
+      return; // reap() runs every iteration
+    }
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      if (interrupted_ != 0) {
+        std::fprintf(stderr, "dtensor-run: second %s; killing every rank\n", signal_name(sig).c_str());
+        signal_all(SIGKILL);
+        return;
+      }
+      interrupted_ = sig;
+      std::fprintf(stderr, "dtensor-run: got %s; forwarding it to %d rank(s)\n", signal_name(sig).c_str(),
+                   running_);
+      publish_failure("node " + std::to_string(a_.node_rank) + "'s launcher was interrupted by " +
+                      signal_name(sig));
+      stop_all(sig);
+    }
+  }
+
+  // ---- several nodes: failures and completion through the store ---------------------------------------
+
+  void publish_failure(const std::string& what) {
+    if (!store_) {
+      return;
+    }
+    try {
+      store_->set("dtensor-run/failed", what);
+    } catch (...) {
+    }
+  }
+
+  void watch_store() {
+    while (!stop_watch_.load()) {
+      try {
+        store_->wait({"dtensor-run/failed"}, 500ms);
+        auto v = store_->get("dtensor-run/failed");
+        std::lock_guard lock(remote_m_);
+        remote_pending_ = std::string(v.begin(), v.end());
+        return;
+      } catch (const dtensor::TimeoutError&) {
+        continue;
+      } catch (const std::exception& e) {
+        if (stop_watch_.load()) {
+          return;
+        }
+        std::lock_guard lock(remote_m_);
+        remote_pending_ = "lost contact with the store on node 0 (" + std::string(e.what()) + ")";
+        return;
+      }
+    }
+  }
+
+  void check_remote() {
+    std::string what;
+    {
+      std::lock_guard lock(remote_m_);
+      what = std::exchange(remote_pending_, std::string());
+    }
+    if (what.empty() || failed_ != nullptr || interrupted_ != 0 || !remote_failure_.empty()) {
+      return;
+    }
+    remote_failure_ = what;
+    if (running_ > 0) {
+      std::fprintf(stderr, "dtensor-run: %s; stopping the ranks of node %d\n", what.c_str(), a_.node_rank);
+      stop_all(SIGTERM);
+    }
+  }
+
+  /// With several nodes: node 0 keeps the store up until every node finished (or one failed).
+  void finish_store(bool ok) {
+    if (store_) {
+      try {
+        if (ok) {
+          if (store_->add("dtensor-run/nodes_done", 1) == a_.nnodes) {
+            store_->set("dtensor-run/all_done", std::string_view("1"));
+          }
+          if (a_.node_rank == 0) {
+            const auto until = Clock::now() + store_timeout_;
+            while (!store_->check({"dtensor-run/all_done"}) && !store_->check({"dtensor-run/failed"}) &&
+                   Clock::now() < until) {
+              std::this_thread::sleep_for(100ms);
+            }
+          }
+        }
+      } catch (...) {
+      }
+      stop_watch_.store(true);
+      if (watcher_.joinable()) {
+        watcher_.join();
+      }
+    }
+    store_.reset();
+    server_.reset();
+  }
+
+  Args a_;
+  std::chrono::milliseconds store_timeout_{0};
+  std::vector<Rank> ranks_;
+  int running_ = 0;
+  Rank* failed_ = nullptr;
+  std::string report_;
+  int interrupted_ = 0;
+  std::optional<Clock::time_point> kill_deadline_;
+  std::unique_ptr<dtensor::TcpStoreServer> server_;
+  std::shared_ptr<dtensor::TcpStore> store_;
+  std::thread watcher_;
+  std::atomic<bool> stop_watch_{false};
+  std::mutex remote_m_;
+  std::string remote_pending_;
+  std::string remote_failure_;
+};
+
+} // namespace
+
+int main(int argc, char** argv) {
+  Args args = parse(argc, argv);
+  Launcher launcher(std::move(args));
+  return launcher.run();
+}
