@@ -1,0 +1,351 @@
+// Every collective x element type x reduce op x 1..4 ranks x even, uneven and empty sizes, against a
+// single-process reference, with outputs poisoned beforehand. Integer-valued data keeps every reduction
+// exact in any order.
+
+#include "common.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace comm_test;
+
+namespace {
+
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::product};
+
+/// Rank r's value at flat index i: small integers in {1, 2, 3}.
+long val(int r, std::int64_t i) {
+  return (r * 7 + i * 3 + i / 5) % 3 + 1;
+}
+
+/// The reference reduction over ranks 0..n-1 of f(m).
+template <class T>
+T reference(ReduceOp op, int n, const std::function<long(int)>& f) {
+  long acc = f(0);
+  for (int m = 1; m < n; ++m) {
+    const long v = f(m);
+    switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      acc += v;
+      break;
+    case ReduceOp::product:
+      acc *= v;
+      break;
+    case ReduceOp::max:
+      acc = std::max(acc, v);
+      break;
+    case ReduceOp::min:
+      acc = std::min(acc, v);
+      break;
+    }
+  }
+  if (op != ReduceOp::avg) {
+    return from_int<T>(acc);
+  }
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(acc / n); // truncation toward zero
+  } else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    return static_cast<T>(static_cast<T>(acc) / static_cast<T>(n));
+  } else {
+    return T(static_cast<float>(acc) / static_cast<float>(n));
+  }
+}
+
+template <class T, int Rank>
+void fill_with(const Tensor<T, Rank>& t, const std::function<long(std::int64_t)>& f) {
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    t.data()[i] = from_int<T>(f(i));
+  }
+}
+
+std::string tag(const ProcessGroup& g, const std::string& what) {
+  return "rank " + std::to_string(g.rank()) + "/" + std::to_string(g.size()) + " " + what;
+}
+
+} // namespace
+
+TEMPLATE_TEST_CASE("all_reduce, reduce and broadcast match a single-process reference", "[comm][collectives]",
+                   DTENSOR_ALL_ELEMENT_TYPES) {
+  using T = TestType;
+  const int world = GENERATE(1, 2, 3, 4);
+  testing::run_ranks(world, [](ProcessGroup& g) {
+    const int n = g.size(), r = g.rank();
+    for (std::int64_t numel : {0, 1, 7, 33}) {
+      for (ReduceOp op : kOps) {
+        const std::string what = std::string(to_string(op)) + " of " + std::to_string(numel);
+        auto t = Tensor<T, 2>({numel, 1});
+        fill_with(t, [&](auto i) { return val(r, i); });
+        all_reduce(t, op, g);
+        expect_values<T>(
+            t, [&](auto i) { return reference<T>(op, n, [&](int m) { return val(m, i); }); },
+            tag(g, "all_reduce " + what));
+        for (int dst = 0; dst < n; ++dst) {
+          auto u = Tensor<T, 1>({numel});
+          fill_with(u, [&](auto i) { return val(r, i); });
+          reduce(u, dst, op, g);
+          if (r == dst) {
+            expect_values<T>(
+                u, [&](auto i) { return reference<T>(op, n, [&](int m) { return val(m, i); }); },
+                tag(g, "reduce to " + std::to_string(dst) + " " + what));
+          } else {
+            expect_values<T>(
+                u, [&](auto i) { return from_int<T>(val(r, i)); }, tag(g, "reduce non-dst " + what));
+          }
+        }
+      }
+      for (int src = 0; src < n; ++src) {
+        auto t = Tensor<T, 1>::full({numel}, poison<T>());
+        if (r == src) {
+          fill_with(t, [&](auto i) { return val(src, i) + 3; });
+        }
+        broadcast(t, src, g);
+        expect_values<T>(
+            t, [&](auto i) { return from_int<T>(val(src, i) + 3); },
+            tag(g, "broadcast from " + std::to_string(src)));
+      }
+    }
+  });
+}
+
+TEMPLATE_TEST_CASE("all_gather_into_tensor, reduce_scatter_tensor and their list forms",
+                   "[comm][collectives]", DTENSOR_ALL_ELEMENT_TYPES) {
+  using T = TestType;
+  const int world = GENERATE(1, 2, 3, 4);
+  testing::run_ranks(world, [](ProcessGroup& g) {
+    const int n = g.size(), r = g.rank();
+    for (std::int64_t k : {0, 1, 3}) {
+      const std::int64_t block = k * 2;
+      auto in = Tensor<T, 2>({k, 2});
+      fill_with(in, [&](auto i) { return val(r, i); });
+      auto expect_gathered = [&](auto j) { return from_int<T>(val(static_cast<int>(j / block), j % block)); };
+      auto cat = Tensor<T, 2>::full({n * k, 2}, poison<T>());
+      all_gather_into_tensor(cat, in, g);
+      expect_values<T>(cat, expect_gathered, tag(g, "all_gather_into_tensor k=" + std::to_string(k)));
+      auto stacked = Tensor<T, 3>::full({n, k, 2}, poison<T>());
+      all_gather_into_tensor(stacked, in, g);
+      expect_values<T>(stacked, expect_gathered,
+                       tag(g, "all_gather_into_tensor stacked k=" + std::to_string(k)));
+      auto untouched = functional::all_gather_into_tensor(in, g);
+      expect_values<T>(
+          in, [&](auto i) { return from_int<T>(val(r, i)); }, tag(g, "functional input untouched"));
+      expect_values<T>(untouched, expect_gathered, tag(g, "functional::all_gather_into_tensor"));
+
+      for (ReduceOp op : kOps) {
+        const std::string what = std::string(to_string(op)) + " k=" + std::to_string(k);
+        auto big = Tensor<T, 2>({n * k, 2});
+        fill_with(big, [&](auto j) { return val(r, j); });
+        auto out = Tensor<T, 2>::full({k, 2}, poison<T>());
+        reduce_scatter_tensor(out, big, op, g);
+        auto expected = [&](auto i) {
+          return reference<T>(op, n, [&](int m) { return val(m, r * block + i); });
+        };
+        expect_values<T>(out, expected, tag(g, "reduce_scatter_tensor " + what));
+        auto fout = functional::reduce_scatter_tensor(big, op, g);
+        expect_values<T>(fout, expected, tag(g, "functional::reduce_scatter_tensor " + what));
+      }
+    }
+    // Uneven list forms: member m contributes rows(m) rows (0, 1, 2, 0, ...).
+    auto rows = [](int m) { return static_cast<std::int64_t>(m % 3); };
+    auto in = Tensor<T, 2>({rows(r), 2});
+    fill_with(in, [&](auto i) { return val(r, i); });
+    std::vector<Tensor<T, 2>> outs;
+    for (int m = 0; m < n; ++m) {
+      outs.push_back(Tensor<T, 2>::full({rows(m), 2}, poison<T>()));
+    }
+    all_gather(outs, in, g);
+    for (int m = 0; m < n; ++m) {
+      expect_values<T>(
+          outs[m], [&](auto i) { return from_int<T>(val(m, i)); },
+          tag(g, "all_gather (uneven) block " + std::to_string(m)));
+    }
+    for (ReduceOp op : kOps) {
+      std::vector<Tensor<T, 2>> ins;
+      for (int j = 0; j < n; ++j) {
+        ins.push_back(Tensor<T, 2>({rows(j), 2}));
+        fill_with(ins.back(), [&](auto i) { return val(r, 100 * j + i); });
+      }
+      auto out = Tensor<T, 2>::full({rows(r), 2}, poison<T>());
+      reduce_scatter(out, ins, op, g);
+      expect_values<T>(
+          out, [&](auto i) { return reference<T>(op, n, [&](int m) { return val(m, 100 * r + i); }); },
+          tag(g, "reduce_scatter (uneven list) " + std::string(to_string(op))));
+    }
+  });
+}
+
+TEMPLATE_TEST_CASE("all_to_all_single (equal and split sizes) and all_to_all lists", "[comm][collectives]",
+                   DTENSOR_ALL_ELEMENT_TYPES) {
+  using T = TestType;
+  const int world = GENERATE(1, 2, 3, 4);
+  testing::run_ranks(world, [](ProcessGroup& g) {
+    const int n = g.size(), r = g.rank();
+    // code(src, dst, e) <= 127: exact in every element type.
+    auto code = [](int src, int dst, std::int64_t e) {
+      return static_cast<long>((src * 4 + dst) * 8 + e % 8);
+    };
+    for (std::int64_t k : {0, 1, 3}) {
+      const std::int64_t block = k * 2;
+      auto in = Tensor<T, 2>({n * k, 2});
+      fill_with(in, [&](auto j) { return code(r, static_cast<int>(j / block), j % block); });
+      auto out = Tensor<T, 2>::full({n * k, 2}, poison<T>());
+      all_to_all_single(out, in, g);
+      expect_values<T>(
+          out, [&](auto j) { return from_int<T>(code(static_cast<int>(j / block), r, j % block)); },
+          tag(g, "all_to_all_single k=" + std::to_string(k)));
+      auto fout = functional::all_to_all_single(in, g);
+      expect_values<T>(
+          fout, [&](auto j) { return from_int<T>(code(static_cast<int>(j / block), r, j % block)); },
+          tag(g, "functional::all_to_all_single k=" + std::to_string(k)));
+    }
+    // Split sizes: s(src, dst) rows of 2 go from src to dst (some empty).
+    auto s = [](int src, int dst) { return static_cast<std::int64_t>((src + 2 * dst) % 3); };
+    std::vector<std::int64_t> in_splits(n), out_splits(n);
+    std::int64_t in_rows = 0, out_rows = 0;
+    for (int j = 0; j < n; ++j) {
+      in_splits[j] = s(r, j);
+      out_splits[j] = s(j, r);
+      in_rows += in_splits[j];
+      out_rows += out_splits[j];
+    }
+    auto in = Tensor<T, 2>({in_rows, 2});
+    {
+      std::int64_t at = 0;
+      for (int dst = 0; dst < n; ++dst) {
+        for (std::int64_t e = 0; e < in_splits[dst] * 2; ++e) {
+          in.data()[at++] = from_int<T>(code(r, dst, e));
+        }
+      }
+    }
+    auto out = Tensor<T, 2>::full({out_rows, 2}, poison<T>());
+    all_to_all_single(out, in, out_splits, in_splits, g);
+    std::vector<T> expected;
+    for (int src = 0; src < n; ++src) {
+      for (std::int64_t e = 0; e < out_splits[src] * 2; ++e) {
+        expected.push_back(from_int<T>(code(src, r, e)));
+      }
+    }
+    expect_values<T>(
+        out, [&](auto j) { return expected[j]; }, tag(g, "all_to_all_single with splits"));
+    auto fout = functional::all_to_all_single(in, out_splits, in_splits, g);
+    expect_values<T>(
+        fout, [&](auto j) { return expected[j]; }, tag(g, "functional::all_to_all_single with splits"));
+
+    // Lists of different lengths: sz(src, dst) elements from src to dst.
+    auto sz = [](int src, int dst) { return static_cast<std::int64_t>((src * 2 + dst) % 4); };
+    std::vector<Tensor<T, 1>> ins, outs;
+    for (int j = 0; j < n; ++j) {
+      ins.push_back(Tensor<T, 1>({sz(r, j)}));
+      fill_with(ins.back(), [&](auto e) { return code(r, j, e); });
+      outs.push_back(Tensor<T, 1>::full({sz(j, r)}, poison<T>()));
+    }
+    all_to_all(outs, ins, g);
+    for (int src = 0; src < n; ++src) {
+      expect_values<T>(
+          outs[src], [&](auto e) { return from_int<T>(code(src, r, e)); },
+          tag(g, "all_to_all list from " + std::to_string(src)));
+    }
+  });
+}
+
+TEMPLATE_TEST_CASE("gather, scatter and barrier", "[comm][collectives]", DTENSOR_ALL_ELEMENT_TYPES) {
+  using T = TestType;
+  const int world = GENERATE(1, 2, 3, 4);
+  testing::run_ranks(world, [](ProcessGroup& g) {
+    const int n = g.size(), r = g.rank();
+    for (std::int64_t k : {0, 2}) {
+      for (int root = 0; root < n; ++root) {
+        auto in = Tensor<T, 2>({k, 2});
+        fill_with(in, [&](auto i) { return val(r, i) + r; });
+        std::vector<Tensor<T, 2>> list;
+        if (r == root) {
+          for (int m = 0; m < n; ++m) {
+            list.push_back(Tensor<T, 2>::full({k, 2}, poison<T>()));
+          }
+        }
+        gather(in, r == root ? &list : nullptr, root, g);
+        for (int m = 0; m < static_cast<int>(list.size()); ++m) {
+          expect_values<T>(
+              list[m], [&](auto i) { return from_int<T>(val(m, i) + m); },
+              tag(g, "gather to " + std::to_string(root) + " block " + std::to_string(m)));
+        }
+        std::vector<Tensor<T, 2>> parts;
+        if (r == root) {
+          for (int m = 0; m < n; ++m) {
+            parts.push_back(Tensor<T, 2>({k, 2}));
+            fill_with(parts.back(), [&](auto i) { return val(m, i) + 2 * m; });
+          }
+        }
+        auto out = Tensor<T, 2>::full({k, 2}, poison<T>());
+        scatter(out, parts, root, g);
+        expect_values<T>(
+            out, [&](auto i) { return from_int<T>(val(r, i) + 2 * r); },
+            tag(g, "scatter from " + std::to_string(root)));
+      }
+    }
+    barrier(g);
+    barrier(g, async_op).wait();
+  });
+}
+
+TEST_CASE("async collectives overlap compute, stay ordered, and complete at wait()", "[comm][async]") {
+  const int world = GENERATE(1, 2, 3, 4);
+  testing::run_ranks(world, [](ProcessGroup& g) {
+    const int n = g.size(), r = g.rank();
+    std::vector<Tensor<float, 1>> ts;
+    std::vector<Work> works;
+    for (int j = 0; j < 8; ++j) {
+      ts.push_back(Tensor<float, 1>::full({1000 + j}, static_cast<float>(r + j)));
+      works.push_back(all_reduce(ts.back(), ReduceOp::sum, g, async_op));
+    }
+    auto big_in = Tensor<std::int64_t, 1>::full({6}, r);
+    auto gathered = Tensor<std::int64_t, 1>::full({6 * n}, -777);
+    works.push_back(all_gather_into_tensor(gathered, big_in, g, async_op));
+    auto rs_in = Tensor<std::int64_t, 1>::full({3 * n}, r + 1);
+    auto rs_out = Tensor<std::int64_t, 1>::full({3}, -777);
+    works.push_back(reduce_scatter_tensor(rs_out, rs_in, ReduceOp::sum, g, async_op));
+    // A synchronous op queued behind the async ones runs after them.
+    auto b = Tensor<float, 1>::full({4}, r == 0 ? 42.0f : -777.0f);
+    broadcast(b, 0, g);
+    double acc = 0; // compute while (some of) the ops are in flight
+    for (int i = 0; i < 200000; ++i) {
+      acc += i * 1e-9;
+    }
+    DTENSOR_CHECK(acc > 0, "compute");
+    for (auto it = works.rbegin(); it != works.rend(); ++it) {
+      it->wait();
+      DTENSOR_CHECK(it->is_completed(), "is_completed() after wait()");
+    }
+    const float base = static_cast<float>(n * (n - 1) / 2);
+    for (int j = 0; j < 8; ++j) {
+      expect_values<float>(
+          ts[j], [&](auto) { return base + static_cast<float>(n * j); },
+          "async all_reduce " + std::to_string(j));
+    }
+    expect_values<std::int64_t>(
+        gathered, [&](auto i) { return i / 6; }, "async all_gather_into_tensor");
+    expect_values<std::int64_t>(
+        rs_out, [&](auto) { return n * (n + 1) / 2; }, "async reduce_scatter_tensor");
+    expect_values<float>(
+        b, [&](auto) { return 42.0f; }, "sync broadcast after async ops");
+    // functional forms leave their inputs untouched.
+    auto x = Tensor<float, 1>::full({5}, static_cast<float>(r));
+    auto y = functional::all_reduce(x, ReduceOp::max, g);
+    expect_values<float>(
+        x, [&](auto) { return static_cast<float>(r); }, "functional::all_reduce input");
+    expect_values<float>(
+        y, [&](auto) { return static_cast<float>(n - 1); }, "functional::all_reduce output");
+    auto z = functional::broadcast(x, n - 1, g);
+    expect_values<float>(
+        z, [&](auto) { return static_cast<float>(n - 1); }, "functional::broadcast");
+    std::vector<Tensor<float, 1>::Shape> shapes;
+    for (int m = 0; m < n; ++m) {
+      shapes.push_back({m});
+    }
+    auto parts = functional::all_gather(Tensor<float, 1>::full({r}, static_cast<float>(r)),
+                                        std::span<const Tensor<float, 1>::Shape>(shapes), g);
+    for (int m = 0; m < n; ++m) {
+      expect_values<float>(
+          parts[m], [&](auto) { return static_cast<float>(m); }, "functional::all_gather");
+    }
+  });
+}
