@@ -20,6 +20,7 @@
 
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace dtensor {
@@ -396,7 +397,8 @@ Work all_to_all(const std::vector<Tensor<T, Rank>>& outputs, const std::vector<T
 namespace detail {
 
 template <class T, int Rank>
-Work gather_impl(const Tensor<T, Rank>& input, const std::vector<Tensor<T, Rank>>* gather_list, int dst,
+Work gather_impl(const Tensor<T, Rank>& input,
+                 std::type_identity_t<const std::vector<Tensor<T, Rank>>*> gather_list, int dst,
                  const ProcessGroup& group, bool async) {
   auto& b = group.impl("gather");
   const int n = group.size();
@@ -471,12 +473,14 @@ Work scatter_impl(const Tensor<T, Rank>& output, const std::vector<Tensor<T, Ran
 
 /// On `dst`: (*gather_list)[i] = input of member i. Other members pass nullptr (or anything: ignored).
 template <class T, int Rank>
-void gather(const Tensor<T, Rank>& input, const std::vector<Tensor<T, Rank>>* gather_list, int dst,
+void gather(const Tensor<T, Rank>& input,
+            std::type_identity_t<const std::vector<Tensor<T, Rank>>*> gather_list, int dst,
             const ProcessGroup& group) {
   detail::gather_impl(input, gather_list, dst, group, false);
 }
 template <class T, int Rank>
-Work gather(const Tensor<T, Rank>& input, const std::vector<Tensor<T, Rank>>* gather_list, int dst,
+Work gather(const Tensor<T, Rank>& input,
+            std::type_identity_t<const std::vector<Tensor<T, Rank>>*> gather_list, int dst,
             const ProcessGroup& group, AsyncOp) {
   return detail::gather_impl(input, gather_list, dst, group, true);
 }
