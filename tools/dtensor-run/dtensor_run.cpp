@@ -199,8 +199,12 @@ Args parse(int argc, char** argv) {
   if (a.node_rank >= a.nnodes) {
     die("--node-rank " + std::to_string(a.node_rank) + " must be < --nnodes " + std::to_string(a.nnodes));
   }
-  if (a.master_port == 0 && (a.nnodes > 1 || !a.agent_store)) {
-    die("--master-port 0 (a free port) needs --nnodes 1 and the launcher-hosted store");
+  if (a.master_port == 0 && a.nnodes > 1) {
+    die("--master-port 0 (a free port) works on one machine only (--nnodes 1)");
+  }
+  if (a.master_port == 0 && !a.agent_store) {
+    // torchrun --standalone's way: find a free port and release it for rank 0 to bind.
+    a.master_port = dtensor::TcpStoreServer(0).port();
   }
   if (!a.ranks_filter.empty() && a.tee == 0) {
     a.tee = 3;

@@ -230,9 +230,9 @@ struct InitOptions {
 
 namespace detail {
 
-inline std::chrono::milliseconds init_timeout(const InitOptions& o) {
-  if (o.timeout.count() > 0) {
-    return o.timeout;
+inline std::chrono::milliseconds init_timeout(std::chrono::milliseconds given = {}) {
+  if (given.count() > 0) {
+    return given;
   }
   if (auto v = system_env("DTENSOR_TIMEOUT"); v && !v->empty()) {
     double s = 0;
@@ -285,25 +285,28 @@ inline std::string resolve_backend(std::string name) {
 
 } // namespace detail
 
+/// The job's store as init_process_group reaches it: hosted here when this is rank 0 and no launcher
+/// hosts it (DistEnv::agent_store), a private one on a free port for a lone process without launcher
+/// variables, else a client of MASTER_ADDR:MASTER_PORT (retrying until `timeout`).
+inline std::shared_ptr<TcpStore> connect_store(const DistEnv& env, std::chrono::milliseconds timeout) {
+  TcpStoreOptions so;
+  so.timeout = timeout;
+  if (env.world_size == 1 && env.source == "default") {
+    so.is_server = true;
+    return std::make_shared<TcpStore>("127.0.0.1", 0, so);
+  }
+  so.is_server = env.rank == 0 && !env.agent_store;
+  return std::make_shared<TcpStore>(env.master_addr, env.master_port, so);
+}
+
 /// The world group of this job (see the top of this file). Collective over every rank of the job.
 /// Throws TimeoutError when the store or a rank does not answer within the timeout, Error otherwise.
 inline ProcessGroup init_process_group(InitOptions options = {}) {
   const DistEnv env = options.env ? *options.env : read_dist_env();
-  const std::chrono::milliseconds timeout = detail::init_timeout(options);
+  const std::chrono::milliseconds timeout = detail::init_timeout(options.timeout);
   const std::string backend = detail::resolve_backend(options.backend);
 
-  std::shared_ptr<TcpStore> store = options.store;
-  if (!store) {
-    TcpStoreOptions so;
-    so.timeout = timeout;
-    if (env.world_size == 1 && env.source == "default") {
-      so.is_server = true; // a lone process: a private store on a free port
-      store = std::make_shared<TcpStore>("127.0.0.1", 0, so);
-    } else {
-      so.is_server = env.rank == 0 && !env.agent_store;
-      store = std::make_shared<TcpStore>(env.master_addr, env.master_port, so);
-    }
-  }
+  std::shared_ptr<TcpStore> store = options.store ? options.store : connect_store(env, timeout);
   // Successive init_process_group calls of one job use fresh keys.
   const std::int64_t generation = store->add("dtensor/init_count/" + std::to_string(env.rank), 1);
   const std::string prefix = "dtensor/init" + std::to_string(generation);

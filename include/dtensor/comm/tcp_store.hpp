@@ -133,8 +133,11 @@ public:
 
 private:
   Writer& raw(const void* p, std::size_t n) {
-    const auto* c = static_cast<const char*>(p);
-    buf_.insert(buf_.end(), c, c + n);
+    const std::size_t at = buf_.size();
+    buf_.resize(at + n);
+    if (n > 0) {
+      std::memcpy(buf_.data() + at, p, n);
+    }
     return *this;
   }
   std::vector<char> buf_;
@@ -627,6 +630,11 @@ private:
         return; // nothing sensible left to do
       }
       if (stopping_.load() || (pfds[0].revents & POLLIN) != 0) {
+        for (auto& [fd, c] : clients_) { // best effort: replies already decided go out
+          if (c.fd) {
+            flush(c);
+          }
+        }
         return;
       }
       if ((pfds[1].revents & POLLIN) != 0) {
@@ -838,7 +846,8 @@ public:
   }
 
   /// Every one of `world_size` callers of barrier(name, ...) returns once all of them have called it;
-  /// TimeoutError (naming how many arrived) after `timeout`. Each name is single use.
+  /// TimeoutError (naming how many arrived) after `timeout`. Each name is single use. A caller hosting
+  /// the server returns only after every caller got its answer, so it may then exit safely.
   void barrier(const std::string& name, int world_size, std::chrono::milliseconds timeout) {
     const std::int64_t arrived = add(name + "/arrived", 1);
     if (arrived == world_size) {
@@ -846,6 +855,14 @@ public:
     }
     try {
       wait({name + "/done"}, timeout);
+      // The process hosting the server must not leave (and take the store with it) while others still
+      // wait for their reply: it waits until every caller has left.
+      if (add(name + "/left", 1) == world_size) {
+        set(name + "/all_left", std::string_view("1"));
+      }
+      if (is_server()) {
+        wait({name + "/all_left"}, timeout);
+      }
     } catch (const TimeoutError&) {
       std::int64_t now = -1;
       try {
@@ -926,14 +943,14 @@ private:
                  (err != 0 ? ": " + detail::tcp::errno_text(err) : "");
         }
       }
-      if (Clock::now() + backoff >= deadline) {
+      if (Clock::now() >= deadline) {
         throw TimeoutError(where() + ": could not reach the store within " +
                            std::to_string(timeout().count()) + " ms (" + std::to_string(attempts) +
                            " attempts; last error: " + last +
                            "). Check MASTER_ADDR and MASTER_PORT, that rank 0 (or dtensor-run on node 0) is "
                            "running, and that no firewall blocks the port.");
       }
-      std::this_thread::sleep_for(backoff);
+      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - Clock::now()));
       backoff = std::min<std::chrono::milliseconds>(backoff * 2, 1000ms);
     }
   }

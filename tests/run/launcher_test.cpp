@@ -1,0 +1,399 @@
+// Launcher scenarios, one per ctest: launcher_test <dtensor-run> <rank_program> <scenario>
+//   prefix        per-rank output prefixes, torchrun variables, --local-ranks-filter, --log-dir
+//   early_exit    one rank exits non-zero: the others are stopped, the exit code and message name it
+//   signals       SIGTERM and SIGINT reach every rank; the launcher exits 128+signal, no rank survives
+//   unreachable   a master port nobody serves, and one that accepts but never answers: clear timeout errors
+//   multinode     two launchers on one machine acting as two nodes; then a failure on node 1 stops node 0
+//   rank0_store   --rank0-store: rank 0 hosts the store, ranks started in any order still meet
+// Plain C++ (no Catch2): prints what it checks, exits 0 on success, 1 on the first failed check.
+#include "dtensor/comm/tcp_store.hpp"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+std::string g_launcher;
+std::string g_program;
+int g_failures = 0;
+
+#define EXPECT(cond, what)                                                                                   \
+  do {                                                                                                       \
+    if (!(cond)) {                                                                                           \
+      std::printf("FAILED: %s  [%s]  (line %d)\n", std::string(what).c_str(), #cond, __LINE__);              \
+      ++g_failures;                                                                                          \
+    } else {                                                                                                 \
+      std::printf("ok: %s\n", std::string(what).c_str());                                                    \
+    }                                                                                                        \
+  } while (false)
+
+/// A child process with its stdout+stderr captured.
+struct Proc {
+  pid_t pid = -1;
+  int out = -1;
+  std::string output;
+  int status = 0;
+  bool done = false;
+  Clock::time_point start = Clock::now();
+
+  Proc(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+    int p[2];
+    if (::pipe(p) != 0) {
+      std::perror("pipe");
+      std::exit(1);
+    }
+    pid = ::fork();
+    if (pid == 0) {
+      ::dup2(p[1], 1);
+      ::dup2(p[1], 2);
+      ::close(p[0]);
+      ::close(p[1]);
+      for (const auto& [k, v] : env) {
+        ::setenv(k.c_str(), v.c_str(), 1);
+      }
+      std::vector<char*> args;
+      for (const auto& a : argv) {
+        args.push_back(const_cast<char*>(a.c_str()));
+      }
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      std::perror("execv");
+      ::_exit(127);
+    }
+    ::close(p[1]);
+    out = p[0];
+    ::fcntl(out, F_SETFL, O_NONBLOCK);
+  }
+
+  /// Reads output until `pred(output)` or `limit`; true when pred became true.
+  template <class Pred>
+  bool read_until(Pred pred, std::chrono::milliseconds limit) {
+    const auto until = Clock::now() + limit;
+    while (!pred(output)) {
+      if (Clock::now() >= until || out < 0) {
+        return pred(output);
+      }
+      pollfd pfd{out, POLLIN, 0};
+      ::poll(&pfd, 1, 50);
+      char buf[4096];
+      for (;;) {
+        const ssize_t k = ::read(out, buf, sizeof(buf));
+        if (k > 0) {
+          output.append(buf, static_cast<std::size_t>(k));
+          continue;
+        }
+        if (k == 0) {
+          ::close(out);
+          out = -1;
+        }
+        break;
+      }
+    }
+    return true;
+  }
+
+  /// Waits for exit (killing it after `limit`); returns the elapsed time since start.
+  std::chrono::milliseconds wait(std::chrono::milliseconds limit) {
+    read_until([](const std::string&) { return false; }, limit); // to EOF or the limit
+    const auto until = Clock::now() + 2s;
+    while (!done) {
+      const pid_t r = ::waitpid(pid, &status, WNOHANG);
+      if (r == pid) {
+        done = true;
+        break;
+      }
+      if (Clock::now() > until) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        done = true;
+        output += "\n[launcher_test: killed the launcher, it did not exit]\n";
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  }
+
+  int code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+};
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+int count_of(const std::string& s, const std::string& part) {
+  int n = 0;
+  for (std::size_t at = s.find(part); at != std::string::npos; at = s.find(part, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+/// The pids the ranks printed as "[rankN]: <word> <pid>".
+std::vector<pid_t> pids_after(const std::string& output, const std::string& word) {
+  std::vector<pid_t> pids;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto at = line.find("]: " + word + " ");
+    if (at != std::string::npos) {
+      pids.push_back(static_cast<pid_t>(std::atoi(line.c_str() + at + word.size() + 4)));
+    }
+  }
+  return pids;
+}
+
+bool all_dead(const std::vector<pid_t>& pids) {
+  for (int tries = 0; tries < 50; ++tries) {
+    bool dead = true;
+    for (pid_t p : pids) {
+      dead = dead && ::kill(p, 0) != 0;
+    }
+    if (dead) {
+      return true;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+int free_port() {
+  dtensor::TcpStoreServer s(0);
+  return s.port();
+}
+
+void show(const Proc& p) {
+  std::printf("---- output ----\n%s----------------\n", p.output.c_str());
+}
+
+// ---- scenarios ------------------------------------------------------------------------------------------
+
+void prefix() {
+  const std::string dir = "launcher_test_logs_" + std::to_string(::getpid());
+  Proc p({g_launcher, "--standalone", "--nproc-per-node", "3", "--log-dir", dir, g_program, "env"}, {});
+  p.wait(20s);
+  show(p);
+  EXPECT(p.code() == 0, "three ranks exit 0");
+  for (int r = 0; r < 3; ++r) {
+    EXPECT(contains(p.output, "[rank" + std::to_string(r) + "]: rank " + std::to_string(r) + " of 3 local " +
+                                  std::to_string(r) + "/3 master 127.0.0.1:"),
+           "rank " + std::to_string(r) + "'s stdout line is prefixed and its variables are right");
+    EXPECT(contains(p.output, "[rank" + std::to_string(r) + "]: stderr of rank " + std::to_string(r)),
+           "rank " + std::to_string(r) + "'s stderr line is prefixed");
+  }
+  EXPECT(!contains(p.output, ":29500"), "--standalone picks a free port, not 29500");
+  std::ifstream log(dir + "/rank_1.stdout");
+  std::string line;
+  std::getline(log, line);
+  EXPECT(contains(line, "rank 1 of 3"), "--log-dir keeps rank 1's stdout (without prefix)");
+  std::system(("rm -rf " + dir).c_str());
+
+  Proc f({g_launcher, "--standalone", "--nproc-per-node", "3", "--local-ranks-filter", "1", g_program, "env"},
+         {});
+  f.wait(20s);
+  EXPECT(f.code() == 0 && contains(f.output, "[rank1]:") && !contains(f.output, "[rank0]:") &&
+             !contains(f.output, "[rank2]:"),
+         "--local-ranks-filter 1 shows only rank 1");
+
+  Proc t({g_launcher, "--standalone", "--nproc-per-node", "2", "--tee", "0", g_program, "env"}, {});
+  t.wait(20s);
+  EXPECT(t.code() == 0 && !contains(t.output, "[rank") && count_of(t.output, " of 2 local ") == 2,
+         "--tee 0 passes output through unprefixed");
+}
+
+void early_exit() {
+  Proc p({g_launcher, "--standalone", "--nproc-per-node", "4", "--stop-timeout", "5", g_program, "fail", "2",
+          "7"},
+         {});
+  const auto took = p.wait(30s);
+  show(p);
+  EXPECT(p.code() == 7,
+         "the launcher exits with the failed rank's code (7), got " + std::to_string(p.code()));
+  EXPECT(contains(p.output, "rank 2 (local rank 2 on node 0"), "the message names rank 2");
+  EXPECT(contains(p.output, "failed: exit code 7"), "the message gives its exit code");
+  EXPECT(took < 10s, "the others are stopped at once (" + std::to_string(took.count()) + " ms)");
+  const auto pids = pids_after(p.output, "pid");
+  EXPECT(pids.size() == 4, "four ranks reported their pid");
+  EXPECT(all_dead(pids), "no rank survives the launcher");
+
+  // A rank killed by a signal is reported with the signal's name.
+  Proc k({g_launcher, "--standalone", "--nproc-per-node", "2", "/bin/sh", "-c",
+          "if [ \"$RANK\" = 1 ]; then kill -SEGV $$; fi; sleep 30"},
+         {});
+  k.wait(30s);
+  show(k);
+  EXPECT(k.code() == 128 + SIGSEGV && contains(k.output, "rank 1 ") &&
+             contains(k.output, "killed by SIGSEGV"),
+         "a rank killed by SIGSEGV: exit 139 naming rank 1 and the signal");
+}
+
+void signals() {
+  for (int sig : {SIGTERM, SIGINT}) {
+    Proc p({g_launcher, "--standalone", "--nproc-per-node", "3", g_program, "sleep"}, {});
+    const bool ready = p.read_until([](const std::string& s) { return count_of(s, "ready ") == 3; }, 20s);
+    EXPECT(ready, "three ranks started");
+    const auto t0 = Clock::now();
+    ::kill(p.pid, sig);
+    p.wait(30s);
+    show(p);
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+    const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    EXPECT(p.code() == 128 + sig,
+           name + ": the launcher exits " + std::to_string(128 + sig) + ", got " + std::to_string(p.code()));
+    EXPECT(contains(p.output, "forwarding it to 3 rank(s)"), name + " is forwarded to the ranks");
+    EXPECT(took < 5s, name + ": the ranks stop at once (" + std::to_string(took.count()) + " ms)");
+    EXPECT(all_dead(pids_after(p.output, "ready")), name + ": no rank survives");
+  }
+}
+
+void unreachable() {
+  const int port = free_port(); // nobody listens here
+  const std::map<std::string, std::string> env = {{"DTENSOR_TIMEOUT", "2"}};
+  // A rank started by hand (as mpirun/srun would) for a master that is not there.
+  Proc r({g_program, "store"}, {{"RANK", "1"},
+                                {"WORLD_SIZE", "2"},
+                                {"MASTER_ADDR", "127.0.0.1"},
+                                {"MASTER_PORT", std::to_string(port)},
+                                {"DTENSOR_TIMEOUT", "2"}});
+  auto took = r.wait(30s);
+  show(r);
+  EXPECT(r.code() == 1, "the rank fails");
+  EXPECT(contains(r.output, "could not reach the store") &&
+             contains(r.output, "127.0.0.1:" + std::to_string(port)) &&
+             contains(r.output, "within 2000 ms") && contains(r.output, "MASTER_ADDR"),
+         "its error names the address, the timeout and what to check");
+  EXPECT(took >= 1900ms && took < 10s,
+         "it gives up after the timeout (" + std::to_string(took.count()) + " ms)");
+
+  // The launcher of node 1 cannot reach node 0.
+  Proc l({g_launcher, "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+          std::to_string(port), "--nproc-per-node", "2", g_program, "store"},
+         env);
+  took = l.wait(30s);
+  show(l);
+  EXPECT(l.code() != 0, "the launcher fails");
+  EXPECT(contains(l.output, "could not reach the store at") ||
+             contains(l.output, "could not reach the store"),
+         "the launcher says it could not reach the store");
+  EXPECT(took < 10s, "the launcher gives up after the timeout (" + std::to_string(took.count()) + " ms)");
+
+  // A master that accepts connections but never answers (wrong service, hung process).
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::listen(fd, 16);
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  Proc s({g_program, "store"}, {{"RANK", "1"},
+                                {"WORLD_SIZE", "2"},
+                                {"MASTER_ADDR", "127.0.0.1"},
+                                {"MASTER_PORT", std::to_string(ntohs(a.sin_port))},
+                                {"DTENSOR_TIMEOUT", "2"}});
+  took = s.wait(30s);
+  show(s);
+  EXPECT(s.code() == 1 && contains(s.output, "did not answer the store handshake"),
+         "a silent master is reported as such");
+  EXPECT(took < 10s, "within the timeout (" + std::to_string(took.count()) + " ms)");
+  ::close(fd);
+}
+
+void multinode() {
+  const int port = free_port();
+  auto node = [&](int node_rank, const std::vector<std::string>& prog) {
+    std::vector<std::string> argv = {g_launcher,
+                                     "--nnodes",
+                                     "2",
+                                     "--node-rank",
+                                     std::to_string(node_rank),
+                                     "--master-addr",
+                                     "127.0.0.1",
+                                     "--master-port",
+                                     std::to_string(port),
+                                     "--nproc-per-node",
+                                     "2"};
+    argv.insert(argv.end(), prog.begin(), prog.end());
+    return argv;
+  };
+  {
+    // Node 1 starts first: its launcher and ranks wait for node 0's store.
+    Proc n1(node(1, {g_program, "store"}), {{"DTENSOR_TIMEOUT", "20"}});
+    std::this_thread::sleep_for(300ms);
+    Proc n0(node(0, {g_program, "store"}), {{"DTENSOR_TIMEOUT", "20"}});
+    n1.wait(40s);
+    n0.wait(40s);
+    show(n0);
+    show(n1);
+    EXPECT(n0.code() == 0 && n1.code() == 0, "two nodes of two ranks meet through node 0's store");
+    EXPECT(count_of(n0.output, "store ok") == 2 && count_of(n1.output, "store ok") == 2,
+           "all four ranks say ok");
+    EXPECT(contains(n1.output, "[rank3]:"), "node 1 runs ranks 2 and 3");
+  }
+  {
+    // Rank 3 (node 1) fails: node 0's ranks are stopped too and its launcher names rank 3.
+    Proc n0(node(0, {g_program, "fail", "3", "5"}), {{"DTENSOR_TIMEOUT", "20"}});
+    Proc n1(node(1, {g_program, "fail", "3", "5"}), {{"DTENSOR_TIMEOUT", "20"}});
+    auto took1 = n1.wait(40s);
+    auto took0 = n0.wait(40s);
+    show(n0);
+    show(n1);
+    EXPECT(n1.code() == 5, "node 1 exits with rank 3's code");
+    EXPECT(n0.code() != 0 && contains(n0.output, "rank 3 (local rank 1 on node 1"),
+           "node 0 fails too, naming rank 3 on node 1");
+    EXPECT(took0 < 15s && took1 < 15s, "both stop quickly");
+    EXPECT(all_dead(pids_after(n0.output + n1.output, "pid")), "no rank survives on either node");
+  }
+}
+
+void rank0_store() {
+  Proc p({g_launcher, "--standalone", "--nproc-per-node", "3", "--rank0-store", "--master-port",
+          std::to_string(free_port()), g_program, "store"},
+         {{"DTENSOR_TIMEOUT", "20"}});
+  p.wait(40s);
+  show(p);
+  EXPECT(p.code() == 0 && count_of(p.output, "store ok") == 3, "three ranks meet at rank 0's store");
+  EXPECT(contains(p.output, "store ok on rank 0 (hosting)"), "rank 0 hosts it");
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: launcher_test <dtensor-run> <rank_program> <scenario>\n");
+    return 2;
+  }
+  g_launcher = argv[1];
+  g_program = argv[2];
+  const std::string scenario = argv[3];
+  ::signal(SIGPIPE, SIG_IGN);
+  const std::map<std::string, void (*)()> scenarios = {
+      {"prefix", prefix},           {"early_exit", early_exit}, {"signals", signals},
+      {"unreachable", unreachable}, {"multinode", multinode},   {"rank0_store", rank0_store}};
+  auto it = scenarios.find(scenario);
+  if (it == scenarios.end()) {
+    std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
+    return 2;
+  }
+  it->second();
+  std::printf("%s: %s\n", scenario.c_str(), g_failures == 0 ? "all checks passed" : "FAILED");
+  return g_failures == 0 ? 0 : 1;
+}
