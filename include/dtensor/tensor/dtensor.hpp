@@ -1,0 +1,305 @@
+#pragma once
+// DTensor: a global tensor laid out on a DeviceMesh, its placements part of its type.
+//
+//   using Mesh = MeshShape<Axis<"dp">, Axis<"tp", 2>>;
+//   auto mesh = init_device_mesh<Mesh>(world);
+//   auto x = distribute_tensor<Shard<0>, Replicate>(mesh, full);            // [S(0),R]
+//   auto y = x.redistribute<Replicate, Shard<1>>();   // local_chunk(tp, dim 1); all_gather(dp, dim 0)
+//   Tensor<float, 2> z = y.full_tensor();
+//
+// The plan of every redistribute is computed at compile time from the placement values
+// (plan/planner.hpp) and run by one executor (tensor/execute.hpp). Transitions that cannot exist
+// (Shard -> Partial, Partial<a> -> Partial<b>) do not compile. Local tensors are contiguous; uneven and
+// empty shards follow torch.chunk.
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "dtensor/comm/collectives.hpp"
+#include "dtensor/comm/work.hpp"
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/layout.hpp"
+#include "dtensor/core/placement.hpp"
+#include "dtensor/core/tensor.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/mesh/placement_check.hpp"
+#include "dtensor/plan/exchange.hpp"
+#include "dtensor/plan/planner.hpp"
+#include "dtensor/tensor/execute.hpp"
+
+namespace dtensor {
+
+/// A typed placement list, for naming plans: `plan_of<Mesh, 2, Placements<Shard<0>, Replicate>, ...>()`.
+template <PlacementType... P>
+struct Placements {
+  static constexpr PlacementList value = placement_list_v<P...>;
+
+  /// validate_placements for this list.
+  template <class Shape, int Rank>
+  static consteval bool validate() {
+    return validate_placements<Shape, Rank, P...>();
+  }
+};
+
+/// A plan together with the axis names of its mesh, for printing and costing.
+template <class Shape>
+struct MeshPlan {
+  Plan plan;
+
+  /// e.g. "[S(0),R] -> [R,S(1)]: local_chunk(tp, dim 1); all_gather(dp, dim 0)".
+  std::string to_string() const { return dtensor::to_string(plan, Shape::names); }
+  /// Bytes per rank (see plan/exchange.hpp) for a global shape on a mesh of `sizes`.
+  std::int64_t bytes_per_rank(const Extents& global, const MeshSizes& sizes,
+                              std::int64_t element_size = 4) const {
+    return dtensor::bytes_per_rank(plan, global, sizes, element_size);
+  }
+};
+
+namespace detail {
+
+/// Mesh sizes the planner uses to place all_reduce: the static ones, 2 for dynamic axes.
+template <class Shape>
+constexpr MeshSizes nominal_sizes() {
+  MeshSizes s;
+  for (int v : Shape::static_sizes) {
+    s.push_back(v > 0 ? v : 2);
+  }
+  return s;
+}
+
+template <class Shape, int Rank, class Src, class Dst>
+inline constexpr Plan plan_v = make_plan(Src::value, Dst::value, Rank, nominal_sizes<Shape>());
+
+template <class Shape, int Rank, class Src, class Dst>
+consteval bool check_plan() {
+  constexpr PlanError e = plan_v<Shape, Rank, Src, Dst>.error;
+  static_assert(e != PlanError::shard_to_partial,
+                "redistribute: Shard -> Partial is not a transition: a shard is a piece of the tensor, not a "
+                "partial value of all of it. Redistribute to Replicate first, then to Partial");
+  static_assert(e != PlanError::partial_op_change,
+                "redistribute: Partial<a> -> Partial<b> with a different op is not a transition: reduce the "
+                "pending op first (redistribute that axis to Replicate or Shard)");
+  return e == PlanError::none;
+}
+
+template <std::size_t>
+using ReplicateFor = Replicate;
+
+} // namespace detail
+
+/// The plan `Src -> Dst` (both Placements<...>) for a rank-`Rank` tensor on meshes of shape `Shape`.
+template <class Shape, int Rank, class Src, class Dst>
+constexpr MeshPlan<Shape> plan_of() {
+  static_assert(Src::template validate<Shape, Rank>() && Dst::template validate<Shape, Rank>());
+  static_assert(detail::check_plan<Shape, Rank, Src, Dst>());
+  return {detail::plan_v<Shape, Rank, Src, Dst>};
+}
+
+/// Options of DTensor::from_local.
+struct FromLocalOptions {
+  /// Check across the mesh (one small all_gather) that every rank passed the same global shape and a
+  /// local tensor of the shape torch.chunk gives its coordinate; throw naming the offending rank.
+  bool verify = false;
+};
+
+template <class T, int Rank, class Shape, class... P>
+class DTensor;
+
+template <class T, int Rank, class Shape, class... P>
+class PendingRedistribute;
+
+template <class T, int Rank, class Shape, class... P>
+class DTensor {
+  static_assert(validate_placements<Shape, Rank, P...>());
+
+public:
+  using value_type = T;
+  using mesh_type = DeviceMesh<Shape>;
+  using local_type = Tensor<T, Rank>;
+  using shape_type = std::array<std::int64_t, Rank>;
+  static constexpr int rank = Rank;
+  /// The placements, Shard dims made non-negative.
+  static constexpr PlacementList placements = normalize(placement_list_v<P...>, Rank);
+  static constexpr ShardSpec spec = ShardSpec::from(placement_list_v<P...>, Rank);
+
+  /// Wraps this rank's shard. `global_shape` may be left out for even sharding (it is then the local
+  /// shape times the number of shards of each dim); it is required when shards are uneven.
+  static DTensor from_local(const mesh_type& mesh, local_type local,
+                            std::optional<shape_type> global_shape = {}, FromLocalOptions options = {}) {
+    shape_type global = global_shape ? *global_shape : infer_global(mesh, local.shape());
+    if (options.verify) {
+      verify_layout(mesh, local.shape(), global);
+    } else {
+      const Block b = spec_block(detail::to_extents(global), spec, mesh.sizes(), mesh.coordinate());
+      DTENSOR_CHECK(detail::to_extents(local.shape()) == b.shape,
+                    "DTensor::from_local on mesh rank " + std::to_string(mesh.rank()) + ": the local shape " +
+                        detail::shape_string(detail::to_extents(local.shape())) + " is not the shard " +
+                        detail::shape_string(b.shape) + " that " + dtensor::to_string(placements) +
+                        " of global shape " + detail::shape_string(detail::to_extents(global)) +
+                        " gives mesh coordinate " + coord_string(mesh.coordinate()));
+    }
+    return DTensor(mesh, local.contiguous(), global);
+  }
+
+  const mesh_type& mesh() const noexcept { return mesh_; }
+  /// This rank's shard (contiguous).
+  const local_type& local() const noexcept { return local_; }
+  local_type to_local() const { return local_; }
+  const shape_type& global_shape() const noexcept { return global_; }
+  /// Global index of this rank's first local element.
+  shape_type local_offset() const {
+    return detail::to_array<Rank>(
+        spec_block(detail::to_extents(global_), spec, mesh_.sizes(), mesh_.coordinate()).offset);
+  }
+
+  /// The whole tensor on every rank (Partial axes reduced).
+  local_type full_tensor() const { return replicate_all(std::make_index_sequence<sizeof...(P)>{}); }
+
+  /// The same global tensor with placements Q...; the plan is fixed at compile time.
+  template <class... Q>
+  DTensor<T, Rank, Shape, Q...> redistribute() const {
+    static_assert(validate_placements<Shape, Rank, Q...>());
+    static_assert(detail::check_plan<Shape, Rank, Placements<P...>, Placements<Q...>>());
+    constexpr const Plan& plan = detail::plan_v<Shape, Rank, Placements<P...>, Placements<Q...>>;
+    auto out = detail::run_steps(plan, 0, local_, detail::to_extents(global_), mesh_);
+    return DTensor<T, Rank, Shape, Q...>(mesh_, std::move(out), global_);
+  }
+
+  /// Asynchronous redistribute: the first communicating step is in flight when this returns; wait() on
+  /// the handle finishes it (and runs any later steps) and gives the DTensor. Every rank must make the
+  /// same calls on the mesh's groups in the same order, as for any collective.
+  template <class... Q>
+  PendingRedistribute<T, Rank, Shape, Q...> redistribute(AsyncOp) const {
+    static_assert(validate_placements<Shape, Rank, Q...>());
+    static_assert(detail::check_plan<Shape, Rank, Placements<P...>, Placements<Q...>>());
+    constexpr const Plan& plan = detail::plan_v<Shape, Rank, Placements<P...>, Placements<Q...>>;
+    const Extents global = detail::to_extents(global_);
+    local_type local = local_;
+    int i = 0;
+    for (; i < plan.size() && !plan.steps[i].communicates(); ++i) {
+      auto s = detail::submit_step(plan.steps[i], local, global, mesh_, false);
+      local = std::move(s.out);
+    }
+    if (i == plan.size()) {
+      return PendingRedistribute<T, Rank, Shape, Q...>(mesh_, global_, &plan, i, {local, Work()});
+    }
+    return PendingRedistribute<T, Rank, Shape, Q...>(
+        mesh_, global_, &plan, i + 1, detail::submit_step(plan.steps[i], local, global, mesh_, true));
+  }
+
+  /// The plan of redistribute<Q...>().
+  template <class... Q>
+  static constexpr MeshPlan<Shape> plan_to() {
+    return plan_of<Shape, Rank, Placements<P...>, Placements<Q...>>();
+  }
+
+  /// "DTensor<float32, 2> on (dp=2, tp=2) [S(0),R], global (8, 6), local (4, 6)".
+  std::string to_string() const {
+    return "DTensor<" + std::string(dtype_name(dtype_v<T>)) + ", " + std::to_string(Rank) + "> on " +
+           mesh_to_string(Shape::names, mesh_.sizes()) + " " + dtensor::to_string(placements) + ", global " +
+           detail::shape_string(detail::to_extents(global_)) + ", local " +
+           detail::shape_string(detail::to_extents(local_.shape()));
+  }
+  /// "DTensor<float32, 2, (dp=?, tp=2), [S(0),R]>".
+  static std::string type_string() {
+    return "DTensor<" + std::string(dtype_name(dtype_v<T>)) + ", " + std::to_string(Rank) + ", " +
+           Shape::to_string() + ", " + dtensor::to_string(placements) + ">";
+  }
+
+  /// Unchecked: `local` must be this rank's contiguous shard of `global`. Use from_local.
+  DTensor(mesh_type mesh, local_type local, shape_type global)
+      : mesh_(std::move(mesh)), local_(std::move(local)), global_(global) {}
+
+private:
+  template <std::size_t... I>
+  local_type replicate_all(std::index_sequence<I...>) const {
+    return redistribute<detail::ReplicateFor<I>...>().local();
+  }
+
+  static std::string coord_string(const MeshCoord& c) {
+    std::string s = "(";
+    for (int a = 0; a < c.size(); ++a) {
+      s += (a ? ", " : "") + std::to_string(c[a]);
+    }
+    return s + ")";
+  }
+
+  static shape_type infer_global(const mesh_type& mesh, const shape_type& local) {
+    shape_type g = local;
+    for (int a = 0; a < placements.size(); ++a) {
+      if (placements[a].is_shard()) {
+        g[placements[a].dim] *= mesh.size(a);
+      }
+    }
+    return g;
+  }
+
+  static void verify_layout(const mesh_type& mesh, const shape_type& local, const shape_type& global) {
+    const ProcessGroup g = mesh.group_over(static_cast<AxisMask>((1u << Shape::rank) - 1));
+    const int n = g.size();
+    auto mine = Tensor<std::int64_t, 1>({2 * Rank});
+    for (int d = 0; d < Rank; ++d) {
+      mine(d) = local[d];
+      mine(Rank + d) = global[d];
+    }
+    auto all = Tensor<std::int64_t, 1>({2 * Rank * n});
+    all_gather_into_tensor(all, mine, g);
+    for (int q = 0; q < n; ++q) {
+      Extents their_local;
+      Extents their_global;
+      for (int d = 0; d < Rank; ++d) {
+        their_local.push_back(all(2 * Rank * q + d));
+        their_global.push_back(all(2 * Rank * q + Rank + d));
+      }
+      DTENSOR_CHECK(their_global == detail::to_extents(global),
+                    "DTensor::from_local: mesh rank " + std::to_string(q) + " passed global shape " +
+                        detail::shape_string(their_global) + " but mesh rank " + std::to_string(mesh.rank()) +
+                        " passed " + detail::shape_string(detail::to_extents(global)));
+      const MeshCoord c = rank_to_coord(q, mesh.sizes());
+      const Block want = spec_block(their_global, spec, mesh.sizes(), c);
+      DTENSOR_CHECK(their_local == want.shape,
+                    "DTensor::from_local: mesh rank " + std::to_string(q) + " (coordinate " +
+                        coord_string(c) + ") holds a local tensor of shape " +
+                        detail::shape_string(their_local) + " but " + dtensor::to_string(placements) +
+                        " of global shape " + detail::shape_string(their_global) + " gives it " +
+                        detail::shape_string(want.shape) + " (torch.chunk sizes)");
+    }
+  }
+
+  mesh_type mesh_;
+  local_type local_;
+  shape_type global_;
+};
+
+/// The result of an asynchronous redistribute: wait() finishes it and returns the DTensor.
+template <class T, int Rank, class Shape, class... P>
+class PendingRedistribute {
+public:
+  using result_type = DTensor<T, Rank, Shape, P...>;
+
+  PendingRedistribute(DeviceMesh<Shape> mesh, std::array<std::int64_t, Rank> global, const Plan* plan,
+                      int next, detail::StepRun<T, Rank> run)
+      : mesh_(std::move(mesh)), global_(global), plan_(plan), next_(next), run_(std::move(run)) {}
+
+  /// Non-blocking: true once the step in flight finished (later steps, if any, run in wait()).
+  bool is_completed() const { return run_.work.is_completed(); }
+
+  /// Waits for the step in flight, runs the remaining steps, and returns the redistributed tensor.
+  result_type wait() {
+    run_.work.wait();
+    auto local = detail::run_steps(*plan_, next_, std::move(run_.out), detail::to_extents(global_), mesh_);
+    return result_type(mesh_, std::move(local), global_);
+  }
+
+private:
+  DeviceMesh<Shape> mesh_;
+  std::array<std::int64_t, Rank> global_;
+  const Plan* plan_;
+  int next_;
+  detail::StepRun<T, Rank> run_;
+};
+
+} // namespace dtensor

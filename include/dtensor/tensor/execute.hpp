@@ -1,0 +1,320 @@
+#pragma once
+// The plan executor: runs the steps of a redistribution plan on one rank's local tensor.
+//
+// One function per step kind, each: compute the geometry (plan/exchange.hpp), pack what leaves this rank
+// into contiguous buffers, submit one backend op on the step's group, and unpack on completion. Packing
+// is skipped where the layout is already contiguous in member order (the split dim is the leading
+// non-trivial dim). Uneven and empty shards use the backends' variable-size ops (counts and
+// displacements), never padding: padding would move and reduce the pad elements too, and the exact
+// sizes are known on every rank from the plan's geometry.
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtensor/comm/detail.hpp"
+#include "dtensor/comm/process_group.hpp"
+#include "dtensor/comm/work.hpp"
+#include "dtensor/core/layout.hpp"
+#include "dtensor/core/tensor.hpp"
+#include "dtensor/plan/exchange.hpp"
+#include "dtensor/plan/planner.hpp"
+#include "dtensor/tensor/comm_debug.hpp"
+
+namespace dtensor::detail {
+
+/// Tests set this to make every buffer the executor allocates start as all-ones bytes (NaN for floating
+/// types, -1 or the maximum for integers), so that elements a step forgets to write show up.
+inline std::atomic<bool>& poison_buffers() noexcept {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
+/// A new tensor for a step's output or staging buffer (poisoned when poison_buffers() is set).
+template <class T, int R>
+Tensor<T, R> fresh(const std::array<std::int64_t, R>& shape, Device dev) {
+  Tensor<T, R> t(shape, dev);
+  if (poison_buffers().load(std::memory_order_relaxed) && t.numel() > 0) {
+    T poison;
+    std::memset(static_cast<void*>(&poison), 0xFF, sizeof poison);
+    t.fill(poison);
+  }
+  return t;
+}
+
+template <int R>
+std::array<std::int64_t, R> to_array(const Extents& e) {
+  std::array<std::int64_t, R> a{};
+  for (int d = 0; d < R; ++d) {
+    a[d] = e[d];
+  }
+  return a;
+}
+
+template <std::size_t R>
+Extents to_extents(const std::array<std::int64_t, R>& a) {
+  Extents e;
+  for (std::int64_t v : a) {
+    e.push_back(v);
+  }
+  return e;
+}
+
+/// "(7, 5)".
+inline std::string shape_string(const Extents& e) {
+  std::string s = "(";
+  for (int i = 0; i < e.size(); ++i) {
+    s += (i ? ", " : "") + std::to_string(e[i]);
+  }
+  return s + ")";
+}
+
+/// The part `part` (global coordinates, inside `whole`) of a tensor holding the block `whole`.
+template <class T, int R>
+Tensor<T, R> region(const Tensor<T, R>& t, const Block& whole, const Block& part) {
+  Tensor<T, R> v = t;
+  for (int d = 0; d < R; ++d) {
+    v = v.narrow(d, part.offset[d] - whole.offset[d], part.shape[d]);
+  }
+  return v;
+}
+
+/// True when splitting `shape` along `d` gives pieces that are contiguous and in order in memory.
+template <std::size_t R>
+bool splits_contiguously(const std::array<std::int64_t, R>& shape, int d) {
+  for (int k = 0; k < d; ++k) {
+    if (shape[k] != 1) {
+      return false;
+    }
+  }
+  return true;
+}
+
+template <class T, int R>
+BufferRef buffer_of(const Tensor<T, R>& t) {
+  return BufferRef{t.data(), t.numel(), dtype_v<T>, t.device()};
+}
+
+/// "dp" or "dp*tp" for the axes of a mask.
+template <class Names>
+std::string axes_label(const Names& names, AxisMask axes) {
+  std::string s;
+  for (std::size_t a = 0; a < names.size(); ++a) {
+    if (axes & axis_bit(static_cast<int>(a))) {
+      s += (s.empty() ? "" : "*") + std::string(names[a]);
+    }
+  }
+  return s;
+}
+
+/// A step in flight: `out` holds the result once `work` has been waited on.
+template <class T, int R>
+struct StepRun {
+  Tensor<T, R> out;
+  Work work;
+};
+
+/// The identity element a Partial coordinate other than 0 holds after R -> P(op).
+template <class T>
+T partial_identity(ReduceOp op) {
+  return op == ReduceOp::product ? T(1.0f) : T(0.0f);
+}
+
+/// Submits step `st` on this rank's local block `in` (contiguous, shape = the step's source block).
+template <class T, int R, class Mesh>
+StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents& global, const Mesh& mesh,
+                          bool async) {
+  const MeshSizes& sizes = mesh.sizes();
+  const MeshCoord& coord = mesh.coordinate();
+  const Block before = spec_block(global, st.before, sizes, coord);
+  const Block after = spec_block(global, st.after, sizes, coord);
+  const auto out_shape = to_array<R>(after.shape);
+  const Device dev = in.device();
+  CommOptions opts;
+  opts.blocking = !async;
+  const bool record = CommDebugMode::any_active();
+  auto label = [&] { return axes_label(Mesh::shape_type::names, st.axes); };
+  const auto elem = static_cast<std::int64_t>(sizeof(T));
+
+  switch (st.kind) {
+  case StepKind::local_partial: {
+    const int a = st.axis();
+    if (coord[a] != 0 && (st.op == ReduceOp::sum || st.op == ReduceOp::product)) {
+      return {Tensor<T, R>::full(out_shape, partial_identity<T>(st.op), dev), Work()};
+    }
+    return {in, Work()};
+  }
+  case StepKind::local_chunk: {
+    const int d = st.dst_dim;
+    return {in.narrow(d, after.offset[d] - before.offset[d], after.shape[d]).contiguous(), Work()};
+  }
+  case StepKind::all_reduce: {
+    ProcessGroup g = mesh.group(st.axis());
+    Tensor<T, R> out = in.clone();
+    if (record) {
+      CommDebugMode::record("all_reduce", label(), step_elements_received(st, global, sizes, coord) * elem);
+    }
+    return {out, Work(g.impl("redistribute").all_reduce(buffer_of(out), st.op, opts), keep_alive(out))};
+  }
+  case StepKind::reduce_scatter:
+  case StepKind::all_gather: {
+    const bool gather = st.kind == StepKind::all_gather;
+    const int a = st.axis();
+    const int d = gather ? st.src_dim : st.dst_dim;
+    const int n = sizes[a];
+    ProcessGroup g = mesh.group(a);
+    const Block& whole = gather ? after : before; // the block the group's pieces tile
+    const auto whole_shape = to_array<R>(whole.shape);
+    std::vector<std::int64_t> counts(n);
+    std::vector<std::int64_t> displs(n);
+    std::vector<Block> pieces(n);
+    std::int64_t at = 0;
+    for (int m = 0; m < n; ++m) {
+      pieces[m] = whole;
+      pieces[m].offset[d] += chunk_offset(whole.shape[d], n, m);
+      pieces[m].shape[d] = chunk_size(whole.shape[d], n, m);
+      counts[m] = numel(pieces[m].shape);
+      displs[m] = at;
+      at += counts[m];
+    }
+    const bool direct = splits_contiguously(whole_shape, d);
+    const Tensor<T, R>& full_side = gather ? fresh<T, R>(out_shape, dev) : in;
+    Tensor<T, 1> packed =
+        direct ? full_side.template view<1>({full_side.numel()}) : fresh<T, 1>({numel(whole.shape)}, dev);
+    auto piece_view = [&](int m) {
+      return packed.narrow(0, displs[m], counts[m]).template view<R>(to_array<R>(pieces[m].shape));
+    };
+    if (record) {
+      CommDebugMode::record(gather ? "all_gather" : "reduce_scatter", label(),
+                            step_elements_received(st, global, sizes, coord) * elem);
+    }
+    if (gather) {
+      auto impl = g.impl("redistribute").all_gather(buffer_of(in), buffer_of(packed), counts, displs, opts);
+      if (direct) {
+        return {full_side, Work(impl, keep_alive(in, full_side))};
+      }
+      Tensor<T, R> out = full_side;
+      auto unpack = [out, packed, pieces, whole, counts, displs, n]() {
+        for (int m = 0; m < n; ++m) {
+          if (counts[m] > 0) {
+            region(out, whole, pieces[m])
+                .copy_from(
+                    packed.narrow(0, displs[m], counts[m]).template view<R>(to_array<R>(pieces[m].shape)));
+          }
+        }
+      };
+      return {out, Work(impl, keep_alive(in, packed), unpack)};
+    }
+    if (!direct) {
+      for (int m = 0; m < n; ++m) {
+        if (counts[m] > 0) {
+          piece_view(m).copy_from(region(in, whole, pieces[m]));
+        }
+      }
+    }
+    Tensor<T, R> out = fresh<T, R>(out_shape, dev);
+    auto impl =
+        g.impl("redistribute").reduce_scatter(buffer_of(packed), buffer_of(out), counts, displs, st.op, opts);
+    return {out, Work(impl, keep_alive(in, packed, out))};
+  }
+  case StepKind::all_to_all:
+  case StepKind::permute: {
+    ProcessGroup g = mesh.group_over(st.axes);
+    const int me = g.rank();
+    const int k = g.size();
+    std::vector<Piece> sends;
+    std::vector<Piece> recvs;
+    exchange_pieces(st, global, sizes, coord, sends, recvs);
+    Tensor<T, R> out = fresh<T, R>(out_shape, dev);
+    std::vector<std::int64_t> send_counts(k, 0);
+    std::vector<std::int64_t> recv_counts(k, 0);
+    for (const Piece& p : sends) {
+      send_counts[p.peer] = numel(p.block.shape);
+    }
+    std::int64_t received = 0;
+    for (const Piece& p : recvs) {
+      recv_counts[p.peer] = numel(p.block.shape);
+      received += p.peer == me ? 0 : recv_counts[p.peer];
+    }
+    const auto send_displs = displacements(send_counts);
+    const auto recv_displs = displacements(recv_counts);
+    std::int64_t send_total = 0;
+    std::int64_t recv_total = 0;
+    for (int q = 0; q < k; ++q) {
+      send_total += send_counts[q];
+      recv_total += recv_counts[q];
+    }
+    Tensor<T, 1> send_buf = fresh<T, 1>({send_total}, dev);
+    Tensor<T, 1> recv_buf = fresh<T, 1>({recv_total}, dev);
+    for (const Piece& p : sends) {
+      send_buf.narrow(0, send_displs[p.peer], send_counts[p.peer])
+          .template view<R>(to_array<R>(p.block.shape))
+          .copy_from(region(in, before, p.block));
+    }
+    if (record) {
+      CommDebugMode::record(st.kind == StepKind::all_to_all ? "all_to_all" : "permute", label(),
+                            received * elem);
+    }
+    auto unpack = [out, recv_buf, recvs, recv_displs, after]() {
+      for (const Piece& p : recvs) {
+        region(out, after, p.block)
+            .copy_from(recv_buf.narrow(0, recv_displs[p.peer], numel(p.block.shape))
+                           .template view<R>(to_array<R>(p.block.shape)));
+      }
+    };
+    std::shared_ptr<WorkImpl> impl;
+    if (st.kind == StepKind::all_to_all) {
+      impl = g.impl("redistribute")
+                 .all_to_all(buffer_of(send_buf), send_counts, send_displs, buffer_of(recv_buf), recv_counts,
+                             recv_displs, opts);
+    } else {
+      // Only the pairs that exchange data take part; the piece a rank keeps is a local copy.
+      std::vector<P2PRequest> requests;
+      for (const Piece& p : recvs) {
+        if (p.peer != me) {
+          requests.push_back(
+              {P2PRequest::Kind::recv,
+               BufferRef{recv_buf.data() + recv_displs[p.peer], recv_counts[p.peer], dtype_v<T>, dev}, p.peer,
+               0});
+        }
+      }
+      for (const Piece& p : sends) {
+        if (p.peer != me) {
+          requests.push_back(
+              {P2PRequest::Kind::send,
+               BufferRef{send_buf.data() + send_displs[p.peer], send_counts[p.peer], dtype_v<T>, dev}, p.peer,
+               0});
+        } else {
+          recv_buf.narrow(0, recv_displs[me], recv_counts[me])
+              .copy_from(send_buf.narrow(0, send_displs[me], send_counts[me]));
+        }
+      }
+      if (requests.empty()) {
+        unpack();
+        return {out, Work()};
+      }
+      impl = g.impl("redistribute").p2p(requests, opts);
+    }
+    return {out, Work(impl, keep_alive(in, send_buf, recv_buf, out), unpack)};
+  }
+  }
+  DTENSOR_CHECK(false, "redistribute: unknown step kind");
+  return {};
+}
+
+/// Runs steps [first, plan.size()) synchronously, starting from `local`.
+template <class T, int R, class Mesh>
+Tensor<T, R> run_steps(const Plan& plan, int first, Tensor<T, R> local, const Extents& global,
+                       const Mesh& mesh) {
+  for (int i = first; i < plan.size(); ++i) {
+    StepRun<T, R> s = submit_step(plan.steps[i], local, global, mesh, false);
+    s.work.wait();
+    local = std::move(s.out);
+  }
+  return local;
+}
+
+} // namespace dtensor::detail

@@ -1,0 +1,318 @@
+// DTensor redistribution over in-process gloo ranks, against a single-process reference.
+//
+// The global tensor is g(i, j) = 100 i + j (integer-valued floats, exact in any reduction order). A
+// Partial<sum> source holds g on the first coordinate of its Partial axes plus a zero-sum noise spread
+// over all of them, so the reduction really has to happen. Every buffer the executor allocates is
+// poisoned first. After each redistribution every rank's shard is compared with the reference block and
+// the gathered full tensor with the reference.
+
+#include <catch2/catch.hpp>
+
+#include <dtensor/core/tensor_io.hpp>
+#include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/plan/torch_reference.hpp>
+#include <dtensor/tensor/comm_debug.hpp>
+#include <dtensor/tensor/distribute.hpp>
+#include <dtensor/tensor/dtensor.hpp>
+#include <dtensor/testing/run_ranks.hpp>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <variant>
+
+using namespace dtensor;
+
+namespace {
+
+template <class... Ts>
+struct List {};
+
+template <class... Ts, class F>
+void for_each_type(List<Ts...>, F&& f) {
+  (f.template operator()<Ts>(), ...);
+}
+
+void expect(bool ok, const std::string& what) {
+  DTENSOR_CHECK(ok, what);
+}
+
+struct Poison {
+  Poison() { detail::poison_buffers() = true; }
+  ~Poison() { detail::poison_buffers() = false; }
+};
+
+double reference(std::int64_t i, std::int64_t j) {
+  return 100.0 * i + j;
+}
+
+// This rank's shard of the reference under the DTensor type DT, with Partial<sum> axes holding the
+// value plus zero-sum noise.
+template <class DT, class Mesh>
+DT make_source(const Mesh& mesh, std::int64_t rows, std::int64_t cols) {
+  using T = typename DT::value_type;
+  const typename DT::shape_type global{rows, cols};
+  const Block b = spec_block(Extents{rows, cols}, DT::spec, mesh.sizes(), mesh.coordinate());
+  int combos = 1;
+  int linear = 0;
+  for (int a = 0; a < DT::placements.size(); ++a) {
+    if (DT::placements[a].is_partial()) {
+      combos *= mesh.size(a);
+      linear = linear * mesh.size(a) + mesh.coordinate()[a];
+    }
+  }
+  Tensor<T, 2> local({b.shape[0], b.shape[1]});
+  for (std::int64_t i = 0; i < b.shape[0]; ++i) {
+    for (std::int64_t j = 0; j < b.shape[1]; ++j) {
+      const std::int64_t gi = b.offset[0] + i;
+      const double noise = (gi % 7 + 1) * (linear == 0 ? -(combos - 1) : 1);
+      local(i, j) = static_cast<T>((linear == 0 ? reference(gi, b.offset[1] + j) : 0.0) + noise);
+    }
+  }
+  return DT::from_local(mesh, local, global);
+}
+
+// Checks that x (no Partial axis) holds exactly the reference: its shard and its full tensor.
+template <class DT>
+void check_matches_reference(const DT& x, const std::string& what) {
+  const auto& local = x.local();
+  const auto off = x.local_offset();
+  const Block b =
+      spec_block(detail::to_extents(x.global_shape()), DT::spec, x.mesh().sizes(), x.mesh().coordinate());
+  expect(detail::to_extents(local.shape()) == b.shape,
+         what + ": local shape " + detail::shape_string(detail::to_extents(local.shape())) +
+             " != " + detail::shape_string(b.shape));
+  for (std::int64_t i = 0; i < local.shape()[0]; ++i) {
+    for (std::int64_t j = 0; j < local.shape()[1]; ++j) {
+      const double want = reference(off[0] + i, off[1] + j);
+      expect(static_cast<double>(local(i, j)) == want,
+             what + ": rank " + std::to_string(x.mesh().rank()) + " local (" + std::to_string(i) + ", " +
+                 std::to_string(j) + ") = " + std::to_string(static_cast<double>(local(i, j))) +
+                 ", expected " + std::to_string(want));
+    }
+  }
+  const auto full = x.full_tensor();
+  for (std::int64_t i = 0; i < x.global_shape()[0]; ++i) {
+    for (std::int64_t j = 0; j < x.global_shape()[1]; ++j) {
+      expect(static_cast<double>(full(i, j)) == reference(i, j),
+             what + ": full_tensor(" + std::to_string(i) + ", " + std::to_string(j) + ") wrong on rank " +
+                 std::to_string(x.mesh().rank()));
+    }
+  }
+}
+
+using Mesh1 = MeshShape<Axis<"x">>;
+using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
+using Mesh3 = MeshShape<Axis<"pp", 2>, Axis<"dp", 2>, Axis<"tp", 2>>;
+
+template <class Src, class Dst>
+struct Pair {};
+
+} // namespace
+
+TEST_CASE("1-D meshes: every single-axis transition with the expected collective", "[dtensor]") {
+  Poison poison;
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    testing::run_ranks(n, [n](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh1>(world);
+      // Sharded dims divisible by n, uneven, and smaller than the mesh (empty shards).
+      const std::int64_t sizes[][2] = {{2 * n, 3 * n}, {2 * n + 1, n + 2}, {n - 1, n > 1 ? n - 1 : 0}};
+      for (const auto& s : sizes) {
+        using Sources = List<Replicate, Shard<0>, Shard<1>, Partial<>>;
+        using Targets = List<Replicate, Shard<0>, Shard<1>>;
+        for_each_type(Sources{}, [&]<class A>() {
+          for_each_type(Targets{}, [&]<class B>() {
+            auto x = make_source<DTensor<float, 2, Mesh1, A>>(mesh, s[0], s[1]);
+            CommDebugMode comm;
+            auto y = x.template redistribute<B>();
+            const std::string what = "[" + to_string(A::value) + "] -> [" + to_string(B::value) + "] of (" +
+                                     std::to_string(s[0]) + ", " + std::to_string(s[1]) + ") on " +
+                                     std::to_string(n) + " ranks";
+            const Placement a = A::value;
+            const Placement b = B::value;
+            std::string op;
+            if (a.is_shard() && b.is_replicate()) {
+              op = "all_gather";
+            } else if (a.is_partial() && b.is_replicate()) {
+              op = "all_reduce";
+            } else if (a.is_partial() && b.is_shard()) {
+              op = "reduce_scatter";
+            } else if (a.is_shard() && b.is_shard() && a.dim != b.dim) {
+              op = "all_to_all";
+            }
+            expect(comm.total_count() == (op.empty() ? 0 : 1),
+                   what + ": " + std::to_string(comm.total_count()) + " collectives\n" + comm.to_string());
+            expect(op.empty() || comm.count(op, "x") == 1,
+                   what + ": expected one " + op + "\n" + comm.to_string());
+            check_matches_reference(y, what);
+          });
+        });
+        // R -> P -> R returns the value; P -> P is free.
+        auto r = make_source<DTensor<float, 2, Mesh1, Replicate>>(mesh, s[0], s[1]);
+        CommDebugMode comm;
+        auto p = r.redistribute<Partial<>>();
+        auto pp = p.redistribute<Partial<>>();
+        expect(comm.total_count() == 0, "R -> P and P -> P communicate nothing");
+        check_matches_reference(pp.redistribute<Replicate>(), "R -> P -> R");
+        expect(comm.count("all_reduce") == 1, "P -> R is one all_reduce");
+      }
+    });
+  }
+}
+
+namespace {
+
+void exhaustive_2d(int dp, int tp) {
+  Poison poison;
+  testing::run_ranks(dp * tp, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world, dp, tp);
+    using Sources = List<Replicate, Shard<0>, Shard<1>, Partial<>>;
+    using Targets = List<Replicate, Shard<0>, Shard<1>>;
+    for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{7, 5}, {8, 6}}) {
+      for_each_type(Sources{}, [&]<class A0>() {
+        for_each_type(Sources{}, [&]<class A1>() {
+          for_each_type(Targets{}, [&]<class B0>() {
+            for_each_type(Targets{}, [&]<class B1>() {
+              auto x = make_source<DTensor<float, 2, Mesh2, A0, A1>>(mesh, rows, cols);
+              auto y = x.template redistribute<B0, B1>();
+              check_matches_reference(y, decltype(x)::template plan_to<B0, B1>().to_string() + " of (" +
+                                             std::to_string(rows) + ", " + std::to_string(cols) + ")");
+            });
+          });
+        });
+      });
+    }
+  });
+}
+
+} // namespace
+
+TEST_CASE("2-D mesh (2,2): every source in {R,S(0),S(1),P}^2 to every target in {R,S(0),S(1)}^2",
+          "[dtensor]") {
+  exhaustive_2d(2, 2);
+}
+
+TEST_CASE("2-D mesh (3,2): every source in {R,S(0),S(1),P}^2 to every target in {R,S(0),S(1)}^2",
+          "[dtensor]") {
+  exhaustive_2d(3, 2);
+}
+
+TEST_CASE("2-D mesh (2,1): every source in {R,S(0),S(1),P}^2 to every target in {R,S(0),S(1)}^2",
+          "[dtensor]") {
+  exhaustive_2d(2, 1);
+}
+
+TEST_CASE("order-sensitive plans: permutations and flattened all_to_all", "[dtensor]") {
+  Poison poison;
+  testing::run_ranks(4, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world, 2, 2);
+    const int r = world.rank();
+    for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{8, 6}, {7, 5}, {3, 1}}) {
+      const std::string shape = " of (" + std::to_string(rows) + ", " + std::to_string(cols) + ")";
+      {
+        auto x = make_source<DTensor<float, 2, Mesh2, Shard<0>, Shard<1>>>(mesh, rows, cols);
+        CommDebugMode comm;
+        auto y = x.redistribute<Shard<1>, Shard<0>>();
+        expect(comm.total_count() == 1 && comm.count("permute", "dp*tp") == 1,
+               "[S(0),S(1)] -> [S(1),S(0)] is one permute" + shape + "\n" + comm.to_string());
+        if (r == 0 || r == 3) {
+          expect(comm.total_bytes() == 0, "diagonal rank " + std::to_string(r) + " receives nothing" + shape);
+        }
+        check_matches_reference(y, "[S(0),S(1)] -> [S(1),S(0)]" + shape);
+      }
+      {
+        auto x = make_source<DTensor<float, 2, Mesh2, Shard<0>, Shard<0>>>(mesh, rows, cols);
+        CommDebugMode comm;
+        auto y = x.redistribute<Shard<1>, Shard<1>>();
+        expect(comm.total_count() == 1 && comm.count("all_to_all", "dp*tp") == 1,
+               "[S(0),S(0)] -> [S(1),S(1)] is one all_to_all over dp*tp" + shape + "\n" + comm.to_string());
+        check_matches_reference(y, "[S(0),S(0)] -> [S(1),S(1)]" + shape);
+      }
+    }
+  });
+}
+
+TEST_CASE("3-axis mesh: S->S plans never all_gather and move no more than PyTorch's", "[dtensor]") {
+  Poison poison;
+  using S0 = Shard<0>;
+  using S1 = Shard<1>;
+  using Cases = List<Pair<Placements<S0, S1, S0>, Placements<S1, S0, S1>>,
+                     Pair<Placements<S0, S0, S1>, Placements<S1, S1, S0>>,
+                     Pair<Placements<S0, S0, S0>, Placements<S1, S1, S1>>,
+                     Pair<Placements<S0, S1, S1>, Placements<S0, S0, S1>>,
+                     Pair<Placements<S1, S0, S0>, Placements<S0, S0, S1>>,
+                     Pair<Placements<S0, S0, S1>, Placements<S0, S1, S0>>>;
+  testing::run_ranks(8, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh3>(world);
+    for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{8, 8}, {9, 7}}) {
+      for_each_type(Cases{}, [&]<class C>() {
+        [&]<class... A, class... B>(Pair<Placements<A...>, Placements<B...>>) {
+          auto x = make_source<DTensor<float, 2, Mesh3, A...>>(mesh, rows, cols);
+          CommDebugMode comm;
+          auto y = x.template redistribute<B...>();
+          const auto plan = decltype(x)::template plan_to<B...>();
+          const std::string what =
+              plan.to_string() + " of (" + std::to_string(rows) + ", " + std::to_string(cols) + ")";
+          expect(comm.count("all_gather") == 0, what + " uses all_gather");
+          const Extents global{rows, cols};
+          const std::int64_t ours = plan.bytes_per_rank(global, mesh.sizes(), 4);
+          const std::int64_t torch =
+              torch_greedy_bytes(Placements<A...>::value, Placements<B...>::value, global, mesh.sizes(), 4);
+          expect(ours <= torch,
+                 what + ": " + std::to_string(ours) + " bytes per rank > PyTorch's " + std::to_string(torch));
+          check_matches_reference(y, what);
+        }(C{});
+      });
+    }
+  });
+}
+
+TEST_CASE("random chains of redistributions return to the original exactly", "[dtensor]") {
+  Poison poison;
+  // A menu of layouts; each chain hops between them at random (fixed seeds) and ends where it began.
+  using Menu =
+      List<Placements<Shard<0>, Replicate>, Placements<Shard<1>, Shard<0>>, Placements<Shard<0>, Shard<0>>,
+           Placements<Replicate, Shard<1>>, Placements<Shard<1>, Shard<1>>, Placements<Replicate, Replicate>,
+           Placements<Shard<1>, Replicate>>;
+  using Any = std::variant<
+      DTensor<float, 2, Mesh2, Shard<0>, Replicate>, DTensor<float, 2, Mesh2, Shard<1>, Shard<0>>,
+      DTensor<float, 2, Mesh2, Shard<0>, Shard<0>>, DTensor<float, 2, Mesh2, Replicate, Shard<1>>,
+      DTensor<float, 2, Mesh2, Shard<1>, Shard<1>>, DTensor<float, 2, Mesh2, Replicate, Replicate>,
+      DTensor<float, 2, Mesh2, Shard<1>, Replicate>>;
+  auto hop = [](const Any& cur, std::size_t target) {
+    return std::visit(
+        [&](const auto& x) {
+          Any out = x;
+          std::size_t i = 0;
+          for_each_type(Menu{}, [&]<class L>() {
+            if (i++ == target) {
+              [&]<class... Q>(Placements<Q...>) { out = x.template redistribute<Q...>(); }(L{});
+            }
+          });
+          return out;
+        },
+        cur);
+  };
+  for (int n : {4, 6}) {
+    testing::run_ranks(n, [&](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh2>(world, 2, n / 2);
+      for (unsigned seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
+        std::mt19937 rng(seed);
+        const auto x = make_source<DTensor<float, 2, Mesh2, Shard<0>, Replicate>>(mesh, 9, 7);
+        Any cur = x;
+        std::string path = "[S(0),R]";
+        for (int step = 0; step < 8; ++step) {
+          const std::size_t t = rng() % std::variant_size_v<Any>;
+          cur = hop(cur, t);
+          path += " -> " + std::visit([](const auto& y) { return to_string(y.placements); }, cur);
+        }
+        cur = hop(cur, 0);
+        const auto& back = std::get<0>(cur);
+        expect(equal(back.local(), x.local()),
+               "seed " + std::to_string(seed) + ": " + path + " changed the shard");
+        check_matches_reference(back, "seed " + std::to_string(seed) + ": " + path);
+      }
+    });
+  }
+}
