@@ -1,0 +1,653 @@
+#pragma once
+// The NCCL backend: dtensor::Backend over an NCCL communicator (the counterpart of
+// backends/gloo/backend.hpp).
+//
+//   auto store = std::make_shared<dtensor::TcpStore>(addr, port, dtensor::TcpStoreOptions{.is_server = rank
+//   == 0}); dtensor::ProcessGroup world(dtensor::make_nccl_backend(store, rank, size, {.device =
+//   local_rank}));
+//   // usually: auto world = dtensor::init_process_group();   (DTENSOR_BACKEND=nccl or a visible GPU)
+//
+// Design (see also backends/backend.hpp and work.hpp):
+//  - The world communicator comes from ncclCommInitRankConfig with the unique id rank 0 publishes in the
+//    store. Sub-groups come from ncclCommSplit (new_group: colour 0 for members, NCCL_SPLIT_NOCOLOR for the
+//    others, key = position in the list; DeviceMesh splits with colour = the other coordinates, key = the
+//    coordinate on the axis).
+//  - Communicators are nonblocking by default (NcclOptions::nonblocking, DTENSOR_NCCL_NONBLOCKING=0 turns it
+//    off): every call returns at once, the backend polls ncclCommGetAsyncError until the op is enqueued,
+//    and the watchdog thread aborts a communicator whose op runs past its timeout or that reports an
+//    asynchronous error. Pending and later ops then fail with dtensor::TimeoutError / dtensor::Error
+//    instead of hanging.
+//  - Each group has its own CUDA stream. An op waits for the caller's stream (CommOptions::stream; the
+//    legacy default stream when none is given, which is where Tensor allocates and copies), runs on the
+//    group's stream, and records an event; Work::wait() makes the caller's stream wait for that event and
+//    does not block the host (barrier does, and every op does with DTENSOR_NCCL_BLOCKING_WAIT=1).
+//  - Fixed-size ops map to one NCCL collective. Variable-size ops are grouped point-to-point calls inside
+//    ncclGroupStart/End: uneven all_gather, all_to_all with splits, gather, scatter; uneven reduce_scatter is
+//    a group of ncclReduce calls, one per root. This rank's own block is a cudaMemcpyAsync on the group's
+//    stream (a plain device copy needs no kernel: Thrust is not used here, so this header compiles with
+//    any C++20 compiler that sees the CUDA runtime headers).
+//  - Buffers must be CUDA memory on this rank's device; a host buffer is rejected with a message that says
+//    so before anything is enqueued. Point-to-point ops between a pair of ranks match in posting order;
+//    NCCL has no tags, so tags are checked for range and otherwise ignored (as in torch's NCCL backend).
+
+#include "dtensor/backends/backend.hpp"
+#include "dtensor/backends/nccl/store.hpp"
+#include "dtensor/backends/nccl/types.hpp"
+#include "dtensor/backends/nccl/work.hpp"
+#include "dtensor/comm/tcp_store.hpp"
+#include "dtensor/core/error.hpp"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+namespace dtensor {
+
+/// Options of make_nccl_backend.
+struct NcclOptions {
+  /// Default timeout of every op (and of the rendezvous).
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  /// This rank's CUDA device; taken modulo the number of visible devices (several ranks may share one GPU
+  /// for testing, each process with its own NCCL_HOSTID). It becomes the calling thread's current device.
+  int device = 0;
+  /// Key prefix in the store.
+  std::string prefix = "dtensor/nccl";
+  /// Nonblocking communicators + watchdog (the environment variable DTENSOR_NCCL_NONBLOCKING=0 turns it off).
+  bool nonblocking = true;
+  /// Work::wait() blocks the host until the op completed (also DTENSOR_NCCL_BLOCKING_WAIT=1).
+  bool blocking_wait = false;
+};
+
+namespace detail {
+
+inline bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    return fallback;
+  }
+  const std::string s(v);
+  return !(s == "0" || s == "false" || s == "False" || s == "no");
+}
+
+inline std::string nccl_join(std::span<const int> v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) {
+      s += ",";
+    }
+    s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
+class NcclBackendImpl final : public Backend, public std::enable_shared_from_this<NcclBackendImpl> {
+public:
+  NcclBackendImpl(std::shared_ptr<NcclCommState> state, std::vector<int> global, int rank,
+                  std::chrono::milliseconds timeout, NcclOptions options)
+      : state_(std::move(state)), global_(std::move(global)), rank_(rank), timeout_(timeout),
+        options_(std::move(options)) {
+    NcclWatchdog::instance().watch(state_);
+  }
+
+  std::string_view name() const noexcept override { return "nccl"; }
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return static_cast<int>(global_.size()); }
+  std::span<const int> global_ranks() const noexcept override { return global_; }
+  std::string describe() const override {
+    return "rank " + std::to_string(rank_) + " (global " + std::to_string(global_[rank_]) +
+           ") of nccl group " + nccl_join(global_) + " on cuda:" + std::to_string(state_->device());
+  }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) override { timeout_ = t; }
+
+  /// The communicator's shared state (for tests and the mesh layer).
+  const std::shared_ptr<NcclCommState>& state() const noexcept { return state_; }
+
+  // ---- collectives --------------------------------------------------------------------------------------
+
+  WorkPtr all_reduce(BufferRef buf, ReduceOp op, const CommOptions& opts) override {
+    check_buffer(buf, "all_reduce", "the tensor");
+    const auto t = nccl_type(buf.dtype);
+    const auto o = nccl_op(op);
+    return submit("all_reduce", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(buf.data, buf.data, count(buf), t, o, c, s);
+    });
+  }
+
+  WorkPtr reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) override {
+    check_buffer(buf, "reduce", "the tensor");
+    check_root(root, "reduce");
+    const auto t = nccl_type(buf.dtype);
+    const auto o = nccl_op(op);
+    return submit("reduce", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclReduce(buf.data, buf.data, count(buf), t, o, root, c, s);
+    });
+  }
+
+  WorkPtr broadcast(BufferRef buf, int root, const CommOptions& opts) override {
+    check_buffer(buf, "broadcast", "the tensor");
+    check_root(root, "broadcast");
+    const auto t = nccl_type(buf.dtype);
+    return submit("broadcast", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclBroadcast(buf.data, buf.data, count(buf), t, root, c, s);
+    });
+  }
+
+  WorkPtr all_gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
+                     std::span<const std::int64_t> displs, const CommOptions& opts) override {
+    check_buffer(in, "all_gather", "the input");
+    check_buffer(out, "all_gather", "the output");
+    check_layout(counts, displs, out, in.dtype, "all_gather");
+    check_count(in.count == counts[rank_], "all_gather",
+                "the input has " + std::to_string(in.count) + " elements but counts[" +
+                    std::to_string(rank_) + "] is " + std::to_string(counts[rank_]));
+    const auto t = nccl_type(in.dtype);
+    if (equal_packed(counts, displs)) {
+      return submit("all_gather", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+        return ncclAllGather(in.data, out.data, static_cast<std::size_t>(counts[0]), t, c, s);
+      });
+    }
+    const std::size_t es = dtype_size(in.dtype);
+    return submit("all_gather (uneven)", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+      copy_async(at(out, displs[rank_], es), in.data, in.nbytes(), s);
+      return grouped([&] {
+        for (int p = 0; p < size(); ++p) {
+          if (p == rank_) {
+            continue;
+          }
+          if (ncclResult_t r = send(in.data, counts[rank_], t, p, c, s); r != ncclSuccess) {
+            return r;
+          }
+          if (ncclResult_t r = recv(at(out, displs[p], es), counts[p], t, p, c, s); r != ncclSuccess) {
+            return r;
+          }
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  WorkPtr reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
+                         std::span<const std::int64_t> displs, ReduceOp op,
+                         const CommOptions& opts) override {
+    check_buffer(in, "reduce_scatter", "the input");
+    check_buffer(out, "reduce_scatter", "the output");
+    check_layout(counts, displs, in, in.dtype, "reduce_scatter");
+    check_count(out.count == counts[rank_], "reduce_scatter",
+                "the output has " + std::to_string(out.count) + " elements but counts[" +
+                    std::to_string(rank_) + "] is " + std::to_string(counts[rank_]));
+    const auto t = nccl_type(in.dtype);
+    const auto o = nccl_op(op);
+    if (equal_packed(counts, displs)) {
+      return submit("reduce_scatter", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+        return ncclReduceScatter(in.data, out.data, static_cast<std::size_t>(counts[0]), t, o, c, s);
+      });
+    }
+    const std::size_t es = dtype_size(in.dtype);
+    return submit("reduce_scatter (uneven)", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+      return grouped([&] {
+        for (int root = 0; root < size(); ++root) {
+          if (counts[root] == 0) {
+            continue;
+          }
+          // recvbuff is only used on the root; elsewhere `out` is a valid device pointer NCCL ignores.
+          const ncclResult_t r = ncclReduce(at(in, displs[root], es), out.data,
+                                            static_cast<std::size_t>(counts[root]), t, o, root, c, s);
+          if (r != ncclSuccess) {
+            return r;
+          }
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  WorkPtr all_to_all(BufferRef in, std::span<const std::int64_t> send_counts,
+                     std::span<const std::int64_t> send_displs, BufferRef out,
+                     std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
+                     const CommOptions& opts) override {
+    check_buffer(in, "all_to_all", "the input");
+    check_buffer(out, "all_to_all", "the output");
+    check_layout(send_counts, send_displs, in, in.dtype, "all_to_all (send)");
+    check_layout(recv_counts, recv_displs, out, in.dtype, "all_to_all (receive)");
+    check_count(send_counts[rank_] == recv_counts[rank_], "all_to_all",
+                "this rank sends itself " + std::to_string(send_counts[rank_]) + " elements but expects " +
+                    std::to_string(recv_counts[rank_]));
+    const auto t = nccl_type(in.dtype);
+    const std::size_t es = dtype_size(in.dtype);
+    return submit("all_to_all", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+      copy_async(at(out, recv_displs[rank_], es), at(in, send_displs[rank_], es),
+                 static_cast<std::size_t>(send_counts[rank_]) * es, s);
+      return grouped([&] {
+        for (int p = 0; p < size(); ++p) {
+          if (p == rank_) {
+            continue;
+          }
+          if (ncclResult_t r = send(at(in, send_displs[p], es), send_counts[p], t, p, c, s);
+              r != ncclSuccess) {
+            return r;
+          }
+          if (ncclResult_t r = recv(at(out, recv_displs[p], es), recv_counts[p], t, p, c, s);
+              r != ncclSuccess) {
+            return r;
+          }
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  WorkPtr gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
+                 std::span<const std::int64_t> displs, int root, const CommOptions& opts) override {
+    check_root(root, "gather");
+    check_buffer(in, "gather", "the input");
+    if (rank_ == root) {
+      check_buffer(out, "gather", "the output");
+      check_layout(counts, displs, out, in.dtype, "gather");
+    } else {
+      check_sizes(counts, displs, "gather");
+    }
+    check_count(in.count == counts[rank_], "gather",
+                "the input has " + std::to_string(in.count) + " elements but counts[" +
+                    std::to_string(rank_) + "] is " + std::to_string(counts[rank_]));
+    const auto t = nccl_type(in.dtype);
+    const std::size_t es = dtype_size(in.dtype);
+    return submit("gather", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+      if (rank_ != root) {
+        return grouped([&] { return send(in.data, counts[rank_], t, root, c, s); });
+      }
+      copy_async(at(out, displs[rank_], es), in.data, in.nbytes(), s);
+      return grouped([&] {
+        for (int p = 0; p < size(); ++p) {
+          if (p == rank_) {
+            continue;
+          }
+          if (ncclResult_t r = recv(at(out, displs[p], es), counts[p], t, p, c, s); r != ncclSuccess) {
+            return r;
+          }
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  WorkPtr scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
+                  std::span<const std::int64_t> displs, int root, const CommOptions& opts) override {
+    check_root(root, "scatter");
+    check_buffer(out, "scatter", "the output");
+    if (rank_ == root) {
+      check_buffer(in, "scatter", "the input");
+      check_layout(counts, displs, in, out.dtype, "scatter");
+    } else {
+      check_sizes(counts, displs, "scatter");
+    }
+    check_count(out.count == counts[rank_], "scatter",
+                "the output has " + std::to_string(out.count) + " elements but counts[" +
+                    std::to_string(rank_) + "] is " + std::to_string(counts[rank_]));
+    const auto t = nccl_type(out.dtype);
+    const std::size_t es = dtype_size(out.dtype);
+    return submit("scatter", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+      if (rank_ != root) {
+        return grouped([&] { return recv(out.data, counts[rank_], t, root, c, s); });
+      }
+      copy_async(out.data, at(in, displs[rank_], es), out.nbytes(), s);
+      return grouped([&] {
+        for (int p = 0; p < size(); ++p) {
+          if (p == rank_) {
+            continue;
+          }
+          if (ncclResult_t r = send(at(in, displs[p], es), counts[p], t, p, c, s); r != ncclSuccess) {
+            return r;
+          }
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  /// An all_reduce of one int32 on the group's scratch buffer; wait() blocks the host (torch's barrier).
+  WorkPtr barrier(const CommOptions& opts) override {
+    void* scratch = scratch_buffer();
+    return submit("barrier", opts, true, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(scratch, scratch, 1, ncclInt32, ncclSum, c, s);
+    });
+  }
+
+  // ---- point to point -----------------------------------------------------------------------------------
+
+  WorkPtr p2p(std::span<const P2PRequest> requests, const CommOptions& opts) override {
+    for (const auto& r : requests) {
+      const bool is_send = r.kind == P2PRequest::Kind::send;
+      check_buffer(r.buffer, is_send ? "send" : "recv", "the tensor");
+      DTENSOR_CHECK(r.peer >= 0 && r.peer < size(),
+                    describe() + ": " + (is_send ? "send" : "recv") + ": peer " + std::to_string(r.peer) +
+                        " is out of range for a group of " + std::to_string(size()));
+      DTENSOR_CHECK(r.tag >= 0 && r.tag < kMaxP2PTag, describe() + ": tag " + std::to_string(r.tag) +
+                                                          " is out of range [0, " +
+                                                          std::to_string(kMaxP2PTag) + ")");
+    }
+    std::vector<P2PRequest> reqs(requests.begin(), requests.end());
+    return submit(requests.size() == 1 ? (requests[0].kind == P2PRequest::Kind::send ? "send" : "recv")
+                                       : "batch_isend_irecv",
+                  opts, false, [&](ncclComm_t c, cudaStream_t s) {
+                    return grouped([&] {
+                      for (const auto& r : reqs) {
+                        const auto t = nccl_type(r.buffer.dtype);
+                        const ncclResult_t res = r.kind == P2PRequest::Kind::send
+                                                     ? send(r.buffer.data, r.buffer.count, t, r.peer, c, s)
+                                                     : recv(r.buffer.data, r.buffer.count, t, r.peer, c, s);
+                        if (res != ncclSuccess) {
+                          return res;
+                        }
+                      }
+                      return ncclSuccess;
+                    });
+                  });
+  }
+
+  // ---- groups -------------------------------------------------------------------------------------------
+
+  std::shared_ptr<Backend> new_group(std::span<const int> ranks) override {
+    std::vector<int> seen;
+    int mine = -1;
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      const int r = ranks[i];
+      DTENSOR_CHECK(r >= 0 && r < size(), describe() + ": new_group: rank " + std::to_string(r) +
+                                              " is out of range for a group of " + std::to_string(size()));
+      DTENSOR_CHECK(std::find(seen.begin(), seen.end(), r) == seen.end(),
+                    describe() + ": new_group: rank " + std::to_string(r) + " is listed twice");
+      seen.push_back(r);
+      if (r == rank_) {
+        mine = static_cast<int>(i);
+      }
+    }
+    std::vector<int> global;
+    for (int r : ranks) {
+      global.push_back(global_[r]);
+    }
+    return split_to(mine >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, std::max(mine, 0), mine, std::move(global));
+  }
+
+  std::shared_ptr<Backend> split(int color, int key) override {
+    // Every member learns every (colour, key) to know the new group's members: an all_gather on the device.
+    const int n = size();
+    auto all = exchange_ints({color, key});
+    std::vector<std::tuple<int, int, int>> members; // (key, rank, global)
+    for (int r = 0; r < n; ++r) {
+      if (color >= 0 && all[2 * r] == color) {
+        members.emplace_back(all[2 * r + 1], r, global_[r]);
+      }
+    }
+    std::sort(members.begin(), members.end());
+    std::vector<int> global;
+    int mine = -1;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      global.push_back(std::get<2>(members[i]));
+      if (std::get<1>(members[i]) == rank_) {
+        mine = static_cast<int>(i);
+      }
+    }
+    return split_to(color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, mine, std::move(global));
+  }
+
+  void abort(std::string_view reason) override {
+    state_->fail(describe() + ": aborted: " + std::string(reason), false);
+  }
+
+private:
+  static std::size_t count(const BufferRef& b) { return static_cast<std::size_t>(b.count); }
+
+  static void* at(const BufferRef& b, std::int64_t displ, std::size_t es) {
+    return static_cast<char*>(b.data) + static_cast<std::size_t>(displ) * es;
+  }
+
+  static ncclResult_t send(const void* p, std::int64_t n, ncclDataType_t t, int peer, ncclComm_t c,
+                           cudaStream_t s) {
+    return n > 0 ? ncclSend(p, static_cast<std::size_t>(n), t, peer, c, s) : ncclSuccess;
+  }
+  static ncclResult_t recv(void* p, std::int64_t n, ncclDataType_t t, int peer, ncclComm_t c,
+                           cudaStream_t s) {
+    return n > 0 ? ncclRecv(p, static_cast<std::size_t>(n), t, peer, c, s) : ncclSuccess;
+  }
+
+  /// ncclGroupStart; body(); ncclGroupEnd (the group is always closed).
+  template <class Body>
+  static ncclResult_t grouped(Body&& body) {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) {
+      return r;
+    }
+    const ncclResult_t b = body();
+    const ncclResult_t e = ncclGroupEnd();
+    return b != ncclSuccess ? b : e;
+  }
+
+  void copy_async(void* dst, const void* src, std::size_t bytes, cudaStream_t s) const {
+    if (bytes > 0 && dst != src) {
+      check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync",
+                 describe());
+    }
+  }
+
+  void check_buffer(const BufferRef& b, const char* op, const char* what) const {
+    DTENSOR_CHECK(b.device.is_cuda(),
+                  describe() + ": " + op + ": " + what + " is in host memory (" + b.device.to_string() +
+                      "); the NCCL backend needs CUDA tensors on cuda:" + std::to_string(state_->device()) +
+                      " (move it with .to(dtensor::Device::cuda(" + std::to_string(state_->device()) +
+                      ")), or use the gloo backend for host tensors)");
+    DTENSOR_CHECK(b.device.index == state_->device(),
+                  describe() + ": " + op + ": " + what + " is on " + b.device.to_string() +
+                      " but this rank's communicator is on cuda:" + std::to_string(state_->device()));
+    DTENSOR_CHECK(b.count >= 0, describe() + ": " + op + ": negative element count");
+    DTENSOR_CHECK(b.count == 0 || b.data != nullptr, describe() + ": " + op + ": " + what + " has no memory");
+  }
+
+  void check_root(int root, const char* op) const {
+    DTENSOR_CHECK(root >= 0 && root < size(), describe() + ": " + op + ": root " + std::to_string(root) +
+                                                  " is out of range for a group of " +
+                                                  std::to_string(size()));
+  }
+
+  void check_count(bool ok, const char* op, const std::string& what) const {
+    DTENSOR_CHECK(ok, describe() + ": " + op + ": " + what);
+  }
+
+  void check_sizes(std::span<const std::int64_t> counts, std::span<const std::int64_t> displs,
+                   const char* op) const {
+    DTENSOR_CHECK(counts.size() == static_cast<std::size_t>(size()) && displs.size() == counts.size(),
+                  describe() + ": " + op + ": " + std::to_string(counts.size()) + " counts and " +
+                      std::to_string(displs.size()) + " displacements for a group of " +
+                      std::to_string(size()));
+  }
+
+  /// counts/displs per member, each block inside `buf`.
+  void check_layout(std::span<const std::int64_t> counts, std::span<const std::int64_t> displs,
+                    const BufferRef& buf, DType dtype, const char* op) const {
+    check_sizes(counts, displs, op);
+    DTENSOR_CHECK(buf.dtype == dtype, describe() + ": " + op + ": input and output element types differ");
+    for (int i = 0; i < size(); ++i) {
+      DTENSOR_CHECK(counts[i] >= 0 && displs[i] >= 0 && displs[i] + counts[i] <= buf.count,
+                    describe() + ": " + op + ": block " + std::to_string(i) + " (offset " +
+                        std::to_string(displs[i]) + ", " + std::to_string(counts[i]) +
+                        " elements) does not fit a buffer of " + std::to_string(buf.count));
+    }
+  }
+
+  static bool equal_packed(std::span<const std::int64_t> counts, std::span<const std::int64_t> displs) {
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      if (counts[i] != counts[0] || displs[i] != static_cast<std::int64_t>(i) * counts[0]) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  /// One op: ordered after the caller's stream, enqueued on the group's stream, an event after it.
+  template <class Enqueue>
+  WorkPtr submit(const char* op, const CommOptions& opts, bool host_wait, Enqueue&& enqueue) {
+    state_->rethrow_if_failed();
+    CudaDeviceGuard guard(state_->device());
+    const auto limit = opts.timeout.count() > 0 ? opts.timeout : timeout_;
+    const auto deadline = NcclClock::now() + limit;
+    auto user = static_cast<cudaStream_t>(opts.stream);
+    const std::string what = std::string(op);
+    std::lock_guard order(state_->submit_mutex());
+    auto ready = std::make_shared<CudaEvent>(state_->device());
+    check_cuda(cudaEventRecord(ready->get(), user), "cudaEventRecord", describe() + ": " + what);
+    check_cuda(cudaStreamWaitEvent(state_->stream(), ready->get(), 0), "cudaStreamWaitEvent",
+               describe() + ": " + what);
+    const ncclResult_t r = state_->call([&](ncclComm_t c) { return enqueue(c, state_->stream()); });
+    if (r != ncclSuccess && r != ncclInProgress && r != ncclUnhandledCudaError && r != ncclSystemError &&
+        r != ncclInternalError && r != ncclRemoteError) {
+      // An argument error: the communicator is fine, report it to the caller only.
+      throw Error(describe() + ": " + what +
+                  ": NCCL rejected the call: " + nccl_error_text(r, state_->comm()));
+    }
+    state_->wait_ready(r, deadline, what);
+    auto done = std::make_shared<CudaEvent>(state_->device());
+    check_cuda(cudaEventRecord(done->get(), state_->stream()), "cudaEventRecord", describe() + ": " + what);
+    NcclWatchdog::instance().watch_op(state_, done, deadline, what);
+    const bool host = host_wait || options_.blocking_wait;
+    return std::make_shared<NcclWork>(state_, std::move(done), user, host, deadline, what);
+  }
+
+  /// A small device buffer owned by the group (barrier).
+  void* scratch_buffer() {
+    if (!scratch_) {
+      CudaDeviceGuard guard(state_->device());
+      void* p = nullptr;
+      check_cuda(cudaMalloc(&p, 64), "cudaMalloc", describe() + ": barrier scratch");
+      check_cuda(cudaMemset(p, 0, 64), "cudaMemset", describe());
+      const int dev = state_->device();
+      scratch_ = std::shared_ptr<void>(p, [dev](void* q) {
+        CudaDeviceGuard g(dev);
+        (void)cudaFree(q);
+      });
+    }
+    return scratch_.get();
+  }
+
+  /// All members' `mine` (same length everywhere), concatenated in rank order. Blocks the host.
+  std::vector<int> exchange_ints(const std::vector<int>& mine) {
+    const int n = size();
+    const std::size_t k = mine.size();
+    CudaDeviceGuard guard(state_->device());
+    int* dev = nullptr;
+    check_cuda(cudaMalloc(reinterpret_cast<void**>(&dev), sizeof(int) * k * (n + 1)), "cudaMalloc",
+               describe());
+    std::shared_ptr<int> owner(dev, [d = state_->device()](int* p) {
+      CudaDeviceGuard g(d);
+      (void)cudaFree(p);
+    });
+    int* send_buf = dev + k * n;
+    check_cuda(cudaMemcpy(send_buf, mine.data(), sizeof(int) * k, cudaMemcpyHostToDevice), "cudaMemcpy",
+               describe());
+    CommOptions o;
+    auto w = submit("split (exchanging colours and keys)", o, true, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllGather(send_buf, dev, k, ncclInt32, c, s);
+    });
+    w->wait(); // host wait with timeout
+    std::vector<int> all(k * n);
+    check_cuda(
+        cudaMemcpyAsync(all.data(), dev, sizeof(int) * k * n, cudaMemcpyDeviceToHost, state_->stream()),
+        "cudaMemcpyAsync", describe());
+    check_cuda(cudaStreamSynchronize(state_->stream()), "cudaStreamSynchronize", describe());
+    return all;
+  }
+
+  /// ncclCommSplit into a new backend whose rank `mine` maps to `global` (nullptr when mine < 0).
+  std::shared_ptr<Backend> split_to(int color, int key, int mine, std::vector<int> global) {
+    state_->rethrow_if_failed();
+    CudaDeviceGuard guard(state_->device());
+    const auto deadline = NcclClock::now() + timeout_;
+    std::lock_guard order(state_->submit_mutex());
+    // Pending ops on the parent finish first (ncclCommSplit is collective on the parent).
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = options_.nonblocking ? 0 : 1;
+    ncclComm_t child = nullptr;
+    const ncclResult_t r =
+        state_->call([&](ncclComm_t c) { return ncclCommSplit(c, color, key, &child, &config); });
+    state_->wait_ready(r, deadline, "ncclCommSplit");
+    if (child == nullptr || mine < 0) {
+      return nullptr;
+    }
+    cudaStream_t stream = nullptr;
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
+               describe());
+    auto child_state = std::make_shared<NcclCommState>(
+        child, state_->device(), stream,
+        "nccl group " + nccl_join(global) + " (rank " + std::to_string(mine) + ")", options_.nonblocking);
+    // A nonblocking child may still be initialising.
+    ncclResult_t cr = child_state->async_error();
+    child_state->wait_ready(cr, deadline, "ncclCommSplit (new communicator)");
+    return std::make_shared<NcclBackendImpl>(std::move(child_state), std::move(global), mine, timeout_,
+                                             options_);
+  }
+
+  std::shared_ptr<NcclCommState> state_;
+  std::vector<int> global_;
+  int rank_;
+  std::chrono::milliseconds timeout_;
+  NcclOptions options_;
+  std::shared_ptr<void> scratch_;
+};
+
+} // namespace detail
+
+/// An NCCL communicator over all `size` ranks of the job; this process is `rank`. Rank 0 publishes the
+/// unique id in `store` (may be null for size 1). Blocks until every rank joined or options.timeout passed
+/// (dtensor::TimeoutError; the half-built communicator is aborted). Throws dtensor::Error when no CUDA
+/// device is visible. Wrap it in a ProcessGroup: `ProcessGroup world(make_nccl_backend(store, r, n));`.
+inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<TcpStore> store, int rank, int size,
+                                                  NcclOptions options = {}) {
+  DTENSOR_CHECK(size > 0 && rank >= 0 && rank < size, "make_nccl_backend: rank " + std::to_string(rank) +
+                                                          " is out of range for size " +
+                                                          std::to_string(size));
+  const int devices = nccl_device_count();
+  DTENSOR_CHECK(devices > 0,
+                "make_nccl_backend: no CUDA device is visible to rank " + std::to_string(rank) +
+                    " (check CUDA_VISIBLE_DEVICES and the driver), so NCCL cannot run; use the gloo "
+                    "backend (DTENSOR_BACKEND=gloo) on machines without GPUs");
+  options.nonblocking = detail::env_flag("DTENSOR_NCCL_NONBLOCKING", options.nonblocking);
+  options.blocking_wait = detail::env_flag("DTENSOR_NCCL_BLOCKING_WAIT", options.blocking_wait);
+  const int device = ((options.device % devices) + devices) % devices;
+  detail::check_cuda(cudaSetDevice(device), "cudaSetDevice",
+                     "make_nccl_backend (rank " + std::to_string(rank) + ")");
+
+  const ncclUniqueId id = detail::exchange_nccl_unique_id(store.get(), options.prefix + "/world/unique_id",
+                                                          rank, size, options.timeout);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = options.nonblocking ? 0 : 1;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  DTENSOR_CHECK(r == ncclSuccess || r == ncclInProgress,
+                "make_nccl_backend: ncclCommInitRankConfig failed on rank " + std::to_string(rank) + " of " +
+                    std::to_string(size) + ": " + detail::nccl_error_text(r));
+  cudaStream_t stream = nullptr;
+  detail::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
+                     "make_nccl_backend");
+  std::vector<int> all(size);
+  std::iota(all.begin(), all.end(), 0);
+  auto state = std::make_shared<detail::NcclCommState>(
+      comm, device, stream, "nccl world of " + std::to_string(size) + " (rank " + std::to_string(rank) + ")",
+      options.nonblocking);
+  if (r == ncclInProgress) {
+    state->wait_ready(state->async_error(), detail::NcclClock::now() + options.timeout,
+                      "ncclCommInitRankConfig");
+  }
+  return std::make_shared<detail::NcclBackendImpl>(std::move(state), std::move(all), rank, options.timeout,
+                                                   std::move(options));
+}
+
+} // namespace dtensor

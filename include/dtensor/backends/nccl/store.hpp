@@ -1,0 +1,45 @@
+#pragma once
+// The NCCL unique id of a communicator, exchanged through the job's TcpStore (the counterpart of
+// backends/gloo/store.hpp, which carries gloo's rendezvous).
+
+#include "dtensor/backends/nccl/types.hpp"
+#include "dtensor/comm/tcp_store.hpp"
+#include "dtensor/core/error.hpp"
+
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtensor::detail {
+
+/// Rank 0 creates the id and publishes it under `key`; the others wait for it (TimeoutError after
+/// `timeout`, naming the key). With one rank and no store the id stays local.
+inline ncclUniqueId exchange_nccl_unique_id(TcpStore* store, const std::string& key, int rank, int size,
+                                            std::chrono::milliseconds timeout) {
+  ncclUniqueId id{};
+  if (rank == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    DTENSOR_CHECK(r == ncclSuccess, "NCCL backend: ncclGetUniqueId failed: " + nccl_error_text(r));
+    if (size > 1) {
+      DTENSOR_CHECK(store != nullptr, "NCCL backend: a store is needed to share the unique id of " +
+                                          std::to_string(size) + " ranks");
+      store->set_bytes(key, std::span<const char>(id.internal, sizeof(id.internal)));
+    }
+    return id;
+  }
+  DTENSOR_CHECK(store != nullptr,
+                "NCCL backend: rank " + std::to_string(rank) + " has no store to read the unique id from");
+  store->wait({key}, timeout);
+  const std::vector<char> v = store->get(key);
+  DTENSOR_CHECK(v.size() == sizeof(id.internal), "NCCL backend: the unique id under '" + key + "' has " +
+                                                     std::to_string(v.size()) + " bytes, expected " +
+                                                     std::to_string(sizeof(id.internal)));
+  std::memcpy(id.internal, v.data(), v.size());
+  return id;
+}
+
+} // namespace dtensor::detail

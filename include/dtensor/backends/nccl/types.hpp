@@ -1,0 +1,116 @@
+#pragma once
+// NCCL's names for dtensor's element types and reductions, and error checking for NCCL and CUDA calls
+// (the counterpart of backends/gloo/reduce.hpp: what the backend needs to know about the data).
+//
+//  - float32/64, bfloat16, float16, int32, int64, uint8 map to the NCCL type of the same layout.
+//    NCCL 2.28 also has ncclFloat8e4m3 / ncclFloat8e5m2; dtensor::DType has no fp8 yet, and
+//    nccl_fp8_type() names the mapping for when it gets one.
+//  - ReduceOp::avg is ncclAvg for every type (integers: wrap-around sum, then divide truncating, as the
+//    gloo backend does). ncclRedOpCreatePreMulSum is not needed for any op of the Backend interface.
+
+#include "dtensor/core/element_type.hpp"
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/reduce_op.hpp"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <string>
+
+namespace dtensor::detail {
+
+inline ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+  case DType::float32:
+    return ncclFloat32;
+  case DType::float64:
+    return ncclFloat64;
+  case DType::bfloat16:
+    return ncclBfloat16;
+  case DType::float16:
+    return ncclFloat16;
+  case DType::int32:
+    return ncclInt32;
+  case DType::int64:
+    return ncclInt64;
+  case DType::uint8:
+    return ncclUint8;
+  }
+  throw Error("NCCL backend: unsupported dtype " + std::to_string(static_cast<int>(d)));
+}
+
+/// The NCCL type of an 8-bit float (e4m3 when `e4m3`, else e5m2).
+constexpr ncclDataType_t nccl_fp8_type(bool e4m3) noexcept {
+  return e4m3 ? ncclFloat8e4m3 : ncclFloat8e5m2;
+}
+
+inline ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+  case ReduceOp::sum:
+    return ncclSum;
+  case ReduceOp::avg:
+    return ncclAvg;
+  case ReduceOp::max:
+    return ncclMax;
+  case ReduceOp::min:
+    return ncclMin;
+  case ReduceOp::product:
+    return ncclProd;
+  }
+  throw Error("NCCL backend: unsupported reduce op " + std::to_string(static_cast<int>(op)));
+}
+
+/// "ncclInvalidUsage (invalid usage): <NCCL's last error>"
+inline std::string nccl_error_text(ncclResult_t r, ncclComm_t comm = nullptr) {
+  std::string s = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') {
+    s += ": ";
+    s += last;
+  }
+  return s;
+}
+
+inline void check_cuda(cudaError_t err, const char* call, const std::string& context) {
+  if (err != cudaSuccess) [[unlikely]] {
+    throw Error(context + ": " + call + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+  }
+}
+
+/// Makes `device` current for its lifetime (restores the previous one).
+class CudaDeviceGuard {
+public:
+  explicit CudaDeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess || previous_ == device) {
+      previous_ = -1;
+      return;
+    }
+    check_cuda(cudaSetDevice(device), "cudaSetDevice", "NCCL backend, cuda:" + std::to_string(device));
+  }
+  ~CudaDeviceGuard() {
+    if (previous_ >= 0) {
+      (void)cudaSetDevice(previous_);
+    }
+  }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+private:
+  int previous_ = -1;
+};
+
+} // namespace dtensor::detail
+
+namespace dtensor {
+
+/// Number of CUDA devices this process sees; 0 when there is no driver or device (never throws).
+inline int nccl_device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+} // namespace dtensor
