@@ -1,0 +1,214 @@
+// DTensor construction, factories, element types, async redistribution, printing, and their errors.
+
+#include <catch2/catch.hpp>
+
+#include <dtensor/core/tensor_io.hpp>
+#include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/tensor/comm_debug.hpp>
+#include <dtensor/tensor/distribute.hpp>
+#include <dtensor/tensor/dtensor.hpp>
+#include <dtensor/tensor/visualize.hpp>
+#include <dtensor/testing/run_ranks.hpp>
+
+#include <string>
+
+using namespace dtensor;
+
+namespace {
+
+void expect(bool ok, const std::string& what) {
+  DTENSOR_CHECK(ok, what);
+}
+
+using Mesh1 = MeshShape<Axis<"x">>;
+using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp", 2>>;
+
+template <class T>
+Tensor<T, 2> reference(std::int64_t rows, std::int64_t cols) {
+  Tensor<T, 2> t({rows, cols});
+  for (std::int64_t i = 0; i < rows; ++i) {
+    for (std::int64_t j = 0; j < cols; ++j) {
+      t(i, j) = static_cast<T>(static_cast<float>((i * 7 + j) % 50));
+    }
+  }
+  return t;
+}
+
+std::string error_of(int n, const std::function<void(ProcessGroup&)>& fn) {
+  try {
+    testing::run_ranks(n, fn);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+} // namespace
+
+TEST_CASE("distribute_tensor from any source rank, and from a replicated tensor", "[dtensor]") {
+  for (int n : {1, 2, 3, 4}) {
+    testing::run_ranks(n, [n](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh1>(world);
+      const auto full = reference<float>(7, 3);
+      for (int src = 0; src < n; ++src) {
+        // Only the source holds data; the others pass an undefined tensor.
+        auto x = distribute_tensor<Shard<0>>(mesh, world.rank() == src ? full : Tensor<float, 2>(), src);
+        expect(x.global_shape() == std::array<std::int64_t, 2>{7, 3}, "global shape from the source");
+        expect(equal(x.full_tensor(), full), "S(0) from source " + std::to_string(src));
+        auto p = distribute_tensor<Partial<>>(mesh, world.rank() == src ? full : Tensor<float, 2>(), src);
+        expect(equal(p.full_tensor(), full), "P(sum) from source " + std::to_string(src));
+        auto r = distribute_tensor<Replicate>(mesh, world.rank() == src ? full : Tensor<float, 2>(), src);
+        expect(equal(r.local(), full), "R from source " + std::to_string(src));
+      }
+      auto y = distribute_tensor<Shard<1>>(mesh, full, replicated_source);
+      expect(equal(y.full_tensor(), full), "S(1) sliced from a replicated tensor");
+      CommDebugMode comm;
+      auto z = distribute_tensor<Shard<-1>>(mesh, full, replicated_source);
+      expect(comm.total_count() == 0, "slicing a replicated tensor communicates nothing");
+      expect(z.local_offset()[1] == chunk_offset(3, n, world.rank()), "local offset of S(-1)");
+    });
+  }
+}
+
+TEST_CASE("from_local infers even global shapes and verifies uneven ones", "[dtensor]") {
+  testing::run_ranks(4, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world);
+    const int r = world.rank();
+    // Even: (4, 3) per rank under [S(0), S(1)] is (8, 6) globally.
+    auto even =
+        DTensor<float, 2, Mesh2, Shard<0>, Shard<1>>::from_local(mesh, Tensor<float, 2>::full({4, 3}, 1.0f));
+    expect(even.global_shape() == std::array<std::int64_t, 2>{8, 6}, "inferred global shape");
+    expect(even.local_offset() == std::array<std::int64_t, 2>{r / 2 * 4, r % 2 * 3}, "local offset");
+    // Uneven: (7, 5) under [S(0), S(1)] gives rows 4,3 and cols 3,2.
+    const std::array<std::int64_t, 2> local{r / 2 == 0 ? 4 : 3, r % 2 == 0 ? 3 : 2};
+    auto uneven = DTensor<float, 2, Mesh2, Shard<0>, Shard<1>>::from_local(
+        mesh, Tensor<float, 2>::full(local, 2.0f), std::array<std::int64_t, 2>{7, 5}, {.verify = true});
+    expect(equal(uneven.full_tensor(), Tensor<float, 2>::full({7, 5}, 2.0f)), "uneven from_local");
+  });
+  // A local shape that is not this coordinate's shard.
+  std::string e = error_of(4, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world);
+    DTensor<float, 2, Mesh2, Shard<0>, Replicate>::from_local(mesh, Tensor<float, 2>::zeros({3, 5}),
+                                                              std::array<std::int64_t, 2>{7, 5});
+  });
+  CHECK(e.find("is not the shard (4, 5)") != std::string::npos);
+  // verify names the rank whose shard is wrong, on every rank.
+  e = error_of(4, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world);
+    const std::int64_t rows = world.rank() == 2 ? 5 : (world.rank() < 2 ? 4 : 3);
+    DTensor<float, 2, Mesh2, Shard<0>, Replicate>::from_local(
+        mesh, Tensor<float, 2>::zeros({rows, 5}), std::array<std::int64_t, 2>{7, 5}, {.verify = true});
+  });
+  INFO(e);
+  CHECK(e.find("mesh rank 2 (coordinate (1, 0)) holds a local tensor of shape (5, 5)") != std::string::npos);
+  CHECK(e.find("gives it (3, 5)") != std::string::npos);
+  // verify catches ranks that disagree on the global shape.
+  e = error_of(2, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh1>(world);
+    const std::int64_t rows = world.rank() == 0 ? 8 : 9;
+    DTensor<float, 2, Mesh1, Replicate>::from_local(mesh, Tensor<float, 2>::zeros({rows, 2}),
+                                                    std::array<std::int64_t, 2>{rows, 2}, {.verify = true});
+  });
+  CHECK(e.find("passed global shape") != std::string::npos);
+}
+
+TEMPLATE_TEST_CASE("every element type redistributes exactly", "[dtensor]", float, double, bfloat16, half,
+                   std::int32_t, std::int64_t, std::uint8_t) {
+  using T = TestType;
+  detail::poison_buffers() = true;
+  testing::run_ranks(4, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world);
+    const auto full = reference<T>(7, 5);
+    auto x = distribute_tensor<Shard<0>, Shard<1>>(mesh, full);
+    expect(equal(x.template redistribute<Shard<1>, Shard<0>>().full_tensor(), full), "permute");
+    expect(equal(x.template redistribute<Replicate, Shard<0>>().full_tensor(), full), "exchange to [R,S(0)]");
+    auto p = distribute_tensor<Partial<>, Shard<0>>(mesh, full);
+    expect(equal(p.template redistribute<Shard<1>, Shard<0>>().full_tensor(), full), "reduce_scatter");
+    expect(equal(p.full_tensor(), full), "all_reduce");
+  });
+  detail::poison_buffers() = false;
+}
+
+TEST_CASE("Partial ops other than sum: R -> P(op) -> R is exact", "[dtensor]") {
+  testing::run_ranks(3, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh1>(world);
+    const auto full = reference<float>(4, 3);
+    auto r = distribute_tensor<Replicate>(mesh, full, replicated_source);
+    expect(equal(r.redistribute<Partial<ReduceOp::max>>().full_tensor(), full), "max");
+    expect(equal(r.redistribute<Partial<ReduceOp::min>>().full_tensor(), full), "min");
+    expect(equal(r.redistribute<Partial<ReduceOp::avg>>().full_tensor(), full), "avg");
+    expect(equal(r.redistribute<Partial<ReduceOp::product>>().full_tensor(), full), "product");
+    expect(equal(r.redistribute<Partial<ReduceOp::max>>().redistribute<Shard<1>>().full_tensor(), full),
+           "max reduce_scatter");
+    // Partial<avg> holding different values on each rank averages them.
+    auto mine = Tensor<float, 2>::full({2, 2}, static_cast<float>(3 * world.rank()));
+    auto avg = DTensor<float, 2, Mesh1, Partial<ReduceOp::avg>>::from_local(mesh, mine);
+    expect(avg.full_tensor()(1, 1) == 3.0f, "avg of 0, 3, 6");
+  });
+}
+
+TEST_CASE("factories: zeros, ones, full, from_global_index", "[dtensor]") {
+  testing::run_ranks(4, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world);
+    auto o = ones<float, Partial<>, Shard<1>>(mesh, {3, 5});
+    expect(equal(o.full_tensor(), Tensor<float, 2>::full({3, 5}, 1.0f)), "ones under Partial");
+    auto z = zeros<double, Shard<0>, Shard<0>>(mesh, {3, 2});
+    expect(equal(z.full_tensor(), Tensor<double, 2>::zeros({3, 2})), "zeros with empty shards");
+    auto f = full<std::int32_t, Replicate, Shard<1>>(mesh, {2, 3}, 7);
+    expect(equal(f.full_tensor(), Tensor<std::int32_t, 2>::full({2, 3}, 7)), "full");
+    auto g = from_global_index<float, Shard<1>, Shard<0>>(mesh, {7, 5},
+                                                          [](auto i) { return (i[0] * 7 + i[1]) % 50; });
+    expect(equal(g.full_tensor(), reference<float>(7, 5)), "from_global_index");
+    auto v = from_global_index<float, Shard<0>, Replicate>(mesh, {6}, [](auto i) { return i[0]; });
+    expect(v.local()(0) == static_cast<float>(world.rank() / 2 * 3), "1-D from_global_index");
+  });
+}
+
+TEST_CASE("async redistribute: compute while it is in flight", "[dtensor]") {
+  testing::run_ranks(4, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world);
+    const auto full = reference<float>(64, 32);
+    auto x = distribute_tensor<Shard<0>, Shard<1>>(mesh, full);
+    auto pending = x.redistribute<Replicate, Replicate>(async_op); // two all_gathers
+    double busy = 0;
+    for (int i = 0; i < 100000; ++i) {
+      busy += i * 0.5;
+    }
+    auto y = pending.wait();
+    expect(busy > 0 && equal(y.local(), full), "async [S(0),S(1)] -> [R,R]");
+    auto pending2 = x.redistribute<Shard<1>, Shard<0>>(async_op);
+    expect(equal(pending2.wait().full_tensor(), full), "async permute");
+    auto pending3 = x.redistribute<Shard<0>, Shard<1>>(async_op); // nothing to do
+    expect(pending3.is_completed() && equal(pending3.wait().local(), x.local()), "async no-op");
+  });
+}
+
+TEST_CASE("printing: plans, types, sharding tables, comm counts", "[dtensor]") {
+  using X = DTensor<float, 2, Mesh2, Shard<0>, Replicate>;
+  CHECK(X::plan_to<Replicate, Shard<1>>().to_string() ==
+        "[S(0),R] -> [R,S(1)]: local_chunk(tp, dim 1); all_gather(dp, dim 0)");
+  CHECK(X::type_string() == "DTensor<float32, 2, (dp=?, tp=2), [S(0),R]>");
+  CHECK(plan_of<Mesh2, 2, Placements<Shard<0>, Shard<1>>, Placements<Shard<1>, Shard<0>>>().to_string() ==
+        "[S(0),S(1)] -> [S(1),S(0)]: permute(dp*tp)");
+  CHECK(X::plan_to<Replicate, Shard<1>>().bytes_per_rank({8, 6}, {2, 2}, 4) == 4 * 4 * 3);
+  testing::run_ranks(4, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world);
+    auto x = zeros<float, Shard<0>, Shard<1>>(mesh, {7, 5});
+    const std::string table = visualize_sharding(x);
+    const std::string want = "[S(0),S(1)] of global (7, 5) on (dp=2, tp=2)\n"
+                             "rows      cols      coordinates\n"
+                             "0:4       0:3       (0, 0)\n"
+                             "0:4       3:5       (0, 1)\n"
+                             "4:7       0:3       (1, 0)\n"
+                             "4:7       3:5       (1, 1)\n";
+    expect(table == want, "sharding table:\n" + table);
+    expect(x.to_string().find("DTensor<float32, 2> on (dp=2, tp=2) [S(0),S(1)], global (7, 5)") == 0,
+           x.to_string());
+    CommDebugMode comm;
+    x.redistribute<Replicate, Replicate>();
+    expect(comm.count("all_gather", "tp") == 1 && comm.count("all_gather", "dp") == 1, comm.to_string());
+    const std::int64_t row_bytes = (world.rank() / 2 == 0 ? 4 : 3) * 4;
+    expect(comm.bytes("all_gather", "tp") == row_bytes * (world.rank() % 2 == 0 ? 2 : 3),
+           "tp all_gather bytes: " + comm.to_string());
+  });
+}
