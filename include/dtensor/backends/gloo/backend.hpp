@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -58,6 +59,8 @@
 #include <tuple>
 #include <typeinfo>
 #include <vector>
+
+#include <signal.h>
 
 namespace dtensor {
 
@@ -949,6 +952,15 @@ inline std::shared_ptr<Backend> make_gloo_backend(std::shared_ptr<::gloo::rendez
                                                           " is out of range for size " +
                                                           std::to_string(size));
   DTENSOR_CHECK(store != nullptr, "make_gloo_backend: the store is null");
+  // gloo's TCP transport writes without MSG_NOSIGNAL: a write to a peer that just closed (it failed or
+  // aborted) would kill the process with SIGPIPE instead of failing the op. Python (hence PyTorch) ignores
+  // SIGPIPE at startup; do the same unless the program installed its own handler.
+  {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+  }
   ::gloo::transport::tcp::attr attr;
   if (!options.iface.empty()) {
     attr.iface = options.iface;
