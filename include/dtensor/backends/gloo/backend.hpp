@@ -16,10 +16,12 @@
 //    tag match successive receives in order.
 //  - reduce_scatter is an all_to_all of the blocks plus a local reduction, in rank order (deterministic).
 //    gloo's ReduceScatterHalvingDoubling is not used (it leaves the context ~70x slower afterwards).
-//    Measured on 4 ranks over loopback, 2-core machine, float32 (median of 200):
-//        elements/rank-block   all_to_all+local   all_reduce+copy
-//        1 (16 B input)              0.10 ms            0.16 ms
-//        65536 (1 MiB input)         0.89 ms            1.95 ms
+//    Measured on 4 ranks (threads) over loopback on the 2-core dev machine, float32, median of 200-300
+//    calls, two runs (the machine was shared, so only the ordering is robust):
+//        input per rank        all_to_all + local reduce     all_reduce + copy
+//        16 B                       0.67 / 3.8 ms              2.35 / 3.4 ms
+//        1 MiB                      1.85 / 2.3 ms              6.3 / 10.1 ms
+//    and a 4 B all_reduce right after it costs what it costs before it (0.34-0.45 ms): no degradation.
 //    (The alternative is kept behind GlooOptions::reduce_scatter_via_all_reduce for re-measuring.)
 //  - Failures: a gloo timeout becomes dtensor::TimeoutError. When an op fails, this rank leaves the reason
 //    in the group's store under "err/<rank>" and gloo closes its connections, so peers blocked on it fail
