@@ -14,9 +14,11 @@
 // followed by the other ranks' errors. Catch2's assertions are not thread-safe: inside `fn`, throw
 // (DTENSOR_CHECK) instead of REQUIRE.
 //
-// Needs the gloo backend (DTENSOR_HAS_GLOO, target dtensor::gloo); without it this header declares nothing.
+// Needs the gloo backend (target dtensor::gloo).
 
-#if DTENSOR_HAS_GLOO
+#if !DTENSOR_HAS_GLOO
+#error "dtensor/testing/run_ranks.hpp needs the gloo backend: link the target dtensor::gloo"
+#endif
 
 #include "dtensor/backends/gloo/backend.hpp"
 #include "dtensor/backends/gloo/store.hpp"
@@ -148,5 +150,3 @@ inline void run_ranks(int n, const std::function<void(ProcessGroup&)>& fn, RunRa
 }
 
 } // namespace dtensor::testing
-
-#endif // DTENSOR_HAS_GLOO
