@@ -335,3 +335,28 @@ TEST_CASE("env: no launcher means one process; bad values are named", "[env]") {
   CHECK(message({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}}).find("MASTER_PORT") !=
         std::string::npos);
 }
+
+TEST_CASE("init: a backend missing from this build is named, unknown names are rejected", "[env]") {
+  // This test binary links neither dtensor::gloo nor dtensor::nccl.
+  auto message = [](std::string backend) {
+    dtensor::InitOptions o;
+    o.backend = std::move(backend);
+    o.env = dtensor::DistEnv{};
+    try {
+      dtensor::init_process_group(o);
+    } catch (const dtensor::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message("gloo").find("gloo backend is not part of this build") != std::string::npos);
+  CHECK(message("NCCL").find("NCCL backend is not part of this build") != std::string::npos);
+  CHECK(message("mpi").find("unknown backend 'mpi'") != std::string::npos);
+}
+
+TEST_CASE("init: connect_store hosts a private store for a lone process", "[env]") {
+  auto store = dtensor::connect_store(dtensor::DistEnv{}, 5s);
+  CHECK(store->is_server());
+  CHECK(store->port() > 0);
+  store->barrier("alone", 1, 1s);
+}
