@@ -48,7 +48,21 @@ public:
   ~NcclCommState() {
     CudaDeviceGuard guard(device_);
     if (!aborted_.load()) {
-      bool clean = cudaStreamSynchronize(stream_) == cudaSuccess;
+      // Pending ops first; a peer that never joins one cannot hang the destructor (nothing watches a
+      // communicator being destroyed), so after 60 s it is aborted instead.
+      bool clean = false;
+      const auto drain_until = NcclClock::now() + std::chrono::seconds(60);
+      for (;;) {
+        const cudaError_t q = cudaStreamQuery(stream_);
+        if (q != cudaErrorNotReady) {
+          clean = q == cudaSuccess;
+          break;
+        }
+        if (NcclClock::now() > drain_until) {
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+      }
       if (clean) {
         std::lock_guard lock(call_m_);
         ncclResult_t r = ncclCommFinalize(comm_);
