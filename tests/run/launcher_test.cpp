@@ -5,6 +5,7 @@
 //   unreachable   a master port nobody serves, and one that accepts but never answers: clear timeout errors
 //   multinode     two launchers on one machine acting as two nodes; then a failure on node 1 stops node 0
 //   rank0_store   --rank0-store: rank 0 hosts the store, ranks started in any order still meet
+//   launcherless  ranks started as mpirun / srun start them (OpenMPI, Slurm variables), in reverse order
 // Plain C++ (no Catch2): prints what it checks, exits 0 on success, 1 on the first failed check.
 #include "dtensor/comm/tcp_store.hpp"
 
@@ -22,8 +23,10 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -374,6 +377,42 @@ void rank0_store() {
   EXPECT(contains(p.output, "store ok on rank 0 (hosting)"), "rank 0 hosts it");
 }
 
+/// Ranks started without dtensor-run, as mpirun and srun start them: the OpenMPI and Slurm variables,
+/// rank 0 hosting the store, ranks arriving in reverse order.
+void launcherless() {
+  for (const std::string kind : {"openmpi", "slurm"}) {
+    const int port = free_port();
+    std::vector<std::unique_ptr<Proc>> procs;
+    for (int r = 2; r >= 0; --r) {
+      std::map<std::string, std::string> env = {{"MASTER_PORT", std::to_string(port)},
+                                                {"DTENSOR_TIMEOUT", "20"}};
+      if (kind == "openmpi") {
+        env.insert({{"OMPI_COMM_WORLD_RANK", std::to_string(r)},
+                    {"OMPI_COMM_WORLD_SIZE", "3"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(r)},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}});
+      } else {
+        env.insert({{"SLURM_PROCID", std::to_string(r)},
+                    {"SLURM_NTASKS", "3"},
+                    {"SLURM_LOCALID", std::to_string(r)},
+                    {"SLURM_STEP_NODELIST", "localhost"}});
+      }
+      procs.push_back(std::make_unique<Proc>(std::vector<std::string>{g_program, "store"}, env));
+      std::this_thread::sleep_for(100ms);
+    }
+    int ok = 0;
+    std::string all;
+    for (auto& p : procs) {
+      p->wait(40s);
+      ok += p->code() == 0 ? 1 : 0;
+      all += p->output;
+    }
+    std::printf("---- output ----\n%s----------------\n", all.c_str());
+    EXPECT(ok == 3 && count_of(all, "store ok") == 3, kind + ": three ranks meet without a launcher");
+    EXPECT(contains(all, "store ok on rank 0 (hosting)"), kind + ": rank 0 hosts the store");
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -385,9 +424,13 @@ int main(int argc, char** argv) {
   g_program = argv[2];
   const std::string scenario = argv[3];
   ::signal(SIGPIPE, SIG_IGN);
-  const std::map<std::string, void (*)()> scenarios = {
-      {"prefix", prefix},           {"early_exit", early_exit}, {"signals", signals},
-      {"unreachable", unreachable}, {"multinode", multinode},   {"rank0_store", rank0_store}};
+  const std::map<std::string, void (*)()> scenarios = {{"prefix", prefix},
+                                                       {"early_exit", early_exit},
+                                                       {"signals", signals},
+                                                       {"unreachable", unreachable},
+                                                       {"multinode", multinode},
+                                                       {"rank0_store", rank0_store},
+                                                       {"launcherless", launcherless}};
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
