@@ -1,13 +1,37 @@
 #pragma once
-// dtensor: distributed tensors for C++20. The umbrella header: includes every public header.
+// dtensor: distributed tensors for C++20. The umbrella header: includes every public header except the
+// backends' own (pulled in by comm/init.hpp when their targets are linked) and testing/.
 // Each header also compiles on its own; include the ones you use to keep compile times down.
 
 #include "dtensor/core/config.hpp"
+#include "dtensor/core/device.hpp"
+#include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/fixed_string.hpp"
 #include "dtensor/core/layout.hpp"
 #include "dtensor/core/placement.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/static_vector.hpp"
+#include "dtensor/core/tensor.hpp"
+#include "dtensor/core/tensor_io.hpp"
+
+#include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/mesh/mesh_shape.hpp"
 #include "dtensor/mesh/placement_check.hpp"
+
+#include "dtensor/comm/collectives.hpp"
+#include "dtensor/comm/functional.hpp"
+#include "dtensor/comm/init.hpp"
+#include "dtensor/comm/p2p.hpp"
+#include "dtensor/comm/process_group.hpp"
+#include "dtensor/comm/work.hpp"
+
+#include "dtensor/plan/exchange.hpp"
+#include "dtensor/plan/planner.hpp"
+#include "dtensor/plan/shard_spec.hpp"
+#include "dtensor/plan/torch_reference.hpp"
+
+#include "dtensor/tensor/comm_debug.hpp"
+#include "dtensor/tensor/distribute.hpp"
+#include "dtensor/tensor/dtensor.hpp"
+#include "dtensor/tensor/visualize.hpp"

@@ -189,9 +189,7 @@ Work all_gather_impl(const std::vector<Tensor<T, Rank>>& outputs, const Tensor<T
   auto out = comm_buffer(staging, group, "all_gather", "staging");
   auto finish = [outputs, staging, displs] {
     for (std::size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].numel() > 0) {
-        std::memcpy(static_cast<void*>(outputs[i].data()), staging.data() + displs[i], outputs[i].nbytes());
-      }
+      copy_from_flat(outputs[i], staging, displs[i]);
     }
   };
   return launch(
@@ -220,9 +218,7 @@ Work reduce_scatter_impl(const Tensor<T, Rank>& output, const std::vector<Tensor
   auto displs = displacements(counts);
   auto staging = Tensor<T, 1>({displs.back() + counts.back()}, output.device());
   for (int i = 0; i < n; ++i) {
-    if (counts[i] > 0) {
-      std::memcpy(static_cast<void*>(staging.data() + displs[i]), inputs[i].data(), inputs[i].nbytes());
-    }
+    copy_to_flat(staging, displs[i], inputs[i]);
   }
   auto in = comm_buffer(staging, group, "reduce_scatter", "staging");
   return launch(
@@ -334,17 +330,13 @@ Work all_to_all_impl(const std::vector<Tensor<T, Rank>>& outputs, const std::vec
   auto send = Tensor<T, 1>({sd.back() + sc.back()}, device);
   auto recv = Tensor<T, 1>({rd.back() + rc.back()}, device);
   for (int i = 0; i < n; ++i) {
-    if (sc[i] > 0) {
-      std::memcpy(static_cast<void*>(send.data() + sd[i]), inputs[i].data(), inputs[i].nbytes());
-    }
+    copy_to_flat(send, sd[i], inputs[i]);
   }
   auto in = comm_buffer(send, group, "all_to_all", "staging");
   auto out = comm_buffer(recv, group, "all_to_all", "staging");
   auto finish = [outputs, recv, rd] {
     for (std::size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].numel() > 0) {
-        std::memcpy(static_cast<void*>(outputs[i].data()), recv.data() + rd[i], outputs[i].nbytes());
-      }
+      copy_from_flat(outputs[i], recv, rd[i]);
     }
   };
   return launch(
@@ -424,9 +416,7 @@ Work gather_impl(const Tensor<T, Rank>& input,
   auto out = comm_buffer(staging, group, "gather", "staging");
   auto finish = [outputs = *gather_list, staging, displs] {
     for (std::size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].numel() > 0) {
-        std::memcpy(static_cast<void*>(outputs[i].data()), staging.data() + displs[i], outputs[i].nbytes());
-      }
+      copy_from_flat(outputs[i], staging, displs[i]);
     }
   };
   return launch(
@@ -458,10 +448,7 @@ Work scatter_impl(const Tensor<T, Rank>& output, const std::vector<Tensor<T, Ran
   auto displs = displacements(counts);
   auto staging = Tensor<T, 1>({displs.back() + counts.back()}, output.device());
   for (int i = 0; i < n; ++i) {
-    if (counts[i] > 0) {
-      std::memcpy(static_cast<void*>(staging.data() + displs[i]), scatter_list[i].data(),
-                  scatter_list[i].nbytes());
-    }
+    copy_to_flat(staging, displs[i], scatter_list[i]);
   }
   auto in = comm_buffer(staging, group, "scatter", "staging");
   return launch(

@@ -48,6 +48,22 @@ std::shared_ptr<void> keep_alive(Ts... ts) {
   return std::make_shared<std::tuple<Ts...>>(std::move(ts)...);
 }
 
+/// staging[at .. at + t.numel()) = t (contiguous `t`; host or device memory, via Tensor::copy_from).
+template <class T, int Rank>
+void copy_to_flat(const Tensor<T, 1>& staging, std::int64_t at, const Tensor<T, Rank>& t) {
+  if (t.numel() > 0) {
+    staging.narrow(0, at, t.numel()).copy_from(t.template view<1>({t.numel()}));
+  }
+}
+
+/// t = staging[at .. at + t.numel()) (contiguous `t`; host or device memory).
+template <class T, int Rank>
+void copy_from_flat(const Tensor<T, Rank>& t, const Tensor<T, 1>& staging, std::int64_t at) {
+  if (t.numel() > 0) {
+    t.template view<1>({t.numel()}).copy_from(staging.narrow(0, at, t.numel()));
+  }
+}
+
 /// Exclusive prefix sums.
 inline std::vector<std::int64_t> displacements(std::span<const std::int64_t> counts) {
   std::vector<std::int64_t> d(counts.size());
