@@ -1,0 +1,142 @@
+#pragma once
+// Counts heap memory: replaces the global operator new/delete (every form, aligned ones included: Tensor
+// host storage uses ::operator new(n, std::align_val_t{64})) with malloc-based versions that keep the live
+// byte count, its peak since the last reset, and the number of allocations.
+//
+// Include in exactly one translation unit of a benchmark binary. Sizes are malloc_usable_size (what the
+// allocator really reserved, within a few bytes of the request), so allocation and release cancel exactly.
+//
+//   bench::alloc::reset_peak();
+//   auto before = bench::alloc::live();
+//   work();
+//   auto extra = bench::alloc::peak() - before;
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+
+#include <malloc.h>
+
+namespace bench::alloc {
+
+inline std::atomic<std::int64_t> g_live{0};
+inline std::atomic<std::int64_t> g_peak{0};
+inline std::atomic<std::int64_t> g_count{0};
+
+inline std::int64_t live() noexcept {
+  return g_live.load(std::memory_order_relaxed);
+}
+inline std::int64_t peak() noexcept {
+  return g_peak.load(std::memory_order_relaxed);
+}
+inline std::int64_t count() noexcept {
+  return g_count.load(std::memory_order_relaxed);
+}
+/// The peak restarts from the current live count.
+inline void reset_peak() noexcept {
+  g_peak.store(live(), std::memory_order_relaxed);
+}
+
+inline void note_alloc(void* p) noexcept {
+  const auto n = static_cast<std::int64_t>(malloc_usable_size(p));
+  const std::int64_t now = g_live.fetch_add(n, std::memory_order_relaxed) + n;
+  g_count.fetch_add(1, std::memory_order_relaxed);
+  std::int64_t seen = g_peak.load(std::memory_order_relaxed);
+  while (now > seen && !g_peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  }
+}
+
+inline void note_free(void* p) noexcept {
+  if (p != nullptr) {
+    g_live.fetch_sub(static_cast<std::int64_t>(malloc_usable_size(p)), std::memory_order_relaxed);
+  }
+}
+
+inline void* allocate(std::size_t n, std::size_t align, bool nothrow) {
+  void* p = nullptr;
+  if (align <= alignof(std::max_align_t)) {
+    p = std::malloc(n ? n : 1);
+  } else {
+    p = std::aligned_alloc(align, ((n ? n : 1) + align - 1) / align * align);
+  }
+  if (p == nullptr) {
+    if (nothrow) {
+      return nullptr;
+    }
+    throw std::bad_alloc();
+  }
+  note_alloc(p);
+  return p;
+}
+
+inline void release(void* p) noexcept {
+  note_free(p);
+  std::free(p);
+}
+
+} // namespace bench::alloc
+
+// NOLINTBEGIN: the replaceable global allocation functions.
+void* operator new(std::size_t n) {
+  return bench::alloc::allocate(n, 0, false);
+}
+void* operator new[](std::size_t n) {
+  return bench::alloc::allocate(n, 0, false);
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  return bench::alloc::allocate(n, 0, true);
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  return bench::alloc::allocate(n, 0, true);
+}
+void* operator new(std::size_t n, std::align_val_t a) {
+  return bench::alloc::allocate(n, static_cast<std::size_t>(a), false);
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  return bench::alloc::allocate(n, static_cast<std::size_t>(a), false);
+}
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  return bench::alloc::allocate(n, static_cast<std::size_t>(a), true);
+}
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  return bench::alloc::allocate(n, static_cast<std::size_t>(a), true);
+}
+void operator delete(void* p) noexcept {
+  bench::alloc::release(p);
+}
+void operator delete[](void* p) noexcept {
+  bench::alloc::release(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  bench::alloc::release(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  bench::alloc::release(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+  bench::alloc::release(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept {
+  bench::alloc::release(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+  bench::alloc::release(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
+  bench::alloc::release(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  bench::alloc::release(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  bench::alloc::release(p);
+}
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  bench::alloc::release(p);
+}
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  bench::alloc::release(p);
+}
+// NOLINTEND
