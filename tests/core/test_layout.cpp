@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../support/enumerate.hpp"
+
 #include <dtensor/core/layout.hpp>
 
 #include <algorithm>
@@ -30,24 +32,6 @@ std::vector<MeshSizes> all_meshes(int max_axes) {
     for (int s = 1; s <= 4; ++s) {
       MeshSizes next = m;
       next.push_back(s);
-      rec(next);
-    }
-  };
-  rec({});
-  return out;
-}
-
-// Every placement list of `axes` entries drawn from `options`.
-std::vector<PlacementList> all_placements(int axes, const std::vector<Placement>& options) {
-  std::vector<PlacementList> out;
-  std::function<void(PlacementList)> rec = [&](PlacementList l) {
-    if (l.size() == axes) {
-      out.push_back(l);
-      return;
-    }
-    for (const Placement& p : options) {
-      PlacementList next = l;
-      next.push_back(p);
       rec(next);
     }
   };
@@ -126,7 +110,7 @@ void check_layouts(int tensor_rank, const std::vector<MeshSizes>& meshes) {
   std::int64_t checked = 0;
   for (const MeshSizes& sizes : meshes) {
     const int world = mesh_numel(sizes);
-    for (const PlacementList& pl : all_placements(sizes.size(), options)) {
+    for (const PlacementList& pl : test_support::all_placement_lists(sizes.size(), options)) {
       REQUIRE(check_placements(pl, sizes.size(), tensor_rank) == PlacementError::none);
       // ref[rank][dim][n]: owned index list, computed once per (mesh, placement list).
       std::vector<std::vector<std::vector<std::vector<std::int64_t>>>> ref(

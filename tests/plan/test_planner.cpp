@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../support/enumerate.hpp"
+
 #include <dtensor/plan/planner.hpp>
 
 #include <functional>
@@ -26,23 +28,6 @@ const Placement R = Placement::replicate();
 const Placement P = Placement::partial();
 constexpr Placement S(int d) {
   return Placement::shard(d);
-}
-
-std::vector<PlacementList> all_lists(int axes, const std::vector<Placement>& options) {
-  std::vector<PlacementList> out;
-  std::function<void(PlacementList)> rec = [&](PlacementList l) {
-    if (l.size() == axes) {
-      out.push_back(l);
-      return;
-    }
-    for (const Placement& p : options) {
-      PlacementList next = l;
-      next.push_back(p);
-      rec(next);
-    }
-  };
-  rec({});
-  return out;
 }
 
 bool contains(const Block& outer, const Extents& idx) {
@@ -173,8 +158,8 @@ void check_all_plans(int axes, const std::vector<Placement>& src_options,
                      const std::vector<Placement>& dst_options, const std::vector<MeshSizes>& meshes) {
   const std::vector<std::int64_t> dims{0, 1, 3, 5, 7};
   int plans = 0;
-  for (const PlacementList& src : all_lists(axes, src_options)) {
-    for (const PlacementList& dst : all_lists(axes, dst_options)) {
+  for (const PlacementList& src : test_support::all_placement_lists(axes, src_options)) {
+    for (const PlacementList& dst : test_support::all_placement_lists(axes, dst_options)) {
       const Plan plan = make_plan(src, dst, 2);
       if (plan.error != PlanError::none) {
         continue;
