@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs the CPU benchmarks (BENCHMARKS.md) and writes their JSON under bench/results/:
+#   1. collectives sweep on gloo, 2 and 4 processes (ours vs raw gloo), then the same sweep through
+#      torch.distributed (Debian's python3-torch, if installed) and the join (ours/torch);
+#   2. redistribution suite at 2, 4 (1-D, 2-D, uneven variable vs padded) and 8 processes (3-D);
+#   3. host overhead per call (one process);
+#   4. compile cost (bench/compile/compile_time.sh).
+# About 5-8 minutes on the 2-core dev machine.
+#
+# usage: scripts/bench.sh [--quick]     (--quick: half the samples, sweeps up to 1 MiB, 1 compile rep)
+#   BUILD_DIR (default build-bench) is configured and built here if needed (Release, no CUDA language).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-build-bench}
+scale=1
+max_bytes=$((16 << 20))
+compile_reps=3
+if [[ "${1:-}" == "--quick" ]]; then
+  scale=0.5
+  max_bytes=$((1 << 20))
+  compile_reps=1
+fi
+
+if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
+fi
+cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead
+run="$build/tools/dtensor-run/dtensor-run --standalone --tee 0"
+mkdir -p bench/results
+common=(--scale "$scale" --out bench/results)
+start=$SECONDS
+
+echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ)"
+torch_py=/usr/bin/python3
+have_torch=0
+if "$torch_py" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null; then
+  have_torch=1
+else
+  echo "(python3-torch not installed: skipping the torch.distributed sweep; apt-get install -y python3-torch)"
+fi
+
+echo "== 1. collectives (gloo)"
+for n in 2 4; do
+  $run --nproc-per-node "$n" "$build/bench/bench_collectives" "${common[@]}" --max-bytes "$max_bytes"
+  if [[ $have_torch == 1 ]]; then
+    $run --rank0-store --nproc-per-node "$n" "$torch_py" bench/collectives/torch_sweep.py \
+      --scale "$scale" --out bench/results --max-bytes "$max_bytes" 2>&1 | grep -v Warning || true
+  fi
+done
+if [[ $have_torch == 1 ]]; then
+  "$torch_py" bench/collectives/join.py --dir bench/results 2 4
+fi
+
+echo "== 2. redistribution (gloo)"
+for n in 2 4 8; do
+  $run --nproc-per-node "$n" "$build/bench/bench_redistribution" "${common[@]}"
+done
+
+echo "== 3. host overhead"
+env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_overhead" "${common[@]}"
+
+echo "== 4. compile cost"
+bench/compile/compile_time.sh "$compile_reps"
+
+echo "== done in $((SECONDS - start)) s; results in bench/results/"
