@@ -235,37 +235,67 @@ TEST_CASE("order-sensitive plans: permutations and flattened all_to_all", "[dten
 
 TEST_CASE("3-axis mesh: S->S plans never all_gather and move no more than PyTorch's", "[dtensor]") {
   Poison poison;
-  using S0 = Shard<0>;
-  using S1 = Shard<1>;
-  using Cases = List<Pair<Placements<S0, S1, S0>, Placements<S1, S0, S1>>,
-                     Pair<Placements<S0, S0, S1>, Placements<S1, S1, S0>>,
-                     Pair<Placements<S0, S0, S0>, Placements<S1, S1, S1>>,
-                     Pair<Placements<S0, S1, S1>, Placements<S0, S0, S1>>,
-                     Pair<Placements<S1, S0, S0>, Placements<S0, S0, S1>>,
-                     Pair<Placements<S0, S0, S1>, Placements<S0, S1, S0>>>;
+  using S = List<Shard<0>, Shard<1>>;
   testing::run_ranks(8, [](ProcessGroup& world) {
     auto mesh = init_device_mesh<Mesh3>(world);
     for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{8, 8}, {9, 7}}) {
-      for_each_type(Cases{}, [&]<class C>() {
-        [&]<class... A, class... B>(Pair<Placements<A...>, Placements<B...>>) {
-          auto x = make_source<DTensor<float, 2, Mesh3, A...>>(mesh, rows, cols);
-          CommDebugMode comm;
-          auto y = x.template redistribute<B...>();
-          const auto plan = decltype(x)::template plan_to<B...>();
-          const std::string what =
-              plan.to_string() + " of (" + std::to_string(rows) + ", " + std::to_string(cols) + ")";
-          expect(comm.count("all_gather") == 0, what + " uses all_gather");
-          const Extents global{rows, cols};
-          const std::int64_t ours = plan.bytes_per_rank(global, mesh.sizes(), 4);
-          const std::int64_t torch =
-              torch_greedy_bytes(Placements<A...>::value, Placements<B...>::value, global, mesh.sizes(), 4);
-          expect(ours <= torch,
-                 what + ": " + std::to_string(ours) + " bytes per rank > PyTorch's " + std::to_string(torch));
-          check_matches_reference(y, what);
-        }(C{});
+      // Every source and target in {S(0), S(1)}^3.
+      for_each_type(S{}, [&]<class A0>() {
+        for_each_type(S{}, [&]<class A1>() {
+          for_each_type(S{}, [&]<class A2>() {
+            auto x = make_source<DTensor<float, 2, Mesh3, A0, A1, A2>>(mesh, rows, cols);
+            for_each_type(S{}, [&]<class B0>() {
+              for_each_type(S{}, [&]<class B1>() {
+                for_each_type(S{}, [&]<class B2>() {
+                  CommDebugMode comm;
+                  auto y = x.template redistribute<B0, B1, B2>();
+                  const auto plan = decltype(x)::template plan_to<B0, B1, B2>();
+                  const std::string what =
+                      plan.to_string() + " of (" + std::to_string(rows) + ", " + std::to_string(cols) + ")";
+                  expect(comm.count("all_gather") == 0, what + " uses all_gather");
+                  const Extents global{rows, cols};
+                  const std::int64_t ours = plan.bytes_per_rank(global, mesh.sizes(), 4);
+                  const std::int64_t torch = torch_greedy_bytes(
+                      placement_list_v<A0, A1, A2>, placement_list_v<B0, B1, B2>, global, mesh.sizes(), 4);
+                  expect(ours <= torch, what + ": " + std::to_string(ours) + " bytes per rank > PyTorch's " +
+                                            std::to_string(torch));
+                  check_matches_reference(y, what);
+                });
+              });
+            });
+          });
+        });
       });
     }
   });
+}
+
+TEST_CASE("collective plans agree with the exact exchange fallback", "[dtensor]") {
+  Poison poison;
+  for (auto [dp, tp] : {std::pair<int, int>{2, 2}, {3, 2}}) {
+    testing::run_ranks(dp * tp, [&](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh2>(world, dp, tp);
+      using L = List<Replicate, Shard<0>, Shard<1>>;
+      for_each_type(L{}, [&]<class A0>() {
+        for_each_type(L{}, [&]<class A1>() {
+          auto x = make_source<DTensor<float, 2, Mesh2, A0, A1>>(mesh, 7, 5);
+          for_each_type(L{}, [&]<class B0>() {
+            for_each_type(L{}, [&]<class B1>() {
+              auto planned = x.template redistribute<B0, B1>();
+              auto exchanged = x.template redistribute_by_exchange<B0, B1>();
+              expect(equal(planned.local(), exchanged.local()),
+                     decltype(x)::template plan_to<B0, B1>().to_string() + " differs from the exchange");
+            });
+          });
+        });
+      });
+      // Partial axes are carried through the exchange unreduced.
+      auto p = make_source<DTensor<float, 2, Mesh2, Partial<>, Shard<0>>>(mesh, 7, 5);
+      auto planned = p.redistribute<Partial<>, Shard<1>>().redistribute<Replicate, Replicate>();
+      auto exchanged = p.redistribute_by_exchange<Partial<>, Shard<1>>().redistribute<Replicate, Replicate>();
+      expect(equal(planned.local(), exchanged.local()), "[P,S(0)] -> [P,S(1)] differs from the exchange");
+    });
+  }
 }
 
 TEST_CASE("random chains of redistributions return to the original exactly", "[dtensor]") {

@@ -359,6 +359,33 @@ constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst
   return plan;
 }
 
+/// The always-exact fallback for Shard/Replicate changes: one permute over every mesh axis that moves
+/// exactly the intersections of source and target blocks. Tests use it to cross-check the collective
+/// plans. Partial placements must be equal on both sides (they are carried, not reduced).
+constexpr Plan make_exchange_plan(const PlacementList& src_list, const PlacementList& dst_list,
+                                  int tensor_rank) {
+  Plan plan;
+  plan.error = check_transition(src_list, dst_list, tensor_rank);
+  if (plan.error != PlanError::none) {
+    return plan;
+  }
+  plan.src = ShardSpec::from(src_list, tensor_rank);
+  plan.dst = ShardSpec::from(dst_list, tensor_rank);
+  for (int a = 0; a < src_list.size(); ++a) {
+    if ((plan.src.placements[a].is_partial() || plan.dst.placements[a].is_partial()) &&
+        !(plan.src.placements[a] == plan.dst.placements[a])) {
+      plan.error = PlanError::partial_op_change;
+      return plan;
+    }
+  }
+  if (!(plan.src == plan.dst)) {
+    ShardSpec cur = plan.src;
+    detail::add_step(plan, cur, StepKind::permute, static_cast<AxisMask>((1u << src_list.size()) - 1), -1, -1,
+                     ReduceOp::sum, plan.dst);
+  }
+  return plan;
+}
+
 /// "[S(0),R] -> [R,S(1)]: local_chunk(tp, dim 1); all_gather(dp, dim 0)"; `names` are the axis names.
 template <class Names>
 std::string to_string(const Plan& plan, const Names& names) {

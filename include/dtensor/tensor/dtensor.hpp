@@ -190,6 +190,19 @@ public:
         mesh_, global_, &plan, i + 1, detail::submit_step(plan.steps[i], local, global, mesh_, true));
   }
 
+  /// The same result as redistribute<Q...>() through the always-exact fallback: one point-to-point
+  /// exchange of block intersections over the whole mesh (no Partial changes). For cross-checking plans.
+  template <class... Q>
+  DTensor<T, Rank, Shape, Q...> redistribute_by_exchange() const {
+    static_assert(validate_placements<Shape, Rank, Q...>());
+    constexpr Plan plan = make_exchange_plan(placement_list_v<P...>, placement_list_v<Q...>, Rank);
+    static_assert(
+        plan.error == PlanError::none,
+        "redistribute_by_exchange: only Shard/Replicate changes (Partial axes must stay as they are)");
+    auto out = detail::run_steps(plan, 0, local_, detail::to_extents(global_), mesh_);
+    return DTensor<T, Rank, Shape, Q...>(mesh_, std::move(out), global_);
+  }
+
   /// The plan of redistribute<Q...>().
   template <class... Q>
   static constexpr MeshPlan<Shape> plan_to() {
