@@ -59,9 +59,10 @@ AxisMask all_axes() {
 
 } // namespace detail
 
-/// Distributes `full` from mesh rank `src` (its contents are read on `src` only; other ranks may pass an
-/// undefined tensor) with placements P...: one scatter over the mesh sends every rank exactly its shard.
-/// Every rank of the mesh calls it.
+/// Distributes `full` from mesh rank `src` with placements P...: one scatter over the mesh sends every rank
+/// exactly its shard. Every rank of the mesh calls it. Only the source's contents and shape are read; the
+/// other ranks pass a tensor on the device the shards should live on (any shape, e.g. {0, 0}), or an
+/// undefined tensor for host shards.
 template <class... P, class T, int Rank, class Shape>
 DTensor<T, Rank, Shape, P...> distribute_tensor(const DeviceMesh<Shape>& mesh, const Tensor<T, Rank>& full,
                                                 int src = 0) {
@@ -70,7 +71,8 @@ DTensor<T, Rank, Shape, P...> distribute_tensor(const DeviceMesh<Shape>& mesh, c
   const int n = g.size();
   DTENSOR_CHECK(src >= 0 && src < n, "distribute_tensor: source rank " + std::to_string(src) +
                                          " is outside the mesh of " + std::to_string(n) + " ranks");
-  // The global shape comes from the source.
+  // The global shape comes from the source, broadcast on the tensors' device (NCCL takes device memory).
+  const Device dev = full.defined() ? full.device() : Device::cpu();
   auto shape = Tensor<std::int64_t, 1>::zeros({Rank});
   if (g.rank() == src) {
     DTENSOR_CHECK(full.defined(), "distribute_tensor: the source rank " + std::to_string(src) +
@@ -79,13 +81,14 @@ DTensor<T, Rank, Shape, P...> distribute_tensor(const DeviceMesh<Shape>& mesh, c
       shape(d) = full.shape()[d];
     }
   }
-  broadcast(shape, src, g);
+  auto shape_on_dev = shape.to(dev);
+  broadcast(shape_on_dev, src, g);
+  shape = shape_on_dev.to(Device::cpu());
   std::array<std::int64_t, Rank> global{};
   for (int d = 0; d < Rank; ++d) {
     global[d] = shape(d);
   }
   const Extents gext = detail::to_extents(global);
-  const Device dev = full.defined() ? full.device() : Device::cpu();
 
   std::vector<std::int64_t> counts(n);
   std::vector<Block> blocks(n);
@@ -140,10 +143,12 @@ DTensor<T, Rank, Shape, P...> distribute_tensor(const DeviceMesh<Shape>& mesh, c
   return Result(mesh, std::move(local), full.shape());
 }
 
-/// A DTensor whose global element at index i is fn(i) (an std::array<int64_t, Rank>), built locally.
+/// A DTensor whose global element at index i is fn(i) (an std::array<int64_t, Rank>), built locally on
+/// the host and moved to `device`.
 template <class T, class... P, class Shape, std::size_t Rank, class Fn>
 DTensor<T, static_cast<int>(Rank), Shape, P...> from_global_index(const DeviceMesh<Shape>& mesh,
-                                                                  const std::int64_t (&shape)[Rank], Fn fn) {
+                                                                  const std::int64_t (&shape)[Rank], Fn fn,
+                                                                  Device device = Device::cpu()) {
   constexpr int R = static_cast<int>(Rank);
   using Result = DTensor<T, R, Shape, P...>;
   std::array<std::int64_t, R> global{};
@@ -154,7 +159,7 @@ DTensor<T, static_cast<int>(Rank), Shape, P...> from_global_index(const DeviceMe
   Tensor<T, R> local(detail::to_array<R>(mine.shape));
   if (!detail::holds_partial_value(Result::placements, mesh.coordinate())) {
     local.fill(detail::partial_fill<T>(Result::placements, mesh.coordinate()));
-    return Result(mesh, std::move(local), global);
+    return Result(mesh, device.is_cpu() ? std::move(local) : local.to(device), global);
   }
   std::array<std::int64_t, R> idx{};
   T* out = local.data();
@@ -166,23 +171,25 @@ DTensor<T, static_cast<int>(Rank), Shape, P...> from_global_index(const DeviceMe
     }
     out[i] = static_cast<T>(fn(idx));
   }
-  return Result(mesh, std::move(local), global);
+  return Result(mesh, device.is_cpu() ? std::move(local) : local.to(device), global);
 }
 
 /// A DTensor filled with `value` (the global tensor equals value everywhere).
 template <class T, class... P, class Shape, std::size_t Rank>
-auto full(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[Rank], T value) {
-  return from_global_index<T, P...>(mesh, shape, [value](const auto&) { return value; });
+auto full(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[Rank], T value,
+          Device device = Device::cpu()) {
+  return from_global_index<T, P...>(
+      mesh, shape, [value](const auto&) { return value; }, device);
 }
 
 template <class T, class... P, class Shape, std::size_t Rank>
-auto zeros(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[Rank]) {
-  return full<T, P...>(mesh, shape, T(0.0f));
+auto zeros(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[Rank], Device device = Device::cpu()) {
+  return full<T, P...>(mesh, shape, T(0.0f), device);
 }
 
 template <class T, class... P, class Shape, std::size_t Rank>
-auto ones(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[Rank]) {
-  return full<T, P...>(mesh, shape, T(1.0f));
+auto ones(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[Rank], Device device = Device::cpu()) {
+  return full<T, P...>(mesh, shape, T(1.0f), device);
 }
 
 } // namespace dtensor

@@ -131,7 +131,7 @@ public:
                             std::optional<shape_type> global_shape = {}, FromLocalOptions options = {}) {
     shape_type global = global_shape ? *global_shape : infer_global(mesh, local.shape());
     if (options.verify) {
-      verify_layout(mesh, local.shape(), global);
+      verify_layout(mesh, local.shape(), global, local.device());
     } else {
       const Block b = spec_block(detail::to_extents(global), spec, mesh.sizes(), mesh.coordinate());
       DTENSOR_CHECK(detail::to_extents(local.shape()) == b.shape,
@@ -250,7 +250,10 @@ private:
     return g;
   }
 
-  static void verify_layout(const mesh_type& mesh, const shape_type& local, const shape_type& global) {
+  // One all_gather of every rank's (local shape, global shape), on the tensors' device (NCCL takes
+  // device memory only), read back on the host.
+  static void verify_layout(const mesh_type& mesh, const shape_type& local, const shape_type& global,
+                            Device dev) {
     const ProcessGroup g = mesh.group_over(static_cast<AxisMask>((1u << Shape::rank) - 1));
     const int n = g.size();
     auto mine = Tensor<std::int64_t, 1>({2 * Rank});
@@ -258,8 +261,9 @@ private:
       mine(d) = local[d];
       mine(Rank + d) = global[d];
     }
-    auto all = Tensor<std::int64_t, 1>({2 * Rank * n});
-    all_gather_into_tensor(all, mine, g);
+    auto gathered = Tensor<std::int64_t, 1>({2 * Rank * n}, dev);
+    all_gather_into_tensor(gathered, mine.to(dev), g);
+    const auto all = gathered.to(Device::cpu());
     for (int q = 0; q < n; ++q) {
       Extents their_local;
       Extents their_global;
