@@ -5,8 +5,8 @@
 // run_suite() prints one line per case and returns the number of failures.
 //
 // Fixed-size ops go through the typed front end (collectives.hpp, p2p.hpp); variable-size ops (uneven
-// all_gather / reduce_scatter, split all_to_all, gather, scatter) call the Backend directly, because the
-// front end's list forms stage through host memory.
+// all_gather / reduce_scatter, split all_to_all, gather, scatter) call the Backend directly, with their
+// counts and displacements. The last case runs DTensor redistributions (dtensor_cases.hpp).
 // Values are small integers, so every reduction is exact in every element type and order (avg on floats
 // is compared with a tolerance: NCCL scales by 1/n before summing).
 
@@ -30,6 +30,7 @@
 namespace suite {
 
 using namespace dtensor;
+using dtensor::half; // in nvcc TUs, CUDA's cuda_fp16.h (via Thrust) also declares a global ::half
 
 struct Ctx {
   ProcessGroup world;
@@ -367,6 +368,12 @@ inline void async_cases(const Ctx& c) {
       c, b, [&](std::int64_t) { return double(c.size - 1); }, "async all_reduce max");
 }
 
+} // namespace suite
+
+#include "dtensor_cases.hpp"
+
+namespace suite {
+
 /// Runs every case; prints "PASS name" / "FAIL name: why" (rank 0 prints passes, every rank its
 /// failures). Returns the number of failed cases.
 inline int run_suite(const Ctx& c) {
@@ -390,6 +397,7 @@ inline int run_suite(const Ctx& c) {
       {"send/recv + batch_isend_irecv", p2p_cases},
       {"split + new_group", group_cases},
       {"async ops", async_cases},
+      {"DTensor redistributions", dtensor_cases},
   };
   int failures = 0;
   for (const auto& k : cases) {

@@ -28,14 +28,16 @@ struct Axis {
                 "Axis<name, Size>: Size must be > 0; write Axis<\"name\"> for a size known only at run time");
   static constexpr std::string_view name = Name.view();
   static constexpr int size = Size;
+  using dtensor_axis_tag = void; // recognised by a member, not by partial specialization (nvcc 13 fails
+                                 // to deduce class-type template arguments there)
   static constexpr bool is_static = Size != dynamic_size;
 };
 
 namespace detail {
 template <class A>
-inline constexpr bool is_axis = false;
-template <fixed_string Name, int Size>
-inline constexpr bool is_axis<Axis<Name, Size>> = true;
+inline constexpr bool is_axis = requires {
+  typename A::dtensor_axis_tag;
+};
 
 template <std::size_t N>
 constexpr bool names_unique(const std::array<std::string_view, N>& names) noexcept {

@@ -85,8 +85,14 @@ consteval bool check_plan() {
   return e == PlanError::none;
 }
 
-template <std::size_t>
-using ReplicateFor = Replicate;
+/// Placements<Replicate, ..., Replicate> (N of them), built by recursion: nvcc 13's front end drops the
+/// pack from an alias like `template <size_t> using R = Replicate; R<I>...`.
+template <std::size_t N, class... Acc>
+struct AllReplicate : AllReplicate<N - 1, Replicate, Acc...> {};
+template <class... Acc>
+struct AllReplicate<0, Acc...> {
+  using type = Placements<Acc...>;
+};
 
 } // namespace detail
 
@@ -156,7 +162,7 @@ public:
   }
 
   /// The whole tensor on every rank (Partial axes reduced).
-  local_type full_tensor() const { return replicate_all(std::make_index_sequence<sizeof...(P)>{}); }
+  local_type full_tensor() const { return local_of(typename detail::AllReplicate<sizeof...(P)>::type{}); }
 
   /// The same global tensor with placements Q...; the plan is fixed at compile time.
   template <class... Q>
@@ -227,9 +233,9 @@ public:
       : mesh_(std::move(mesh)), local_(std::move(local)), global_(global) {}
 
 private:
-  template <std::size_t... I>
-  local_type replicate_all(std::index_sequence<I...>) const {
-    return redistribute<detail::ReplicateFor<I>...>().local();
+  template <class... Q>
+  local_type local_of(Placements<Q...>) const {
+    return redistribute<Q...>().local();
   }
 
   static std::string coord_string(const MeshCoord& c) {
