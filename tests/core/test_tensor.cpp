@@ -709,7 +709,7 @@ TEST_CASE("from_values and element access", "[tensor]") {
 }
 
 TEMPLATE_TEST_CASE("every element type", "[tensor][dtype]", float, double, bfloat16, half, std::int32_t,
-                   std::int64_t, std::uint8_t) {
+                   std::int64_t, std::uint8_t, dtensor::float8_e4m3, dtensor::float8_e5m2) {
   using T = TestType;
   STATIC_REQUIRE(Tensor<T, 2>::dtype() == dtensor::dtype_v<T>);
   STATIC_REQUIRE(dtensor::dtype_size(dtensor::dtype_v<T>) == sizeof(T));

@@ -113,7 +113,7 @@ TEST_CASE("from_local infers even global shapes and verifies uneven ones", "[dte
 }
 
 TEMPLATE_TEST_CASE("every element type redistributes exactly", "[dtensor]", float, double, bfloat16, half,
-                   std::int32_t, std::int64_t, std::uint8_t) {
+                   std::int32_t, std::int64_t, std::uint8_t, float8_e4m3, float8_e5m2) {
   using T = TestType;
   detail::poison_buffers() = true;
   testing::run_ranks(4, [](ProcessGroup& world) {

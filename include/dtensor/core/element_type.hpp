@@ -1,14 +1,26 @@
 #pragma once
-// Element types: the 16-bit floats `bfloat16` and `half`, the `DType` tag, and the `Element` concept.
+// Element types: the 16-bit floats `bfloat16` and `half`, the 8-bit floats `float8_e4m3` and
+// `float8_e5m2`, the `DType` tag, and the `Element` concept.
 //
 //   dtensor::bfloat16 b = 1.5f;             // round to nearest even; NaN stays NaN, overflow gives inf
 //   float f = b * 2.0f;                      // arithmetic goes through float
+//   dtensor::float8_e4m3 q = 300.0f;         // 288 (round to nearest even); 500.0f would give NaN
 //   static_assert(dtensor::dtype_v<dtensor::half> == dtensor::DType::float16);
-//   static_assert(dtensor::dtype_name(dtensor::DType::bfloat16) == "bfloat16");
+//   static_assert(dtensor::dtype_name(dtensor::DType::float8_e4m3) == "float8_e4m3fn");
 //
-// Both 16-bit types are trivially copyable structs holding the IEEE/bfloat16 bit pattern in `bits`, so
-// they have the size and layout of `__nv_bfloat16` / `__half` and of NCCL's ncclBfloat16 / ncclFloat16.
-// Conversions are constexpr and usable in CUDA device code.
+// All four are trivially copyable structs holding the bit pattern in `bits`, so they have the size and
+// layout of `__nv_bfloat16` / `__half` / `__nv_fp8_e4m3` / `__nv_fp8_e5m2` and of NCCL's ncclBfloat16 /
+// ncclFloat16 / ncclFloat8e4m3 / ncclFloat8e5m2. Conversions are constexpr and usable in CUDA device code.
+//
+// The 8-bit floats follow the OCP 8-bit floating point spec (OFP8) and PyTorch's torch.float8_e4m3fn /
+// torch.float8_e5m2, bit for bit, for float -> fp8 (round to nearest even, subnormals kept, sign kept):
+//  - float8_e4m3 is E4M3 "fn" (finite): bias 7, no infinities, NaN = S.1111.111, max 448, smallest
+//    subnormal 2^-9. Non-saturating like PyTorch: a value whose rounding exceeds 448 (|x| > 464), inf and
+//    NaN all give NaN (sign kept). (CUDA's __nv_fp8_e4m3(float) saturates to 448 instead; convert with
+//    std::clamp first for that behaviour.)
+//  - float8_e5m2 is IEEE-like: bias 15, inf = S.11111.00, NaN = S.11111.{01,10,11}, max 57344, smallest
+//    subnormal 2^-16. |x| >= 61440 (the tie between 57344 and 2^16, rounded to even) gives inf; NaN gives
+//    S.11111.11. It is the top byte of an IEEE binary16.
 
 #include <concepts>
 #include <cstddef>
@@ -88,6 +100,87 @@ DTENSOR_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) noexcept
   return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
 }
 
+/// float -> float8_e4m3 (E4M3FN) bits, as torch.float8_e4m3fn: round to nearest even, subnormals; a
+/// value rounding beyond 448, inf and NaN give NaN (S.1111.111).
+DTENSOR_HOST_DEVICE constexpr std::uint8_t float_to_e4m3_bits(float f) noexcept {
+  const std::uint32_t u = float_bits(f);
+  const auto sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x43f00000u) { // >= 480 (S.1111.111 if it were a number), inf, NaN
+    return static_cast<std::uint8_t>(sign | 0x7fu);
+  }
+  if (a >= 0x3c800000u) { // >= 2^-6: normal; rebias the exponent (127 -> 7), round 20 bits away. Values
+                          // in (464, 480) round up to 0x7f, the NaN: non-saturating, as PyTorch.
+    const std::uint32_t r = a - (120u << 23);
+    return static_cast<std::uint8_t>(sign | ((r + 0x7ffffu + ((r >> 20) & 1u)) >> 20));
+  }
+  const std::uint32_t exponent = a >> 23;
+  if (exponent < 117) { // < 2^-10, half the smallest subnormal: rounds to zero
+    return sign;
+  }
+  // Subnormal (or the smallest normal, after rounding up): count units of 2^-9.
+  const std::uint32_t mantissa = (a & 0x7fffffu) | 0x800000u;
+  const std::uint32_t shift = 141 - exponent; // 21..24
+  std::uint32_t q = mantissa >> shift;
+  const std::uint32_t rem = mantissa & ((1u << shift) - 1u);
+  const std::uint32_t halfway = 1u << (shift - 1);
+  if (rem > halfway || (rem == halfway && (q & 1u) != 0)) {
+    ++q;
+  }
+  return static_cast<std::uint8_t>(sign | q);
+}
+
+DTENSOR_HOST_DEVICE constexpr float e4m3_bits_to_float(std::uint8_t b) noexcept {
+  const std::uint32_t sign = (static_cast<std::uint32_t>(b) & 0x80u) << 24;
+  const std::uint32_t exponent = (b >> 3) & 0xfu;
+  const std::uint32_t mantissa = b & 0x7u;
+  if ((b & 0x7fu) == 0x7fu) { // the only NaN (no infinities)
+    return bits_float(sign | 0x7fc00000u);
+  }
+  if (exponent == 0) { // zero or subnormal: mantissa * 2^-9, exact in float
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-9f;
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  return bits_float(sign | ((exponent + 120) << 23) | (mantissa << 20));
+}
+
+/// float -> float8_e5m2 bits, as torch.float8_e5m2: round to nearest even, subnormals; |f| >= 61440
+/// gives inf, NaN gives S.11111.11.
+DTENSOR_HOST_DEVICE constexpr std::uint8_t float_to_e5m2_bits(float f) noexcept {
+  const std::uint32_t u = float_bits(f);
+  const auto sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) { // NaN
+    return static_cast<std::uint8_t>(sign | 0x7fu);
+  }
+  if (a >= 0x47700000u) { // >= 61440, the tie between 57344 and 2^16: rounds (to even) to inf
+    return static_cast<std::uint8_t>(sign | 0x7cu);
+  }
+  if (a >= 0x38800000u) { // >= 2^-14: normal; rebias the exponent (127 -> 15), round 21 bits away
+    const std::uint32_t r = a - (112u << 23);
+    return static_cast<std::uint8_t>(sign | ((r + 0xfffffu + ((r >> 21) & 1u)) >> 21));
+  }
+  const std::uint32_t exponent = a >> 23;
+  if (exponent < 110) { // < 2^-17, half the smallest subnormal: rounds to zero
+    return sign;
+  }
+  // Subnormal (or the smallest normal, after rounding up): count units of 2^-16.
+  const std::uint32_t mantissa = (a & 0x7fffffu) | 0x800000u;
+  const std::uint32_t shift = 134 - exponent; // 22..24
+  std::uint32_t q = mantissa >> shift;
+  const std::uint32_t rem = mantissa & ((1u << shift) - 1u);
+  const std::uint32_t halfway = 1u << (shift - 1);
+  if (rem > halfway || (rem == halfway && (q & 1u) != 0)) {
+    ++q;
+  }
+  return static_cast<std::uint8_t>(sign | q);
+}
+
+/// float8_e5m2 is the top byte of a binary16, so its value is that half's.
+DTENSOR_HOST_DEVICE constexpr float e5m2_bits_to_float(std::uint8_t b) noexcept {
+  return half_bits_to_float(static_cast<std::uint16_t>(static_cast<std::uint16_t>(b) << 8));
+}
+
 } // namespace detail
 
 /// Brain floating point: 1 sign, 8 exponent, 7 mantissa bits (the top half of a float).
@@ -136,16 +229,73 @@ struct half {
   DTENSOR_HOST_DEVICE constexpr half& operator/=(float o) noexcept { return *this = float(*this) / o; }
 };
 
+/// OCP E4M3FN 8-bit float (torch.float8_e4m3fn): 1 sign, 4 exponent, 3 mantissa bits; no infinities,
+/// max 448, NaN = S.1111.111. Converts implicitly from and to float (out of range gives NaN, see the top of
+/// this file); arithmetic and comparisons go through float.
+struct float8_e4m3 {
+  std::uint8_t bits;
+
+  float8_e4m3() = default; // uninitialised, like float
+  DTENSOR_HOST_DEVICE constexpr float8_e4m3(float f) noexcept : bits(detail::float_to_e4m3_bits(f)) {}
+  DTENSOR_HOST_DEVICE constexpr operator float() const noexcept { return detail::e4m3_bits_to_float(bits); }
+
+  /// The value whose bit pattern is `b`.
+  DTENSOR_HOST_DEVICE static constexpr float8_e4m3 from_bits(std::uint8_t b) noexcept {
+    float8_e4m3 r{};
+    r.bits = b;
+    return r;
+  }
+
+  DTENSOR_HOST_DEVICE constexpr float8_e4m3& operator+=(float o) noexcept { return *this = float(*this) + o; }
+  DTENSOR_HOST_DEVICE constexpr float8_e4m3& operator-=(float o) noexcept { return *this = float(*this) - o; }
+  DTENSOR_HOST_DEVICE constexpr float8_e4m3& operator*=(float o) noexcept { return *this = float(*this) * o; }
+  DTENSOR_HOST_DEVICE constexpr float8_e4m3& operator/=(float o) noexcept { return *this = float(*this) / o; }
+};
+
+/// OCP E5M2 8-bit float (torch.float8_e5m2): 1 sign, 5 exponent, 2 mantissa bits, IEEE-like with
+/// infinities and NaNs; max 57344. Converts implicitly from and to float; arithmetic and comparisons go
+/// through float.
+struct float8_e5m2 {
+  std::uint8_t bits;
+
+  float8_e5m2() = default; // uninitialised, like float
+  DTENSOR_HOST_DEVICE constexpr float8_e5m2(float f) noexcept : bits(detail::float_to_e5m2_bits(f)) {}
+  DTENSOR_HOST_DEVICE constexpr operator float() const noexcept { return detail::e5m2_bits_to_float(bits); }
+
+  /// The value whose bit pattern is `b`.
+  DTENSOR_HOST_DEVICE static constexpr float8_e5m2 from_bits(std::uint8_t b) noexcept {
+    float8_e5m2 r{};
+    r.bits = b;
+    return r;
+  }
+
+  DTENSOR_HOST_DEVICE constexpr float8_e5m2& operator+=(float o) noexcept { return *this = float(*this) + o; }
+  DTENSOR_HOST_DEVICE constexpr float8_e5m2& operator-=(float o) noexcept { return *this = float(*this) - o; }
+  DTENSOR_HOST_DEVICE constexpr float8_e5m2& operator*=(float o) noexcept { return *this = float(*this) * o; }
+  DTENSOR_HOST_DEVICE constexpr float8_e5m2& operator/=(float o) noexcept { return *this = float(*this) / o; }
+};
+
 static_assert(sizeof(bfloat16) == 2 && alignof(bfloat16) == 2);
 static_assert(sizeof(half) == 2 && alignof(half) == 2);
+static_assert(sizeof(float8_e4m3) == 1 && sizeof(float8_e5m2) == 1);
 
 /// Run-time tag of an element type (what backends switch on).
-enum class DType : std::uint8_t { float32, float64, bfloat16, float16, int32, int64, uint8 };
+enum class DType : std::uint8_t {
+  float32,
+  float64,
+  bfloat16,
+  float16,
+  int32,
+  int64,
+  uint8,
+  float8_e4m3,
+  float8_e5m2
+};
 
 /// The element types a Tensor may hold.
 template <class T>
-concept Element =
-    std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, bfloat16> || std::same_as<T, half> ||
+concept Element = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, bfloat16> ||
+    std::same_as<T, half> || std::same_as<T, float8_e4m3> || std::same_as<T, float8_e5m2> ||
     std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> || std::same_as<T, std::uint8_t>;
 
 namespace detail {
@@ -153,11 +303,17 @@ namespace detail {
 template <class T>
 inline constexpr bool always_false_v = false;
 
+/// True for the floating types narrower than float (bfloat16, half, float8_e4m3, float8_e5m2): stored in
+/// their own format, computed in float.
+template <class T>
+inline constexpr bool is_reduced_float_v = std::same_as<T, bfloat16> || std::same_as<T, half> ||
+                                           std::same_as<T, float8_e4m3> || std::same_as<T, float8_e5m2>;
+
 template <class T>
 struct dtype_of {
   static_assert(always_false_v<T>, "dtensor: unsupported element type; the allowed ones are float, double, "
-                                   "dtensor::bfloat16, dtensor::half, std::int32_t, std::int64_t and "
-                                   "std::uint8_t");
+                                   "dtensor::bfloat16, dtensor::half, dtensor::float8_e4m3, "
+                                   "dtensor::float8_e5m2, std::int32_t, std::int64_t and std::uint8_t");
   static constexpr DType value = DType::float32;
 };
 template <>
@@ -175,6 +331,14 @@ struct dtype_of<bfloat16> {
 template <>
 struct dtype_of<half> {
   static constexpr DType value = DType::float16;
+};
+template <>
+struct dtype_of<float8_e4m3> {
+  static constexpr DType value = DType::float8_e4m3;
+};
+template <>
+struct dtype_of<float8_e5m2> {
+  static constexpr DType value = DType::float8_e5m2;
 };
 template <>
 struct dtype_of<std::int32_t> {
@@ -206,6 +370,14 @@ struct element_of<DType::bfloat16> {
 template <>
 struct element_of<DType::float16> {
   using type = half;
+};
+template <>
+struct element_of<DType::float8_e4m3> {
+  using type = float8_e4m3;
+};
+template <>
+struct element_of<DType::float8_e5m2> {
+  using type = float8_e5m2;
 };
 template <>
 struct element_of<DType::int32> {
@@ -243,13 +415,15 @@ constexpr std::size_t dtype_size(DType d) noexcept {
   case DType::float16:
     return 2;
   case DType::uint8:
+  case DType::float8_e4m3:
+  case DType::float8_e5m2:
     return 1;
   }
   return 0;
 }
 
 /// PyTorch's name without the "torch." prefix: "float32", "float64", "bfloat16", "float16", "int32",
-/// "int64", "uint8".
+/// "int64", "uint8", "float8_e4m3fn", "float8_e5m2".
 constexpr std::string_view dtype_name(DType d) noexcept {
   switch (d) {
   case DType::float32:
@@ -266,6 +440,10 @@ constexpr std::string_view dtype_name(DType d) noexcept {
     return "int64";
   case DType::uint8:
     return "uint8";
+  case DType::float8_e4m3:
+    return "float8_e4m3fn";
+  case DType::float8_e5m2:
+    return "float8_e5m2";
   }
   return "unknown";
 }

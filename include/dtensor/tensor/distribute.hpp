@@ -17,6 +17,7 @@
 #include "dtensor/plan/shard_spec.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 #include "dtensor/tensor/execute.hpp"
+#include "dtensor/tensor/local_ops.hpp"
 
 namespace dtensor {
 
@@ -101,19 +102,18 @@ DTensor<T, Rank, Shape, P...> distribute_tensor(const DeviceMesh<Shape>& mesh, c
   const Block whole{gext, Extents(Rank, 0)};
   Tensor<T, 1> packed({g.rank() == src ? displs[n - 1] + counts[n - 1] : 0}, dev);
   if (g.rank() == src) {
-    const Tensor<T, Rank> source = full.contiguous();
-    for (int q = 0; q < n; ++q) {
+    for (int q = 0; q < n; ++q) { // strided reads straight from `full` (no contiguous copy first)
       if (counts[q] > 0) {
-        packed.narrow(0, displs[q], counts[q])
-            .template view<Rank>(detail::to_array<Rank>(blocks[q].shape))
-            .copy_from(detail::region(source, whole, blocks[q]));
+        local_ops::copy(packed.narrow(0, displs[q], counts[q])
+                            .template view<Rank>(detail::to_array<Rank>(blocks[q].shape)),
+                        detail::region(full, whole, blocks[q]));
       }
     }
   }
   const int me = g.rank();
   Tensor<T, Rank> local(detail::to_array<Rank>(blocks[me].shape), dev);
   if (counts[me] == 0) {
-    local.fill(detail::partial_fill<T>(Result::placements, mesh.coordinate()));
+    local_ops::fill(local, detail::partial_fill<T>(Result::placements, mesh.coordinate()));
   }
   CommOptions opts;
   opts.blocking = true;
@@ -136,9 +136,9 @@ DTensor<T, Rank, Shape, P...> distribute_tensor(const DeviceMesh<Shape>& mesh, c
   const Block mine = spec_block(gext, Result::spec, mesh.sizes(), mesh.coordinate());
   Tensor<T, Rank> local(detail::to_array<Rank>(mine.shape), full.device());
   if (detail::holds_partial_value(Result::placements, mesh.coordinate())) {
-    local.copy_from(detail::region(full, Block{gext, Extents(Rank, 0)}, mine));
+    local_ops::copy(local, detail::region(full, Block{gext, Extents(Rank, 0)}, mine));
   } else {
-    local.fill(detail::partial_fill<T>(Result::placements, mesh.coordinate()));
+    local_ops::fill(local, detail::partial_fill<T>(Result::placements, mesh.coordinate()));
   }
   return Result(mesh, std::move(local), full.shape());
 }
@@ -158,7 +158,7 @@ DTensor<T, static_cast<int>(Rank), Shape, P...> from_global_index(const DeviceMe
   const Block mine = spec_block(detail::to_extents(global), Result::spec, mesh.sizes(), mesh.coordinate());
   Tensor<T, R> local(detail::to_array<R>(mine.shape));
   if (!detail::holds_partial_value(Result::placements, mesh.coordinate())) {
-    local.fill(detail::partial_fill<T>(Result::placements, mesh.coordinate()));
+    local_ops::fill(local, detail::partial_fill<T>(Result::placements, mesh.coordinate()));
     return Result(mesh, device.is_cpu() ? std::move(local) : local.to(device), global);
   }
   std::array<std::int64_t, R> idx{};

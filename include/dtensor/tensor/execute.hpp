@@ -7,6 +7,10 @@
 // non-trivial dim). Uneven and empty shards use the backends' variable-size ops (counts and
 // displacements), never padding: padding would move and reduce the pad elements too, and the exact
 // sizes are known on every rank from the plan's geometry.
+//
+// Every local copy and fill (packing, unpacking, local chunks, Partial identities, poisoned buffers) goes
+// through tensor/local_ops.hpp: Thrust kernels on CUDA tensors in nvcc translation units, Thrust's cpp
+// system (or a plain loop) on host tensors.
 
 #include <atomic>
 #include <cstdint>
@@ -23,6 +27,7 @@
 #include "dtensor/plan/exchange.hpp"
 #include "dtensor/plan/planner.hpp"
 #include "dtensor/tensor/comm_debug.hpp"
+#include "dtensor/tensor/local_ops.hpp"
 
 namespace dtensor::detail {
 
@@ -40,7 +45,7 @@ Tensor<T, R> fresh(const std::array<std::int64_t, R>& shape, Device dev) {
   if (poison_buffers().load(std::memory_order_relaxed) && t.numel() > 0) {
     T poison;
     std::memset(static_cast<void*>(&poison), 0xFF, sizeof poison);
-    t.fill(poison);
+    local_ops::fill(t, poison);
   }
   return t;
 }
@@ -80,6 +85,14 @@ Tensor<T, R> region(const Tensor<T, R>& t, const Block& whole, const Block& part
     v = v.narrow(d, part.offset[d] - whole.offset[d], part.shape[d]);
   }
   return v;
+}
+
+/// A contiguous copy of `t` (a new tensor on the same device).
+template <class T, int R>
+Tensor<T, R> copy_of(const Tensor<T, R>& t) {
+  Tensor<T, R> out = fresh<T, R>(t.shape(), t.device());
+  local_ops::copy(out, t);
+  return out;
 }
 
 /// True when splitting `shape` along `d` gives pieces that are contiguous and in order in memory.
@@ -143,17 +156,20 @@ StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents&
   case StepKind::local_partial: {
     const int a = st.axis();
     if (coord[a] != 0 && (st.op == ReduceOp::sum || st.op == ReduceOp::product)) {
-      return {Tensor<T, R>::full(out_shape, partial_identity<T>(st.op), dev), Work()};
+      Tensor<T, R> out(out_shape, dev);
+      local_ops::fill(out, partial_identity<T>(st.op));
+      return {out, Work()};
     }
     return {in, Work()};
   }
   case StepKind::local_chunk: {
     const int d = st.dst_dim;
-    return {in.narrow(d, after.offset[d] - before.offset[d], after.shape[d]).contiguous(), Work()};
+    const Tensor<T, R> chunk = in.narrow(d, after.offset[d] - before.offset[d], after.shape[d]);
+    return {chunk.is_contiguous() ? chunk : copy_of(chunk), Work()};
   }
   case StepKind::all_reduce: {
     ProcessGroup g = mesh.group(st.axis());
-    Tensor<T, R> out = in.clone();
+    Tensor<T, R> out = copy_of(in);
     if (record) {
       CommDebugMode::record("all_reduce", label(), step_elements_received(st, global, sizes, coord) * elem);
     }
@@ -200,9 +216,9 @@ StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents&
       auto unpack = [out, packed, pieces, whole, counts, displs, n]() {
         for (int m = 0; m < n; ++m) {
           if (counts[m] > 0) {
-            region(out, whole, pieces[m])
-                .copy_from(
-                    packed.narrow(0, displs[m], counts[m]).template view<R>(to_array<R>(pieces[m].shape)));
+            local_ops::copy(
+                region(out, whole, pieces[m]),
+                packed.narrow(0, displs[m], counts[m]).template view<R>(to_array<R>(pieces[m].shape)));
           }
         }
       };
@@ -211,7 +227,7 @@ StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents&
     if (!direct) {
       for (int m = 0; m < n; ++m) {
         if (counts[m] > 0) {
-          piece_view(m).copy_from(region(in, whole, pieces[m]));
+          local_ops::copy(piece_view(m), region(in, whole, pieces[m]));
         }
       }
     }
@@ -250,9 +266,9 @@ StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents&
     Tensor<T, 1> send_buf = fresh<T, 1>({send_total}, dev);
     Tensor<T, 1> recv_buf = fresh<T, 1>({recv_total}, dev);
     for (const Piece& p : sends) {
-      send_buf.narrow(0, send_displs[p.peer], send_counts[p.peer])
-          .template view<R>(to_array<R>(p.block.shape))
-          .copy_from(region(in, before, p.block));
+      local_ops::copy(send_buf.narrow(0, send_displs[p.peer], send_counts[p.peer])
+                          .template view<R>(to_array<R>(p.block.shape)),
+                      region(in, before, p.block));
     }
     if (record) {
       CommDebugMode::record(st.kind == StepKind::all_to_all ? "all_to_all" : "permute", label(),
@@ -260,9 +276,9 @@ StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents&
     }
     auto unpack = [out, recv_buf, recvs, recv_displs, after]() {
       for (const Piece& p : recvs) {
-        region(out, after, p.block)
-            .copy_from(recv_buf.narrow(0, recv_displs[p.peer], numel(p.block.shape))
-                           .template view<R>(to_array<R>(p.block.shape)));
+        local_ops::copy(region(out, after, p.block),
+                        recv_buf.narrow(0, recv_displs[p.peer], numel(p.block.shape))
+                            .template view<R>(to_array<R>(p.block.shape)));
       }
     };
     std::shared_ptr<WorkImpl> impl;
@@ -288,8 +304,8 @@ StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents&
                BufferRef{send_buf.data() + send_displs[p.peer], send_counts[p.peer], dtype_v<T>, dev}, p.peer,
                0});
         } else {
-          recv_buf.narrow(0, recv_displs[me], recv_counts[me])
-              .copy_from(send_buf.narrow(0, send_displs[me], send_counts[me]));
+          local_ops::copy(recv_buf.narrow(0, recv_displs[me], recv_counts[me]),
+                          send_buf.narrow(0, send_displs[me], send_counts[me]));
         }
       }
       if (requests.empty()) {

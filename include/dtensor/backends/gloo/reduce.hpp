@@ -2,7 +2,9 @@
 // Element-wise reductions on host memory, for every DType and ReduceOp: the functions gloo calls while
 // reducing (its own only cover a few types), and the local steps of our reduce_scatter and of avg.
 //
-//  - bfloat16 / float16 are reduced in float and rounded back after each pairwise step.
+//  - bfloat16 / float16 / float8_e4m3 / float8_e5m2 are reduced in float and rounded back after each
+//    pairwise step (fp8: an e4m3 sum beyond 448 becomes NaN, an e5m2 one beyond 57344 inf, as the
+//    conversions in core/element_type.hpp say).
 //  - Integer sum and product wrap around (two's complement, like NCCL), never undefined behaviour.
 //  - avg = sum, then divide by the group size: floats divide; integers divide with C++ `/`, i.e. the
 //    quotient is truncated toward zero. This is what NCCL does for integer ncclAvg (FuncSumPostDiv:
@@ -33,6 +35,10 @@ decltype(auto) visit_dtype(DType dtype, F&& f) {
     return f(bfloat16{});
   case DType::float16:
     return f(half{});
+  case DType::float8_e4m3:
+    return f(float8_e4m3{});
+  case DType::float8_e5m2:
+    return f(float8_e5m2{});
   case DType::int32:
     return f(std::int32_t{});
   case DType::int64:
@@ -42,9 +48,6 @@ decltype(auto) visit_dtype(DType dtype, F&& f) {
   }
   throw Error("unknown dtype " + std::to_string(static_cast<int>(dtype)));
 }
-
-template <class T>
-inline constexpr bool is_reduced_float_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, half>;
 
 /// One element of `op` (avg reduces like sum).
 template <class T>

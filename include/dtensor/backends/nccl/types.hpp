@@ -2,9 +2,10 @@
 // NCCL's names for dtensor's element types and reductions, and error checking for NCCL and CUDA calls
 // (the counterpart of backends/gloo/reduce.hpp: what the backend needs to know about the data).
 //
-//  - float32/64, bfloat16, float16, int32, int64, uint8 map to the NCCL type of the same layout.
-//    NCCL 2.28 also has ncclFloat8e4m3 / ncclFloat8e5m2; dtensor::DType has no fp8 yet, and
-//    nccl_fp8_type() names the mapping for when it gets one.
+//  - float32/64, bfloat16, float16, int32, int64, uint8 map to the NCCL type of the same layout;
+//    float8_e4m3 / float8_e5m2 to ncclFloat8e4m3 / ncclFloat8e5m2 (NCCL 2.24 and later; an older NCCL
+//    throws a clear Error for them). NCCL reduces fp8 on sm_90 and newer GPUs only; data movement
+//    (all_gather, all_to_all, broadcast, P2P) works on any.
 //  - ReduceOp::avg is ncclAvg for every type (integers: wrap-around sum, then divide truncating, as the
 //    gloo backend does). ncclRedOpCreatePreMulSum is not needed for any op of the Backend interface.
 
@@ -35,13 +36,16 @@ inline ncclDataType_t nccl_type(DType d) {
     return ncclInt64;
   case DType::uint8:
     return ncclUint8;
+  case DType::float8_e4m3:
+  case DType::float8_e5m2:
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
+    return d == DType::float8_e4m3 ? ncclFloat8e4m3 : ncclFloat8e5m2;
+#else
+    throw Error("NCCL backend: " + std::string(dtype_name(d)) + " needs NCCL 2.24 or later (this is " +
+                std::to_string(NCCL_VERSION_CODE) + ")");
+#endif
   }
   throw Error("NCCL backend: unsupported dtype " + std::to_string(static_cast<int>(d)));
-}
-
-/// The NCCL type of an 8-bit float (e4m3 when `e4m3`, else e5m2).
-constexpr ncclDataType_t nccl_fp8_type(bool e4m3) noexcept {
-  return e4m3 ? ncclFloat8e4m3 : ncclFloat8e5m2;
 }
 
 inline ncclRedOp_t nccl_op(ReduceOp op) {
