@@ -32,6 +32,13 @@
 // Thrust outside nvcc needs a host device system: when THRUST_DEVICE_SYSTEM is not defined, a non-CUDA TU
 // that includes this header gets THRUST_DEVICE_SYSTEM_CPP (include this header before other Thrust
 // headers, or define THRUST_DEVICE_SYSTEM yourself). Define DTENSOR_HAS_THRUST=0 to never use Thrust.
+// In nvcc TUs Thrust brings in CUDA's cuda_fp16.h, whose global `half` (a typedef of __half) makes a plain
+// `half` ambiguous after `using namespace dtensor;`: write dtensor::half there, or add
+// `using dtensor::half;` in your own namespace.
+//
+// Cost on the host (2-core VM, g++ 12 -O3, float): packing columns of a (4096, 1024) tensor, runs of 2 to
+// 512 elements, and rank-3/4 packs of a non-leading dim take 0.9-1.1x the time of Tensor::copy_from (noise
+// level), Thrust's cpp system or the plain loop alike; a whole-tensor copy or fill is one memmove/loop.
 
 #include <array>
 #include <cstddef>
