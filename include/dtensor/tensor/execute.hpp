@@ -136,6 +136,49 @@ T partial_identity(ReduceOp op) {
   return op == ReduceOp::product ? T(1.0f) : T(0.0f);
 }
 
+/// One side of an exchange: a flat buffer and, per peer, the count and displacement of its piece.
+/// `packed` says whether the buffer is a staging copy (else it is the tensor's own memory).
+template <class T>
+struct Staged {
+  Tensor<T, 1> buf;
+  std::vector<std::int64_t> counts;
+  std::vector<std::int64_t> displs;
+  bool packed = false;
+};
+
+/// The pieces of `t` (holding `whole`) as ranges of t's own memory when each is contiguous there, else a
+/// staging buffer with the pieces packed in peer order.
+template <class T, int R>
+Staged<T> stage(const std::vector<Piece>& pieces, int k, const Tensor<T, R>& t, const Block& whole,
+                Device dev) {
+  Staged<T> s{Tensor<T, 1>(), std::vector<std::int64_t>(k, 0), std::vector<std::int64_t>(k, 0), false};
+  for (const Piece& p : pieces) {
+    s.counts[p.peer] = numel(p.block.shape);
+  }
+  bool in_place = t.numel() > 0;
+  for (const Piece& p : pieces) {
+    const Tensor<T, R> r = region(t, whole, p.block);
+    if (!r.is_contiguous()) {
+      in_place = false;
+      break;
+    }
+    s.displs[p.peer] = r.data() - t.data();
+  }
+  if (in_place) {
+    s.buf = Tensor<T, 1>::from_blob(t.data(), {t.numel()}, dev);
+    return s;
+  }
+  s.displs = displacements(s.counts);
+  s.buf = fresh<T, 1>({s.displs[k - 1] + s.counts[k - 1]}, dev);
+  s.packed = true;
+  return s;
+}
+
+template <class T>
+BufferRef range_of(const Staged<T>& s, int peer, Device dev) {
+  return BufferRef{s.buf.data() + s.displs[peer], s.counts[peer], dtype_v<T>, dev};
+}
+
 /// Submits step `st` on this rank's local block `in` (contiguous, shape = the step's source block).
 template <class T, int R, class Mesh>
 StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents& global, const Mesh& mesh,
@@ -245,67 +288,54 @@ StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents&
     std::vector<Piece> recvs;
     exchange_pieces(st, global, sizes, coord, sends, recvs);
     Tensor<T, R> out = fresh<T, R>(out_shape, dev);
-    std::vector<std::int64_t> send_counts(k, 0);
-    std::vector<std::int64_t> recv_counts(k, 0);
-    for (const Piece& p : sends) {
-      send_counts[p.peer] = numel(p.block.shape);
-    }
     std::int64_t received = 0;
     for (const Piece& p : recvs) {
-      recv_counts[p.peer] = numel(p.block.shape);
-      received += p.peer == me ? 0 : recv_counts[p.peer];
-    }
-    const auto send_displs = displacements(send_counts);
-    const auto recv_displs = displacements(recv_counts);
-    std::int64_t send_total = 0;
-    std::int64_t recv_total = 0;
-    for (int q = 0; q < k; ++q) {
-      send_total += send_counts[q];
-      recv_total += recv_counts[q];
-    }
-    Tensor<T, 1> send_buf = fresh<T, 1>({send_total}, dev);
-    Tensor<T, 1> recv_buf = fresh<T, 1>({recv_total}, dev);
-    for (const Piece& p : sends) {
-      local_ops::copy(send_buf.narrow(0, send_displs[p.peer], send_counts[p.peer])
-                          .template view<R>(to_array<R>(p.block.shape)),
-                      region(in, before, p.block));
+      received += p.peer == me ? 0 : numel(p.block.shape);
     }
     if (record) {
       CommDebugMode::record(st.kind == StepKind::all_to_all ? "all_to_all" : "permute", label(),
                             received * elem);
     }
-    auto unpack = [out, recv_buf, recvs, recv_displs, after]() {
+    // Each side moves straight from `in` / into `out` when all its pieces are contiguous ranges there
+    // (e.g. the split dim is the leading one); otherwise through a packed staging buffer.
+    Staged<T> send = stage(sends, k, in, before, dev);
+    Staged<T> recv = stage(recvs, k, out, after, dev);
+    if (send.packed) {
+      for (const Piece& p : sends) {
+        local_ops::copy(send.buf.narrow(0, send.displs[p.peer], send.counts[p.peer])
+                            .template view<R>(to_array<R>(p.block.shape)),
+                        region(in, before, p.block));
+      }
+    }
+    auto unpack = [out, recv, recvs, after]() {
+      if (!recv.packed) {
+        return;
+      }
       for (const Piece& p : recvs) {
         local_ops::copy(region(out, after, p.block),
-                        recv_buf.narrow(0, recv_displs[p.peer], numel(p.block.shape))
+                        recv.buf.narrow(0, recv.displs[p.peer], recv.counts[p.peer])
                             .template view<R>(to_array<R>(p.block.shape)));
       }
     };
     std::shared_ptr<WorkImpl> impl;
     if (st.kind == StepKind::all_to_all) {
       impl = g.impl("redistribute")
-                 .all_to_all(buffer_of(send_buf), send_counts, send_displs, buffer_of(recv_buf), recv_counts,
-                             recv_displs, opts);
+                 .all_to_all(buffer_of(send.buf), send.counts, send.displs, buffer_of(recv.buf), recv.counts,
+                             recv.displs, opts);
     } else {
       // Only the pairs that exchange data take part; the piece a rank keeps is a local copy.
       std::vector<P2PRequest> requests;
       for (const Piece& p : recvs) {
         if (p.peer != me) {
-          requests.push_back(
-              {P2PRequest::Kind::recv,
-               BufferRef{recv_buf.data() + recv_displs[p.peer], recv_counts[p.peer], dtype_v<T>, dev}, p.peer,
-               0});
+          requests.push_back({P2PRequest::Kind::recv, range_of(recv, p.peer, dev), p.peer, 0});
         }
       }
       for (const Piece& p : sends) {
         if (p.peer != me) {
-          requests.push_back(
-              {P2PRequest::Kind::send,
-               BufferRef{send_buf.data() + send_displs[p.peer], send_counts[p.peer], dtype_v<T>, dev}, p.peer,
-               0});
+          requests.push_back({P2PRequest::Kind::send, range_of(send, p.peer, dev), p.peer, 0});
         } else {
-          local_ops::copy(recv_buf.narrow(0, recv_displs[me], recv_counts[me]),
-                          send_buf.narrow(0, send_displs[me], send_counts[me]));
+          local_ops::copy(recv.buf.narrow(0, recv.displs[me], recv.counts[me]),
+                          send.buf.narrow(0, send.displs[me], send.counts[me]));
         }
       }
       if (requests.empty()) {
@@ -314,7 +344,7 @@ StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents&
       }
       impl = g.impl("redistribute").p2p(requests, opts);
     }
-    return {out, Work(impl, keep_alive(in, send_buf, recv_buf, out), unpack)};
+    return {out, Work(impl, keep_alive(in, send.buf, recv.buf, out), unpack)};
   }
   }
   DTENSOR_CHECK(false, "redistribute: unknown step kind");
