@@ -6,23 +6,36 @@
 //
 // Design (see also backends/backend.hpp):
 //  - Ops run in submission order on a per-group SerialExecutor: on the caller's thread for synchronous
-//    ops when the group is idle, else on the group's worker thread. Point-to-point ops are only *posted* in
-//    that order (posting never blocks); their completion is awaited on a second per-group thread, so a
-//    posted irecv never blocks a later collective or send, and 1F1B exchanges cannot deadlock.
+//    ops when the group is idle (then with no allocation: counts are read in place and the returned work
+//    is a shared, completed one), else on the group's worker thread. Point-to-point ops are only *posted*
+//    in that order (posting never blocks); the wait for their transfers runs on the first thread that
+//    waits for the work (the caller, usually: no thread hop), or on a second per-group thread once the
+//    work is polled or dropped (executor.hpp, DeferredWork). So a posted irecv never blocks a later
+//    collective or send, batches complete independently, and 1F1B exchanges cannot deadlock.
+//  - Scratch memory (reduce's non-root output, reduce_scatter's receive blocks) is one buffer per group,
+//    grown on demand, never zero-filled, kept for later ops (the group's largest need so far).
 //  - Tags (gloo slots are 64-bit): gloo's collectives use slot prefixes 0x01..0x08 in the top byte with a
 //    per-group sequence number as tag; our own collectives use top byte 0x40 with the same sequence
 //    number; point-to-point uses top byte 0x80 | direction bit, 23 bits of user tag and a 32-bit sequence
 //    number per (peer, tag, direction). The three spaces are disjoint; successive sends a->b with one
 //    tag match successive receives in order.
-//  - reduce_scatter is an all_to_all of the blocks plus a local reduction, in rank order (deterministic).
-//    gloo's ReduceScatterHalvingDoubling is not used (it leaves the context ~70x slower afterwards).
-//    Measured on 4 ranks (threads) over loopback on the 2-core dev machine, float32, median of 200-300
-//    calls, two runs (the machine was shared, so only the ordering is robust):
-//        input per rank        all_to_all + local reduce     all_reduce + copy
-//        16 B                       0.67 / 3.8 ms              2.35 / 3.4 ms
-//        1 MiB                      1.85 / 2.3 ms              6.3 / 10.1 ms
-//    and a 4 B all_reduce right after it costs what it costs before it (0.34-0.45 ms): no degradation.
-//    (The alternative is kept behind GlooOptions::reduce_scatter_via_all_reduce for re-measuring.)
+//  - reduce_scatter: each member sends block i straight to member i (one round; a rank receives (n-1)/n
+//    of its input, like a ring, which needs n-1 rounds), into the group's scratch; blocks are folded into
+//    the output in rank order while later ones still arrive, so results are bitwise reproducible and the
+//    same as a rank-order reduction (run_reduce_scatter). A ring would fold in a rotating order and pay
+//    n-1 latencies. gloo's ReduceScatterHalvingDoubling is not used (it leaves the context ~70x slower
+//    afterwards). Ours / gloo's halving-doubling, processes over loopback on the 2-core dev machine
+//    (shared, so noisy), float32, median of the ratios of 3 interleaved runs (each ours vs raw in one run):
+//        input        2 processes                  4 processes
+//                     before*  ->  now              before*  ->  now
+//        8-16 B       1.42-1.67    1.07-1.08        0.86         0.86
+//        64 KiB       1.95         1.30             1.00         0.93
+//        1 MiB        1.76         1.43             1.14         0.89
+//        16 MiB       1.36         0.91             1.32         1.07
+//    (*before: an all_to_all into a zero-filled n-block buffer allocated per call, reduced after the
+//    whole exchange.) A 4 B all_reduce after it costs what it costs before it: no degradation.
+//    (all_reduce + copy is kept behind GlooOptions::reduce_scatter_via_all_reduce for re-measuring; at
+//    1 MiB on 4 threads it took 6.3-10.1 ms against the exchange's 1.85-2.3 ms.)
 //  - Failures: a gloo timeout becomes dtensor::TimeoutError. When an op fails, this rank leaves the reason
 //    in the group's store under "err/<rank>" and gloo closes its connections, so peers blocked on it fail
 //    at once; a peer whose op fails with a transport error reads the members' reasons (up to 1 s) and
@@ -46,16 +59,19 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -167,12 +183,15 @@ using Clock = std::chrono::steady_clock;
 
 class GlooBackendImpl final : public Backend, public std::enable_shared_from_this<GlooBackendImpl> {
 public:
+  using Ms = std::chrono::milliseconds;
+
   /// Connects to the other members (blocks until they all arrived or the timeout passed).
   GlooBackendImpl(std::shared_ptr<GlooRankState> state, std::string prefix, std::vector<int> global_ranks,
                   int rank, std::chrono::milliseconds timeout)
       : state_(std::move(state)), prefix_(std::move(prefix)),
         store_(std::make_shared<PrefixedStore>(prefix_, state_->store)),
         global_ranks_(std::move(global_ranks)), rank_(rank), timeout_(timeout) {
+    ints_.resize(2 * global_ranks_.size());
     context_ = std::make_shared<GlooContext>(rank_, size());
     context_->setTimeout(timeout_);
     try {
@@ -218,7 +237,7 @@ public:
   WorkPtr all_reduce(BufferRef buf, ReduceOp op, const CommOptions& opts) override {
     check_buffer("all_reduce", buf, "tensor");
     OpDesc d{"all_reduce", 0, buf.count, buf.dtype, -1, static_cast<int>(op)};
-    return submit(d, opts, [this, buf, op](const OpDesc& od, std::chrono::milliseconds t) {
+    return submit(d, opts, {}, [this, buf, op](const OpDesc& od, Ms t, const Ints&) {
       if (buf.count > 0 && size() > 1) {
         run_all_reduce(buf, op, od.seq, t);
       }
@@ -232,17 +251,15 @@ public:
     check_buffer("reduce", buf, "tensor");
     check_root("reduce", root, "dst");
     OpDesc d{"reduce", 0, buf.count, buf.dtype, root, static_cast<int>(op)};
-    return submit(d, opts, [this, buf, root, op](const OpDesc& od, std::chrono::milliseconds t) {
+    return submit(d, opts, {}, [this, buf, root, op](const OpDesc& od, Ms t, const Ints&) {
       if (buf.count > 0 && size() > 1) {
         ::gloo::ReduceOptions o(context_);
-        std::vector<char> scratch;
         with_type(buf.dtype, [&]<class T>(T) {
           if (rank_ == root) {
             o.setOutput(static_cast<T*>(buf.data), static_cast<std::size_t>(buf.count));
           } else { // gloo's ring reduce writes partial results into its output: keep buf intact
-            scratch.resize(buf.nbytes());
             o.setInput(static_cast<T*>(buf.data), static_cast<std::size_t>(buf.count));
-            o.setOutput(reinterpret_cast<T*>(scratch.data()), static_cast<std::size_t>(buf.count));
+            o.setOutput(reinterpret_cast<T*>(scratch(buf.nbytes())), static_cast<std::size_t>(buf.count));
           }
         });
         o.setRoot(root);
@@ -261,7 +278,7 @@ public:
     check_buffer("broadcast", buf, "tensor");
     check_root("broadcast", root, "src");
     OpDesc d{"broadcast", 0, buf.count, buf.dtype, root};
-    return submit(d, opts, [this, buf, root](const OpDesc& od, std::chrono::milliseconds t) {
+    return submit(d, opts, {}, [this, buf, root](const OpDesc& od, Ms t, const Ints&) {
       if (buf.count == 0 || size() == 1) {
         return;
       }
@@ -289,8 +306,7 @@ public:
     OpDesc d{"all_gather", 0, in.count, in.dtype};
     const bool even = std::all_of(counts.begin(), counts.end(), [&](auto c) { return c == counts[0]; }) &&
                       is_packed(counts, displs);
-    auto cnt = to_vec(counts), dsp = to_vec(displs);
-    return submit(d, opts, [this, in, out, cnt, dsp, even](const OpDesc& od, std::chrono::milliseconds t) {
+    return submit(d, opts, {counts, displs}, [this, in, out, even](const OpDesc& od, Ms t, const Ints& l) {
       const std::size_t es = dtype_size(in.dtype);
       if (even && in.count > 0 && size() > 1) {
         ::gloo::AllgatherOptions o(context_);
@@ -304,8 +320,8 @@ public:
         return;
       }
       // Uneven or empty blocks: everyone sends its block to everyone.
-      std::vector<std::int64_t> send_counts(size(), in.count), send_displs(size(), 0);
-      exchange(in, send_counts, send_displs, out, cnt, dsp, es, own_slot(od.seq), t);
+      auto send_counts = tmp_ints(0, in.count), send_displs = tmp_ints(1, 0);
+      exchange(in, send_counts, send_displs, out, l[0], l[1], es, own_slot(od.seq), t);
     });
   }
 
@@ -321,9 +337,8 @@ public:
                       " elements but counts[" + std::to_string(rank_) + "] is " +
                       std::to_string(counts[rank_]) + "; counts " + join_counts(counts));
     OpDesc d{"reduce_scatter", 0, in.count, in.dtype, -1, static_cast<int>(op)};
-    auto cnt = to_vec(counts), dsp = to_vec(displs);
-    return submit(d, opts, [this, in, out, cnt, dsp, op](const OpDesc& od, std::chrono::milliseconds t) {
-      run_reduce_scatter(in, out, cnt, dsp, op, od.seq, t);
+    return submit(d, opts, {counts, displs}, [this, in, out, op](const OpDesc& od, Ms t, const Ints& l) {
+      run_reduce_scatter(in, out, l[0], l[1], op, od.seq, t);
       if (op == ReduceOp::avg) {
         divide_in_place(out.data, out.count, out.dtype, size());
       }
@@ -340,11 +355,10 @@ public:
     check_layout("all_to_all", "input split sizes", send_counts, send_displs, in);
     check_layout("all_to_all", "output split sizes", recv_counts, recv_displs, out);
     OpDesc d{"all_to_all", 0, in.count, in.dtype};
-    auto sc = to_vec(send_counts), sd = to_vec(send_displs), rc = to_vec(recv_counts),
-         rd = to_vec(recv_displs);
-    return submit(d, opts, [this, in, out, sc, sd, rc, rd](const OpDesc& od, std::chrono::milliseconds t) {
-      exchange(in, sc, sd, out, rc, rd, dtype_size(in.dtype), own_slot(od.seq), t);
-    });
+    return submit(d, opts, {send_counts, send_displs, recv_counts, recv_displs},
+                  [this, in, out](const OpDesc& od, Ms t, const Ints& l) {
+                    exchange(in, l[0], l[1], out, l[2], l[3], dtype_size(in.dtype), own_slot(od.seq), t);
+                  });
   }
 
   WorkPtr gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
@@ -361,15 +375,15 @@ public:
                                                    std::to_string(counts[rank_]));
     }
     OpDesc d{"gather", 0, in.count, in.dtype, root};
-    auto cnt = to_vec(counts), dsp = to_vec(displs);
-    return submit(d, opts, [this, in, out, cnt, dsp, root](const OpDesc& od, std::chrono::milliseconds t) {
-      const int n = size();
-      std::vector<std::int64_t> sc(n, 0), sd(n, 0), rc(n, 0);
+    Ints layout;
+    if (rank_ == root) {
+      layout = {counts, displs};
+    }
+    return submit(d, opts, layout, [this, in, out, root](const OpDesc& od, Ms t, const Ints& l) {
+      auto sc = tmp_ints(0, 0), zero = tmp_ints(1, 0);
       sc[root] = in.count;
-      if (rank_ == root) {
-        rc = cnt;
-      }
-      exchange(in, sc, sd, out, rc, rank_ == root ? dsp : sd, dtype_size(in.dtype), own_slot(od.seq), t);
+      exchange(in, sc, zero, out, rank_ == root ? l[0] : zero, rank_ == root ? l[1] : zero,
+               dtype_size(in.dtype), own_slot(od.seq), t);
     });
   }
 
@@ -387,21 +401,21 @@ public:
                                                     std::to_string(counts[rank_]));
     }
     OpDesc d{"scatter", 0, out.count, out.dtype, root};
-    auto cnt = to_vec(counts), dsp = to_vec(displs);
-    return submit(d, opts, [this, in, out, cnt, dsp, root](const OpDesc& od, std::chrono::milliseconds t) {
-      const int n = size();
-      std::vector<std::int64_t> sc(n, 0), rc(n, 0), rd(n, 0);
+    Ints layout;
+    if (rank_ == root) {
+      layout = {counts, displs};
+    }
+    return submit(d, opts, layout, [this, in, out, root](const OpDesc& od, Ms t, const Ints& l) {
+      auto rc = tmp_ints(0, 0), zero = tmp_ints(1, 0);
       rc[root] = out.count;
-      if (rank_ == root) {
-        sc = cnt;
-      }
-      exchange(in, sc, rank_ == root ? dsp : rd, out, rc, rd, dtype_size(out.dtype), own_slot(od.seq), t);
+      exchange(in, rank_ == root ? l[0] : zero, rank_ == root ? l[1] : zero, out, rc, zero,
+               dtype_size(out.dtype), own_slot(od.seq), t);
     });
   }
 
   WorkPtr barrier(const CommOptions& opts) override {
     OpDesc d{"barrier", 0, 0, DType::uint8};
-    return submit(d, opts, [this](const OpDesc& od, std::chrono::milliseconds t) {
+    return submit(d, opts, {}, [this](const OpDesc& od, Ms t, const Ints&) {
       if (size() == 1) {
         return;
       }
@@ -452,15 +466,18 @@ public:
     if (requests.size() == 1) {
       d.root = requests[0].peer;
     }
-    auto work = std::make_shared<HostWork>();
+    // Posted in order on the executor (on this thread when the group is idle); the wait for the transfers
+    // runs on the thread that first waits for the work (see DeferredWork), so a synchronous send/recv or
+    // a batch waited at once costs no thread hop, and a posted irecv never blocks anything else.
+    auto work = std::make_shared<DeferredWork>(*completer_);
     const auto t = effective_timeout(opts);
-    const bool sync = opts.blocking;
     auto self = shared_from_this();
     executor_->submit(
-        [self, work, posted, d, t, sync] {
+        [self, work, posted, d, t] {
           const auto start = Clock::now();
           auto bufs = std::make_shared<std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>>>();
           try {
+            bufs->reserve(posted->size());
             for (const auto& p : *posted) {
               if (p.req.buffer.count == 0) {
                 bufs->push_back(nullptr);
@@ -478,28 +495,26 @@ public:
             work->finish(self->translate(std::current_exception(), d, start));
             return;
           }
-          self->completer_->submit(
-              [self, work, posted, bufs, d, t, start] {
-                try {
-                  const auto deadline = start + t;
-                  for (std::size_t i = 0; i < bufs->size(); ++i) {
-                    auto& ub = (*bufs)[i];
-                    if (!ub) {
-                      continue;
-                    }
-                    const auto left = remaining(deadline);
-                    const bool ok = (*posted)[i].req.kind == P2PRequest::Kind::send ? ub->waitSend(left)
-                                                                                    : ub->waitRecv(left);
-                    if (!ok) {
-                      throw Error("the operation was aborted");
-                    }
-                  }
-                  work->finish();
-                } catch (...) {
-                  work->finish(self->translate(std::current_exception(), d, start));
+          work->posted([self, posted, bufs, d, t, start]() -> std::exception_ptr {
+            try {
+              const auto deadline = start + t;
+              for (std::size_t i = 0; i < bufs->size(); ++i) {
+                auto& ub = (*bufs)[i];
+                if (!ub) {
+                  continue;
                 }
-              },
-              sync);
+                const auto left = remaining(deadline);
+                const bool ok =
+                    (*posted)[i].req.kind == P2PRequest::Kind::send ? ub->waitSend(left) : ub->waitRecv(left);
+                if (!ok) {
+                  throw Error("the operation was aborted");
+                }
+              }
+              return nullptr;
+            } catch (...) {
+              return self->translate(std::current_exception(), d, start);
+            }
+          });
         },
         /*inline_if_idle=*/true);
     return work;
@@ -634,28 +649,122 @@ private:
     }
   }
 
+  /// Up to four arrays of group size an op reads (counts and displacements). They view the caller's
+  /// arrays while the op runs on the caller's thread; own() copies them (one allocation) before it is
+  /// queued.
+  struct Ints {
+    std::array<std::span<const std::int64_t>, 4> v{};
+    std::shared_ptr<std::int64_t[]> storage;
+
+    Ints() = default;
+    Ints(std::initializer_list<std::span<const std::int64_t>> l) { std::copy(l.begin(), l.end(), v.begin()); }
+    std::span<const std::int64_t> operator[](std::size_t i) const { return v[i]; }
+
+    void own() {
+      std::size_t total = 0;
+      for (auto& a : v) {
+        total += a.size();
+      }
+      if (total == 0) {
+        return;
+      }
+      storage = std::make_shared_for_overwrite<std::int64_t[]>(total);
+      std::int64_t* at = storage.get();
+      for (auto& a : v) {
+        std::copy(a.begin(), a.end(), at);
+        a = {at, a.size()};
+        at += a.size();
+      }
+    }
+  };
+
+  /// Runs `body(desc, timeout, ints)` in submission order. A blocking op on an idle group runs on this
+  /// thread with nothing allocated (the caller's arrays are read in place; the returned work is a shared,
+  /// already completed one unless the op failed); otherwise it is queued on the group's worker.
   template <class Body>
-  WorkPtr submit(OpDesc d, const CommOptions& opts, Body body) {
+  WorkPtr submit(OpDesc d, const CommOptions& opts, Ints ints, Body body) {
     check_not_aborted(d.name);
     {
       std::lock_guard lock(m_);
       d.seq = seq_++;
     }
-    auto work = std::make_shared<HostWork>();
     const auto t = effective_timeout(opts);
+    if (opts.blocking) {
+      std::exception_ptr error;
+      const bool ran = executor_->run_inline_if_idle([&] {
+        const auto start = Clock::now();
+        try {
+          body(d, t, ints);
+        } catch (...) {
+          error = translate(std::current_exception(), d, start);
+        }
+      });
+      if (ran) {
+        if (!error) {
+          return completed_work();
+        }
+        auto work = std::make_shared<HostWork>();
+        work->finish(std::move(error));
+        return work;
+      }
+    }
+    ints.own();
+    auto work = std::make_shared<HostWork>();
     auto self = shared_from_this();
     executor_->submit(
-        [self, work, d, t, body = std::move(body)] {
+        [self, work, d, t, ints = std::move(ints), body = std::move(body)] {
           const auto start = Clock::now();
           try {
-            body(d, t);
+            body(d, t, ints);
             work->finish();
           } catch (...) {
             work->finish(self->translate(std::current_exception(), d, start));
           }
         },
-        opts.blocking);
+        /*inline_if_idle=*/false);
     return work;
+  }
+
+  /// A finished, successful work, shared by every synchronous op that ran inline.
+  static WorkPtr completed_work() {
+    static const WorkPtr done = [] {
+      auto w = std::make_shared<HostWork>();
+      w->finish();
+      return w;
+    }();
+    return done;
+  }
+
+  /// The group's scratch memory, at least `bytes` (not zeroed; grown on demand, kept for later ops).
+  /// Only ops on the executor use it, one at a time.
+  char* scratch(std::size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      scratch_ubs_.clear();
+      scratch_.reset();
+      scratch_ = std::make_unique_for_overwrite<char[]>(bytes);
+      scratch_bytes_ = bytes;
+    }
+    return scratch_.get();
+  }
+
+  /// Receive handles over the whole scratch, one per member (none for this rank), made once per scratch.
+  std::unique_ptr<::gloo::transport::UnboundBuffer>* scratch_buffers() {
+    if (scratch_ubs_.empty()) {
+      scratch_ubs_.resize(static_cast<std::size_t>(size()));
+      for (int m = 0; m < size(); ++m) {
+        if (m != rank_) {
+          scratch_ubs_[m] = context_->createUnboundBuffer(scratch_.get(), scratch_bytes_);
+        }
+      }
+    }
+    return scratch_ubs_.data();
+  }
+
+  /// Region `k` (0 or 1) of the group's integer scratch: size() entries set to `value`.
+  std::span<std::int64_t> tmp_ints(int k, std::int64_t value) {
+    std::span<std::int64_t> r(ints_.data() + static_cast<std::size_t>(k) * size(), size());
+    std::fill(r.begin(), r.end(), value);
+    return r;
   }
 
   template <class F>
@@ -663,8 +772,6 @@ private:
     // gloo's options only use sizeof(T); any type of the right size will do.
     visit_dtype(dtype, std::forward<F>(f));
   }
-
-  static std::vector<std::int64_t> to_vec(std::span<const std::int64_t> s) { return {s.begin(), s.end()}; }
 
   static bool is_packed(std::span<const std::int64_t> counts, std::span<const std::int64_t> displs) {
     std::int64_t at = 0;
@@ -746,64 +853,110 @@ private:
     ::gloo::allreduce(o);
   }
 
-  void run_reduce_scatter(BufferRef in, BufferRef out, const std::vector<std::int64_t>& counts,
-                          const std::vector<std::int64_t>& displs, ReduceOp op, std::uint32_t seq,
+  /// out = block rank_ of every member's input, reduced in rank order: ((b0 op b1) op b2) op ... .
+  /// Each member sends block i of its input straight to member i, which receives the n-1 blocks into the
+  /// group's scratch (so a rank receives (n-1)/n of its input, like a ring, but in one round) and folds
+  /// them into `out` in rank order as they arrive: block m is folded once blocks 0..m are in, whatever
+  /// order they came in, so the result is bitwise the same on every run and equals a rank-order
+  /// reduction. No per-call allocation beyond gloo's two unbound-buffer handles.
+  void run_reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
+                          std::span<const std::int64_t> displs, ReduceOp op, std::uint32_t seq,
                           std::chrono::milliseconds t) {
     const int n = size();
     const std::size_t es = dtype_size(in.dtype);
-    const auto fn = reduce_function(in.dtype, op);
     const std::int64_t mine = counts[rank_];
-    auto* in_bytes = static_cast<char*>(in.data);
+    const std::size_t bytes = static_cast<std::size_t>(mine) * es;
+    auto* in_bytes = static_cast<const char*>(in.data);
     if (state_->options.reduce_scatter_via_all_reduce && n > 1 && in.count > 0) {
-      std::vector<char> tmp(in.nbytes());
-      std::memcpy(tmp.data(), in.data, tmp.size());
-      run_all_reduce({tmp.data(), in.count, in.dtype, in.device}, op, seq, t);
-      std::memcpy(out.data, tmp.data() + displs[rank_] * es, static_cast<std::size_t>(mine) * es);
+      char* tmp = scratch(in.nbytes());
+      std::memcpy(tmp, in.data, in.nbytes());
+      run_all_reduce({tmp, in.count, in.dtype, in.device}, op, seq, t);
+      std::memcpy(out.data, tmp + displs[rank_] * es, bytes);
       return;
     }
     if (n == 1) {
-      std::memmove(out.data, in_bytes + displs[0] * es, static_cast<std::size_t>(mine) * es);
+      std::memmove(out.data, in_bytes + displs[0] * es, bytes);
       return;
     }
-    // Receive every member's block `rank_` into staging[m], send block i to member i.
-    std::vector<char> staging(static_cast<std::size_t>(mine * n) * es);
-    std::vector<std::int64_t> sc(counts), sd(displs), rc(n, mine), rd(n);
-    for (int m = 0; m < n; ++m) {
-      rd[m] = mine * m;
+    const auto deadline = Clock::now() + t;
+    const std::uint64_t slot = own_slot(seq);
+    // An output inside the input (in place): keep our own block and the outgoing ones intact until sent.
+    const bool overlap = bytes > 0 && in.count > 0 &&
+                         static_cast<const char*>(out.data) < in_bytes + in.nbytes() &&
+                         in_bytes < static_cast<const char*>(out.data) + bytes;
+    // Scratch slots: member m < rank_ at m, m > rank_ at m - 1, and (when overlapping) our own at n - 1.
+    char* st = bytes > 0 ? scratch(bytes * static_cast<std::size_t>(overlap ? n : n - 1)) : nullptr;
+    auto slot_of = [&](int m) { return static_cast<std::size_t>(m < rank_ ? m : m - 1) * bytes; };
+    // One receive handle per member over the whole scratch (cached with it): gloo reports which member a
+    // completion came from only per handle.
+    auto* ubs = bytes > 0 ? scratch_buffers() : nullptr;
+    for (int i = 1; i < n && ubs != nullptr; ++i) {
+      const int src = (rank_ - i + n) % n;
+      ubs[src]->recv(src, slot, slot_of(src), bytes);
     }
-    BufferRef st{staging.data(), mine * n, in.dtype, in.device};
-    exchange(in, sc, sd, st, rc, rd, es, own_slot(seq), t);
-    if (mine == 0) {
-      return;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> ib;
+    int nsend = 0;
+    for (int i = 1; i < n; ++i) {
+      const int dst = (rank_ + i) % n;
+      if (counts[dst] > 0) {
+        if (!ib) {
+          ib = context_->createUnboundBuffer(const_cast<char*>(in_bytes), in.nbytes());
+        }
+        ib->send(dst, slot, static_cast<std::size_t>(displs[dst]) * es,
+                 static_cast<std::size_t>(counts[dst]) * es);
+        ++nsend;
+      }
     }
-    // out = staging[0] op staging[1] op ... (rank order: deterministic, same on every rank).
-    const std::size_t bytes = static_cast<std::size_t>(mine) * es;
-    std::memcpy(out.data, staging.data(), bytes);
-    for (int m = 1; m < n; ++m) {
-      fn(out.data, out.data, staging.data() + m * bytes, static_cast<std::size_t>(mine));
+    auto wait_sends = [&] {
+      for (; nsend > 0; --nsend) {
+        if (!ib->waitSend(remaining(deadline))) {
+          throw Error("the operation was aborted");
+        }
+      }
+    };
+    if (bytes > 0) {
+      const char* own = in_bytes + displs[rank_] * es;
+      if (overlap) {
+        wait_sends();
+        std::memcpy(st + static_cast<std::size_t>(n - 1) * bytes, own, bytes);
+        own = st + static_cast<std::size_t>(n - 1) * bytes;
+      }
+      const auto fn = reduce_function(in.dtype, op);
+      const auto count = static_cast<std::size_t>(mine);
+      auto block = [&](int m) -> const char* { return m == rank_ ? own : st + slot_of(m); };
+      auto wait_for = [&](int m) {
+        if (m != rank_ && !ubs[m]->waitRecv(remaining(deadline))) {
+          throw Error("the operation was aborted");
+        }
+      };
+      wait_for(0);
+      wait_for(1);
+      fn(out.data, block(0), block(1), count);
+      for (int m = 2; m < n; ++m) {
+        wait_for(m);
+        fn(out.data, out.data, block(m), count);
+      }
     }
+    wait_sends();
   }
 
   /// Pairwise exchange: member i receives in[send_displs[i] .. + send_counts[i]) into its
   /// out[recv_displs[me] .. + recv_counts[me]) (element units; `es` bytes each). Zero-sized blocks are
   /// skipped on both sides. All receives and sends are posted before waiting on any.
-  void exchange(BufferRef in, const std::vector<std::int64_t>& send_counts,
-                const std::vector<std::int64_t>& send_displs, BufferRef out,
-                const std::vector<std::int64_t>& recv_counts, const std::vector<std::int64_t>& recv_displs,
+  void exchange(BufferRef in, std::span<const std::int64_t> send_counts,
+                std::span<const std::int64_t> send_displs, BufferRef out,
+                std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
                 std::size_t es, std::uint64_t slot, std::chrono::milliseconds t) {
     const int n = size();
     const auto deadline = Clock::now() + t;
     std::unique_ptr<::gloo::transport::UnboundBuffer> ib, ob;
     int nsend = 0, nrecv = 0;
-    if (out.count > 0) {
-      ob = context_->createUnboundBuffer(out.data, out.nbytes());
-    }
-    if (in.count > 0) {
-      ib = context_->createUnboundBuffer(in.data, in.nbytes());
-    }
     for (int i = 1; i < n; ++i) {
       const int src = (rank_ - i + n) % n;
       if (recv_counts[src] > 0) {
+        if (!ob) {
+          ob = context_->createUnboundBuffer(out.data, out.nbytes());
+        }
         ob->recv(src, slot, static_cast<std::size_t>(recv_displs[src]) * es,
                  static_cast<std::size_t>(recv_counts[src]) * es);
         ++nrecv;
@@ -812,6 +965,9 @@ private:
     for (int i = 1; i < n; ++i) {
       const int dst = (rank_ + i) % n;
       if (send_counts[dst] > 0) {
+        if (!ib) {
+          ib = context_->createUnboundBuffer(in.data, in.nbytes());
+        }
         ib->send(dst, slot, static_cast<std::size_t>(send_displs[dst]) * es,
                  static_cast<std::size_t>(send_counts[dst]) * es);
         ++nsend;
@@ -938,6 +1094,12 @@ private:
   std::map<std::tuple<int, int, bool>, std::uint32_t> p2p_seq_;
   std::optional<std::string> aborted_;
   std::atomic<bool> published_{false};
+
+  // Per-group scratch of the ops on the executor (one at a time): bytes, integers, flags.
+  std::unique_ptr<char[]> scratch_;
+  std::size_t scratch_bytes_ = 0;
+  std::vector<std::int64_t> ints_;
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> scratch_ubs_; // over scratch_, per member
 
   std::unique_ptr<SerialExecutor> executor_ = std::make_unique<SerialExecutor>();
   std::unique_ptr<SerialExecutor> completer_ = std::make_unique<SerialExecutor>();
