@@ -21,6 +21,7 @@ inline constexpr AsyncOp async_op{};
 
 /// Completion handle of an asynchronous op. Copyable (copies share the op); a default-constructed Work is
 /// already complete. The tensors the op reads and writes are kept alive until it completes.
+/// Dropping the last copy of an unfinished op's Work waits for the op (bounded by its timeout).
 class Work {
 public:
   Work() = default;
@@ -29,7 +30,7 @@ public:
   /// (it copies staged results into the caller's tensors).
   explicit Work(std::shared_ptr<WorkImpl> impl, std::shared_ptr<void> keep_alive = {},
                 std::function<void()> finish = {})
-      : state_(std::make_shared<State>(State{std::move(impl), std::move(keep_alive), std::move(finish)})) {}
+      : state_(std::make_shared<State>(std::move(impl), std::move(keep_alive), std::move(finish))) {}
 
   /// Non-blocking: true once the op finished (successfully or not). Results are visible after wait().
   bool is_completed() const { return !state_ || !state_->impl || state_->impl->is_completed(); }
@@ -57,6 +58,22 @@ private:
     std::shared_ptr<WorkImpl> impl;
     std::shared_ptr<void> keep_alive;
     std::function<void()> finish;
+
+    State(std::shared_ptr<WorkImpl> i, std::shared_ptr<void> k, std::function<void()> f)
+        : impl(std::move(i)), keep_alive(std::move(k)), finish(std::move(f)) {}
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
+    /// The last handle of an unfinished op waits for it (bounded by the op's timeout) before releasing
+    /// the tensors it reads and writes, so dropping an isend's Work cannot free a buffer in flight.
+    /// Errors are dropped here: nobody is left to receive them.
+    ~State() {
+      if (impl && keep_alive && !impl->is_completed()) {
+        try {
+          impl->wait();
+        } catch (...) {
+        }
+      }
+    }
   };
   std::shared_ptr<State> state_;
 };
