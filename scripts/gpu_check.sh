@@ -3,16 +3,22 @@
 # Python package, CMake, ninja; no gloo, no Catch2, no apt, no network), configure and build dtensor with
 # CUDA + NCCL, run every NCCL test on one-rank communicators and every CUDA test binary, then the
 # collective suite as 2 and 4 processes on the one GPU (each process its own NCCL_HOSTID, NCCL_IB_DISABLE=1,
-# NCCL_SOCKET_IFNAME=lo), and print a pass/fail table last. Finishes in under 6 minutes: steps that would
-# start past the budget are reported as "not run".
+# NCCL_SOCKET_IFNAME=lo); then the GPU benchmarks (BENCHMARKS.md, "GPU"), small sizes and few samples:
+# the NCCL sweep (ours vs raw NCCL calls in the same run) on a one-rank communicator and as 2 processes,
+# the redistribution suite on CUDA tensors as 1 and 2 processes, and the same suite through
+# torch.distributed.tensor (skipped with a note when torch or its DTensor module is missing); and print a
+# pass/fail table last. Finishes in under 6 minutes: steps that would start past the budget are reported
+# as "not run", and no step's timeout reaches past the budget.
 #
 #   scripts/gpu_prepare.sh                  # first, on a CPU machine: gathers build-gpu-deps/
 #   scripts/gpu_check.sh [DEPS_DIR]         # then, on the GPU machine, from the repository root
 #
 # Environment: DTENSOR_GPU_DEPS (the deps folder, default build-gpu-deps), DTENSOR_GPU_BUILD (build folder,
 # default build-gpu), NCCL_ROOT (NCCL's prefix; default: the nvidia.nccl Python package, else
-# /usr/local/cuda), CUDACXX (nvcc), DTENSOR_GPU_BUDGET_S (default 330). When $OUT is set (the device tool),
-# the table and a tarball of the logs are copied there. Exit status: 0 when nothing failed.
+# /usr/local/cuda), CUDACXX (nvcc), DTENSOR_GPU_BUDGET_S (default 330), DTENSOR_GPU_PYTHON (the Python with
+# torch, default python3). When $OUT is set (the device tool), three files are copied there: the table
+# (gpu_check_table.txt), a tarball of the logs (gpu_check_logs.tar.gz) and one of the benchmarks' JSON
+# results in the bench/results schema (gpu_check_bench.tar.gz). Exit status: 0 when nothing failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -23,7 +29,9 @@ case "$deps" in /*) ;; *) deps="$root/$deps" ;; esac
 build=${DTENSOR_GPU_BUILD:-build-gpu}
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 logs="$build/gpu_check_logs"
-mkdir -p "$logs"
+results="$build/gpu_check_results" # the benchmarks' JSON (their --out)
+rm -rf "$logs" "$results"
+mkdir -p "$logs" "$results"
 jobs=$(nproc 2>/dev/null || echo 4)
 
 names=()
@@ -40,15 +48,19 @@ record() { # name state seconds note
 }
 
 # step NAME TIMEOUT_S NEEDED_S command...: runs the command with a timeout, logs to $logs/NAME.log.
-# Exit 77 counts as SKIP. Not started when fewer than NEEDED_S seconds of the budget are left.
+# Exit 77 counts as SKIP. Not started when fewer than NEEDED_S seconds of the budget are left; the timeout
+# is cut to what is left of the budget, so the script ends within the budget (+10 s of kill grace).
 step() {
   local name=$1 limit=$2 needed=$3
   shift 3
   local file="$logs/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' '_').log"
-  if [ $(( budget - $(elapsed) )) -lt "$needed" ]; then
+  step_log=$file
+  local left=$(( budget - $(elapsed) ))
+  if [ "$left" -lt "$needed" ]; then
     record "$name" "NOT RUN" 0 "time budget (${budget}s) used up"
     return 1
   fi
+  [ "$left" -lt "$limit" ] && limit=$left
   local t0=$(date +%s)
   timeout --kill-after=10 "$limit" "$@" >"$file" 2>&1
   local rc=$?
@@ -77,12 +89,56 @@ print_table() {
   echo "total $(elapsed)s; $( [ $failed = 0 ] && echo 'no failures' || echo 'FAILURES (logs in '"${logs#$root/}"')')"
 }
 
+have_results() { ls "$results"/*.json >/dev/null 2>&1; }
+
+# One line per benchmark result file (the rows are in the bench tarball), printed before the table.
+bench_summary() {
+  timeout 10 "${DTENSOR_GPU_PYTHON:-python3}" - "$results" <<'PY' 2>&1 | head -n 20 | tee "$logs/bench_summary.txt"
+import glob, json, os, statistics, sys
+
+def med(v):
+    v = [x for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return "%.3g" % statistics.median(v) if v else "-"
+
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    name = os.path.basename(path)
+    try:
+        rows = json.load(open(path))
+    except Exception as e:
+        print("%s: unreadable (%s)" % (name, e))
+        continue
+    if name.startswith("collectives_nccl"):
+        top = max((r["bytes"] for r in rows), default=0)
+        print("%s: %d rows; ours/raw NCCL median %s (%s at the largest size)" % (
+            name, len(rows), med([r.get("ratio") for r in rows]),
+            med([r.get("ratio") for r in rows if r["bytes"] == top])))
+    elif name.startswith("redistribution_vs_torch"):
+        print("%s: %d cases, %d rejected by torch; median ours/torch: time %s, host %s (host us: ours %s, "
+              "torch %s)" % (name, len(rows), sum(1 for r in rows if r.get("torch_error")),
+                             med([r.get("ratio") for r in rows]), med([r.get("host_ratio") for r in rows]),
+                             med([r.get("ours_host_us") for r in rows]), med([r.get("ref_host_us") for r in rows])))
+    else:
+        red = [r for r in rows if r.get("suite") == "redistribution"]
+        print("%s: %d rows; redistribution median time %s us, host %s us; uneven variable/padded median %s" % (
+            name, len(rows), med([r.get("ours_us") for r in red]), med([r.get("host_us") for r in red]),
+            med([r.get("ratio") for r in rows if r.get("suite") == "uneven"])))
+PY
+}
+
 finish() {
   local table
+  if have_results; then
+    echo
+    echo "benchmarks (JSON in ${results#$root/}):"
+    bench_summary
+  fi
   table=$(print_table)
   if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
     echo "$table" >"$OUT/gpu_check_table.txt"
     tar -czf "$OUT/gpu_check_logs.tar.gz" -C "$build" gpu_check_logs 2>/dev/null || true
+    if have_results; then
+      tar -czf "$OUT/gpu_check_bench.tar.gz" -C "$build" gpu_check_results 2>/dev/null || true
+    fi
   fi
   echo "$table"
   exit $failed
@@ -166,16 +222,32 @@ fi
 # ---- 2. configure and build -------------------------------------------------------------------------
 step "configure (CUDA + NCCL)" 120 60 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DNCCL_ROOT="$nccl_cmake_root" \
-  -DDTENSOR_BUILD_EXAMPLES=OFF -DDTENSOR_BUILD_BENCH=OFF "${cmake_args[@]}" || finish
+  -DDTENSOR_BUILD_EXAMPLES=OFF -DDTENSOR_BUILD_BENCH=ON "${cmake_args[@]}" || finish
 if ! grep -q "NCCL ON" "$logs/configure__CUDA___NCCL_.log"; then
   record "NCCL found by CMake" FAIL 0 "$(grep -m1 'dtensor: CUDA' "$logs/configure__CUDA___NCCL_.log")"
   finish
 fi
-# Every CUDA translation unit's target (tests/*/*.cu), plus the launcher and the NCCL suite.
-cuda_targets=$(ninja -C "$build" -t targets all 2>/dev/null | grep -o 'CMakeFiles/[A-Za-z0-9_.-]*\.dir/[^:]*\.cu\.o' |
-               sed 's|CMakeFiles/\([^/]*\)\.dir/.*|\1|' | sort -u)
-step "build ($(echo $cuda_targets | wc -w) CUDA targets + dtensor-run)" 270 120 \
-  cmake --build "$build" -j "$jobs" --target dtensor-run $cuda_targets || finish
+# Every CUDA translation unit's test target (tests/*/*.cu), plus the launcher, the NCCL suite and the GPU
+# benchmarks (bench_nccl, bench_redistribution_cuda), in one build.
+all_targets=$(ninja -C "$build" -t targets all 2>/dev/null)
+cuda_targets=$(echo "$all_targets" | grep -o 'CMakeFiles/[A-Za-z0-9_.-]*\.dir/[^:]*\.cu\.o' |
+               sed 's|CMakeFiles/\([^/]*\)\.dir/.*|\1|' | grep -v '^bench_' | sort -u)
+bench_targets=""
+for t in bench_nccl bench_redistribution_cuda; do
+  echo "$all_targets" | grep -q "^$t: phony" && bench_targets="$bench_targets $t"
+done
+# -k 0: a benchmark that fails to compile costs only its own steps ("not built"); the tests still run.
+step "build ($(echo $cuda_targets | wc -w) CUDA tests, dtensor-run, $(echo $bench_targets | wc -w) benches)" \
+  270 120 cmake --build "$build" -j "$jobs" --target dtensor-run $cuda_targets $bench_targets -- -k 0
+build_rc=$?
+build_log=$step_log
+if [ "$build_rc" != 0 ]; then
+  # Go on only when the build ran to its end and every failed output is a benchmark's.
+  case $build_rc in 1) ;; *) finish ;; esac
+  grep -q '^FAILED: ' "$build_log" || finish
+  grep '^FAILED: ' "$build_log" | grep -Eqv '^FAILED: (\[code=[0-9]+\] )?bench/' && finish
+fi
+bench_failed() { grep -Eq "^FAILED: (\[code=[0-9]+\] )?bench/(CMakeFiles/$1\.dir/|$1 *\$)" "$build_log"; }
 
 exe() { find "$build" -type f -name "$1" -perm -u+x | head -1; }
 suite=$(exe nccl_suite)
@@ -194,5 +266,43 @@ export NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo DTENSOR_TEST_HOSTID_PER_RANK=1 DT
 step "nccl_suite, 2 processes" 120 40 "$run" --standalone --nproc-per-node 2 --stop-timeout 5 "$suite"
 step "nccl_suite, 4 processes" 150 60 "$run" --standalone --nproc-per-node 4 --stop-timeout 5 "$suite"
 step "nccl watchdog timeout, 2 processes" 60 30 "$run" --standalone --nproc-per-node 2 --stop-timeout 5 "$suite" timeout
+
+# ---- 5. benchmarks (BENCHMARKS.md, "GPU"): small sizes, few samples, JSON into $results ------------------
+# One rank first (ours, then torch, whose rows join ours of the same rank count), then 2 processes.
+bnccl=$(bench_failed bench_nccl || exe bench_nccl)
+bred=$(bench_failed bench_redistribution_cuda || exe bench_redistribution_cuda)
+torch_bench="$root/bench/redistribution/torch_dtensor_bench.py"
+py=${DTENSOR_GPU_PYTHON:-python3}
+multi=("$run" --standalone --nproc-per-node 2 --stop-timeout 5)
+torchrun=("$py" -m torch.distributed.run --standalone --nnodes 1)
+built() { # built BINARY NAME: true when the benchmark was built, else records NAME as FAIL "not built"
+  [ -n "$1" ] && return 0
+  record "$2" FAIL 0 "not built"
+  return 1
+}
+name="bench_nccl, one rank (4 B..16 MiB)"
+built "$bnccl" "$name" && step "$name" 60 15 "$bnccl" --out "$results" --max-bytes 16777216 --scale 0.5
+name="redistribution on CUDA, one rank"
+built "$bred" "$name" && step "$name" 60 15 "$bred" --device cuda --out "$results" --scale 0.34
+step "torch DTensor available" 45 10 "$py" "$torch_bench" --check
+torch_rc=$?
+torch_note="no torch DTensor on CUDA here (see the step above)"
+name="torch DTensor redistribution, one rank"
+case $torch_rc in
+  0) step "$name" 90 30 "${torchrun[@]}" --nproc-per-node 1 "$torch_bench" --out "$results" --scale 0.34 ;;
+  77) record "$name" SKIP 0 "$torch_note" ;;
+  *) record "$name" "NOT RUN" 0 "the torch check did not pass" ;;
+esac
+name="bench_nccl, 2 processes (4 B..1 MiB)"
+built "$bnccl" "$name" &&
+  step "$name" 90 30 "${multi[@]}" "$bnccl" --out "$results" --max-bytes 1048576 --scale 0.3
+name="redistribution on CUDA, 2 processes"
+built "$bred" "$name" && step "$name" 90 30 "${multi[@]}" "$bred" --device cuda --out "$results" --scale 0.34
+name="torch DTensor redistribution, 2 processes"
+case $torch_rc in
+  0) step "$name" 120 40 "${torchrun[@]}" --nproc-per-node 2 "$torch_bench" --out "$results" --scale 0.34 ;;
+  77) record "$name" SKIP 0 "$torch_note" ;;
+  *) record "$name" "NOT RUN" 0 "the torch check did not pass" ;;
+esac
 
 finish

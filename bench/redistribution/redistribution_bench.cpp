@@ -7,6 +7,16 @@
 //   dtensor-run --standalone --nproc-per-node 8 build-bench/bench/bench_redistribution   # 3-D (2x2x2)
 //   dtensor-run --standalone --nproc-per-node 2 build-bench/bench/bench_redistribution   # 1-D (2)
 //
+// Device mode (--device cuda, which implies --backend nccl; the default of a build without gloo): the same
+// cases on CUDA tensors over NCCL, from the binary bench_redistribution_cuda (built when NCCL is found;
+// exits 77 without a GPU). With fewer than 4 ranks it also runs the 2-D and 3-D case lists on (1, n) and
+// (1, 1, n) meshes, so the planner's multi-axis paths are timed on one GPU. scripts/gpu_check.sh runs it
+// as 1 and 2 processes (torch_dtensor_bench.py runs the same cases through torch.distributed.tensor):
+//
+//   build/bench/bench_redistribution_cuda --device cuda --scale 0.34
+//   NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo DTENSOR_TEST_HOSTID_PER_RANK=1
+//     dtensor-run --standalone --nproc-per-node 2 build/bench/bench_redistribution_cuda --device cuda
+//
 // Definitions (BENCHMARKS.md has them in full). All byte counts are per rank, the most any rank receives:
 //  - plan bytes: bytes_per_rank of the plan (per step the most any rank receives, summed over steps);
 //  - moved bytes: CommDebugMode's total on each rank for one call, the largest over ranks;
@@ -16,10 +26,19 @@
 //    group must produce per rank and the bound is R * (1 + 1/p_s - 2/p): (p-1)/p of R for a reduce_scatter
 //    (p_s = p) and 2(p-1)/p of it for an all_reduce (p_s = 1);
 //  - torch bytes: torch_greedy_bytes, PyTorch's plan with its padding;
-//  - time: each rank's median (min, max) of back-to-back calls, the largest over ranks;
-//  - peak extra memory: the most heap bytes live during one redistribute beyond what is live after it
-//    (input and output shards), from replaced global operator new/delete; largest over ranks.
-// Writes bench/results/redistribution_n<ranks>.json (suites "redistribution" and "uneven").
+//  - time: each rank's median (min, max) of back-to-back calls, the largest over ranks; on CUDA tensors a
+//    batch of back-to-back calls ends with cudaDeviceSynchronize, so the time includes the device work;
+//  - host time (CUDA tensors only): the wall time from the call to its return, one call per sample with
+//    the device idle before it (cudaDeviceSynchronize outside the timed region), the result destroyed
+//    inside it: what the call costs the host (planning, allocation, packing, enqueueing NCCL work, and
+//    any wait the call does itself). bench/redistribution/torch_dtensor_bench.py measures
+//    torch.distributed.tensor the same way;
+//  - peak extra memory: the most bytes live during one redistribute beyond what is live after it (input
+//    and output shards), largest over ranks: on the host from replaced global operator new/delete, on a
+//    GPU from the device's default memory pool (cudaMemPoolAttrUsedMemHigh; tensors use cudaMallocAsync).
+// Writes bench/results/redistribution_n<ranks>.json (suites "redistribution" and "uneven"); device mode:
+// redistribution_cuda_n<ranks>.json with backend "nccl" and the host-time fields host_us, host_min_us,
+// host_max_us.
 
 #include "../common/alloc_counter.hpp"
 #include "../common/harness.hpp"
@@ -31,7 +50,16 @@
 #include <dtensor/tensor/comm_debug.hpp>
 #include <dtensor/tensor/distribute.hpp>
 
+#if DTENSOR_HAS_NCCL && DTENSOR_HAS_CUDA
+#define BENCH_HAS_DEVICE 1
+#include <cuda_runtime_api.h>
+#else
+#define BENCH_HAS_DEVICE 0
+#endif
+
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -52,27 +80,167 @@ using S = Shard<D>;
 struct Ctx {
   bench::Options opt;
   ProcessGroup world;
+  std::string backend = "gloo";
+  Device dev = Device::cpu(); ///< where the tensors live (--device)
   bench::Results results;
   bench::Table table{{"mesh", "transition", "shape", "plan steps", "plan B", "moved B", "lower bd B",
                       "torch B", "time us [min-max]", "extra mem B", "max(in,out) B"}};
   bench::Table uneven{{"op", "ranks", "shape", "variable us [min-max]", "padded us [min-max]", "var/pad",
                        "var B recv", "pad B recv"}};
+
+  bool cuda() const noexcept { return dev.is_cuda(); }
+  std::vector<std::string> errors; ///< cases that threw (the run goes on, then exits 1)
 };
 
+/// Runs one case; an exception is reported and recorded, and the suite goes on with the next case.
+template <class F>
+void guarded(Ctx& c, const std::string& what, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    c.errors.push_back(what + ": " + e.what());
+    std::fprintf(stderr, "bench_redistribution: rank %d: %s failed: %s\n", c.world.rank(), what.c_str(),
+                 e.what());
+  }
+}
+
+#if BENCH_HAS_DEVICE
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw Error(std::string("bench_redistribution: ") + what + ": " + cudaGetErrorString(e));
+  }
+}
+#endif
+
+/// Waits for the device (no-op on host tensors).
+void device_sync(const Ctx& c) {
+#if BENCH_HAS_DEVICE
+  if (c.cuda()) {
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+#else
+  (void)c;
+#endif
+}
+
+/// The largest value over ranks of a small host tensor (through the device under NCCL, which takes only
+/// device memory).
+template <class T>
+Tensor<T, 1> world_max_values(const Ctx& c, Tensor<T, 1> host) {
+  if (!c.cuda()) {
+    all_reduce(host, ReduceOp::max, c.world);
+    return host;
+  }
+  auto d = host.to(c.dev);
+  all_reduce(d, ReduceOp::max, c.world);
+  return d.to(Device::cpu());
+}
+
 std::int64_t world_max(const Ctx& c, std::int64_t v) {
-  auto t = Tensor<std::int64_t, 1>::full({1}, v);
-  all_reduce(t, ReduceOp::max, c.world);
-  return t(0);
+  return world_max_values(c, Tensor<std::int64_t, 1>::full({1}, v))(0);
 }
 
 /// Each of median, min and max: the largest over ranks (a rank that sends nothing must not hide the others).
 bench::Stats world_max(const Ctx& c, bench::Stats s) {
-  auto t = Tensor<double, 1>::from_values({3}, {s.median, s.min, s.max});
-  all_reduce(t, ReduceOp::max, c.world);
+  auto t = world_max_values(c, Tensor<double, 1>::from_values({3}, {s.median, s.min, s.max}));
   s.median = t(0);
   s.min = t(1);
   s.max = t(2);
   return s;
+}
+
+/// `f` as the harness calls it: on CUDA tensors the last call of every batch of `p.batch` calls ends
+/// with a device synchronization, so a sample covers the device work of its batch.
+template <class F>
+auto batch_synced(const Ctx& c, const bench::SamplePlan& p, F& f) {
+  return [&c, &p, &f, left = 0]() mutable {
+    f();
+    if (c.cuda() && ++left == p.batch) {
+      left = 0;
+      device_sync(c);
+    }
+  };
+}
+
+template <class F>
+bench::Stats timed(const Ctx& c, const bench::SamplePlan& p, F&& f) {
+  return bench::measure(p, batch_synced(c, p, f));
+}
+
+template <class A, class B>
+std::pair<bench::Stats, bench::Stats> compared(const Ctx& c, const bench::SamplePlan& p, A&& a, B&& b) {
+  return bench::compare(p, batch_synced(c, p, a), batch_synced(c, p, b));
+}
+
+/// The host time of one call (CUDA tensors): the device is idle before each sample; the timed region is
+/// the call alone (the result destroyed inside it). Samples: --scale x 15.
+template <class F>
+bench::Stats host_time(const Ctx& c, F&& f) {
+  std::vector<double> v;
+  const int n = bench::scaled(c.opt, 15);
+  for (int i = 0; i < n; ++i) {
+    device_sync(c);
+    const auto t0 = bench::Clock::now();
+    f();
+    v.push_back(bench::us_since(t0));
+  }
+  device_sync(c);
+  return bench::stats_of(std::move(v));
+}
+
+/// Peak extra memory of one call: reset before it, read with the call's results still alive.
+struct MemProbe {
+  const Ctx& c;
+  explicit MemProbe(const Ctx& ctx) : c(ctx) {
+    if (!c.cuda()) {
+      bench::alloc::reset_peak();
+      return;
+    }
+#if BENCH_HAS_DEVICE
+    device_sync(c);
+    std::uint64_t zero = 0;
+    check_cuda(cudaMemPoolSetAttribute(pool(), cudaMemPoolAttrUsedMemHigh, &zero), "cudaMemPoolSetAttribute");
+#endif
+  }
+  /// Bytes live at the peak beyond what is live now.
+  std::int64_t extra() const {
+    if (!c.cuda()) {
+      return bench::alloc::peak() - bench::alloc::live();
+    }
+#if BENCH_HAS_DEVICE
+    device_sync(c);
+    std::uint64_t high = 0;
+    std::uint64_t now = 0;
+    check_cuda(cudaMemPoolGetAttribute(pool(), cudaMemPoolAttrUsedMemHigh, &high), "cudaMemPoolGetAttribute");
+    check_cuda(cudaMemPoolGetAttribute(pool(), cudaMemPoolAttrUsedMemCurrent, &now),
+               "cudaMemPoolGetAttribute");
+    return high > now ? static_cast<std::int64_t>(high - now) : 0;
+#else
+    return 0;
+#endif
+  }
+#if BENCH_HAS_DEVICE
+  cudaMemPool_t pool() const {
+    cudaMemPool_t p = nullptr;
+    check_cuda(cudaDeviceGetDefaultMemPool(&p, c.dev.index), "cudaDeviceGetDefaultMemPool");
+    return p;
+  }
+#endif
+};
+
+/// Fields and columns only the device mode has.
+void add_host_time(const Ctx& c, bench::Record& r, std::vector<std::string>& cells,
+                   const bench::Stats& host) {
+  if (!c.cuda()) {
+    return;
+  }
+  r.add_str("device", "cuda")
+      .add_num("host_us", host.median)
+      .add_num("host_min_us", host.min)
+      .add_num("host_max_us", host.max)
+      .add_num("host_samples", host.samples)
+      .add_str("memory", "device pool (cudaMemPoolAttrUsedMemHigh)");
+  cells.push_back(bench::range(host));
 }
 
 /// The analytic lower bound (elements) described at the top of this file.
@@ -130,11 +298,19 @@ template <class Shape, class... Ps, class... Qs>
 struct Runner<Shape, Placements<Ps...>, Placements<Qs...>> {
   static void run(Ctx& c, const DeviceMesh<Shape>& mesh, std::int64_t rows, std::int64_t cols,
                   const char* note = "") {
+    guarded(c,
+            mesh_label(mesh) + " " + to_string(placement_list_v<Ps...>) + "->" +
+                to_string(placement_list_v<Qs...>) + note,
+            [&] { run_case(c, mesh, rows, cols, note); });
+  }
+
+  static void run_case(Ctx& c, const DeviceMesh<Shape>& mesh, std::int64_t rows, std::int64_t cols,
+                       const char* note) {
     Tensor<float, 2> full({rows, cols});
     for (std::int64_t i = 0; i < rows * cols; ++i) {
       full.data()[i] = static_cast<float>(i % 1000);
     }
-    auto x = distribute_tensor<Ps...>(mesh, full, replicated_source);
+    auto x = distribute_tensor<Ps...>(mesh, c.cuda() ? full.to(c.dev) : full, replicated_source);
     using X = decltype(x);
     const Extents global{rows, cols};
     const auto plan = X::template plan_to<Qs...>();
@@ -144,8 +320,9 @@ struct Runner<Shape, Placements<Ps...>, Placements<Qs...>> {
     const std::int64_t torch_b = torch_greedy_bytes(src, dst, global, mesh.sizes(), 4);
     const std::int64_t lb = 4 * lower_bound_elems(src, dst, global, mesh.sizes());
 
-    const auto stats = world_max(c, bench::measure(plan_for(c.opt, rows * cols * 4),
-                                                   [&] { auto y = x.template redistribute<Qs...>(); }));
+    auto call = [&] { auto y = x.template redistribute<Qs...>(); };
+    const auto stats = world_max(c, timed(c, plan_for(c.opt, rows * cols * 4), call));
+    const auto host = c.cuda() ? world_max(c, host_time(c, call)) : bench::Stats{};
     // Bytes moved and memory, one more call each (after the warm-up above: groups exist).
     std::int64_t moved = 0;
     {
@@ -158,11 +335,11 @@ struct Runner<Shape, Placements<Ps...>, Placements<Qs...>> {
     std::int64_t out_b = 0;
     std::int64_t allocs = 0;
     {
-      bench::alloc::reset_peak();
+      const MemProbe mem(c);
       const std::int64_t n0 = bench::alloc::count();
       auto y = x.template redistribute<Qs...>();
       allocs = bench::alloc::count() - n0;
-      extra = bench::alloc::peak() - bench::alloc::live();
+      extra = mem.extra();
       out_b = static_cast<std::int64_t>(y.local().nbytes());
     }
     moved = world_max(c, moved);
@@ -174,7 +351,7 @@ struct Runner<Shape, Placements<Ps...>, Placements<Qs...>> {
     const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
     const std::string steps = plan.to_string().substr(plan.to_string().find(':') + 2);
     const std::string torch_plan = to_string(torch_greedy_plan(src, dst, 2), Shape::names);
-    bench::Record r{"redistribution", name, "gloo", c.world.size(), rows * cols * 4, stats, "", {}, {}};
+    bench::Record r{"redistribution", name, c.backend, c.world.size(), rows * cols * 4, stats, "", {}, {}};
     r.add_str("mesh", mesh_label(mesh))
         .add_str("shape", shape)
         .add_str("plan", steps)
@@ -187,16 +364,26 @@ struct Runner<Shape, Placements<Ps...>, Placements<Qs...>> {
         .add_num("peak_extra_bytes", double(extra))
         .add_num("max_in_out_bytes", double(bound))
         .add_num("allocations", double(allocs));
-    c.table.row({mesh_label(mesh), name, shape, steps, std::to_string(plan_b), std::to_string(moved),
-                 std::to_string(lb), std::to_string(torch_b), bench::range(stats), std::to_string(extra),
-                 std::to_string(bound)});
+    std::vector<std::string> cells{mesh_label(mesh),
+                                   name,
+                                   shape,
+                                   steps,
+                                   std::to_string(plan_b),
+                                   std::to_string(moved),
+                                   std::to_string(lb),
+                                   std::to_string(torch_b),
+                                   bench::range(stats),
+                                   std::to_string(extra),
+                                   std::to_string(bound)};
+    add_host_time(c, r, cells, host);
+    c.table.row(std::move(cells));
     c.results.add(std::move(r));
   }
 };
 
 /// R -> P -> R as one row (two redistributes per call).
-void run_r_p_r(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::int64_t cols) {
-  auto x = distribute_tensor<R>(mesh, Tensor<float, 2>::full({rows, cols}, 1.0f), replicated_source);
+void run_r_p_r_case(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::int64_t cols) {
+  auto x = distribute_tensor<R>(mesh, Tensor<float, 2>::full({rows, cols}, 1.0f, c.dev), replicated_source);
   const Extents global{rows, cols};
   const auto p1 = decltype(x)::plan_to<P>();
   const auto p2 = DTensor<float, 2, Mesh1, P>::plan_to<R>();
@@ -208,18 +395,19 @@ void run_r_p_r(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::in
                                torch_greedy_bytes(lp, lr, global, mesh.sizes(), 4);
   const std::int64_t lb = 4 * lower_bound_elems(lp, lr, global, mesh.sizes());
   auto chain = [&] { auto z = x.redistribute<P>().redistribute<R>(); };
-  const auto stats = world_max(c, bench::measure(plan_for(c.opt, rows * cols * 4), chain));
+  const auto stats = world_max(c, timed(c, plan_for(c.opt, rows * cols * 4), chain));
+  const auto host = c.cuda() ? world_max(c, host_time(c, chain)) : bench::Stats{};
   std::int64_t moved = 0;
   {
     CommDebugMode comm;
     chain();
     moved = world_max(c, comm.total_bytes());
   }
-  bench::alloc::reset_peak();
   std::int64_t extra = 0;
   {
+    const MemProbe mem(c);
     auto z = x.redistribute<P>().redistribute<R>();
-    extra = bench::alloc::peak() - bench::alloc::live();
+    extra = mem.extra();
   }
   extra = world_max(c, extra);
   const std::int64_t bound = static_cast<std::int64_t>(x.local().nbytes());
@@ -227,7 +415,7 @@ void run_r_p_r(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::in
                             p2.to_string().substr(p2.to_string().find(':') + 2);
   const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
   bench::Record r{
-      "redistribution", "[R]->[P(sum)]->[R]", "gloo", c.world.size(), rows * cols * 4, stats, "", {}, {}};
+      "redistribution", "[R]->[P(sum)]->[R]", c.backend, c.world.size(), rows * cols * 4, stats, "", {}, {}};
   r.add_str("mesh", mesh_label(mesh))
       .add_str("shape", shape)
       .add_str("plan", steps)
@@ -239,9 +427,19 @@ void run_r_p_r(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::in
       .add_str("torch_plan", "local_partial(x); all_reduce(x)")
       .add_num("peak_extra_bytes", double(extra))
       .add_num("max_in_out_bytes", double(bound));
-  c.table.row({mesh_label(mesh), "[R]->[P(sum)]->[R]", shape, steps, std::to_string(plan_b),
-               std::to_string(moved), std::to_string(lb), std::to_string(torch_b), bench::range(stats),
-               std::to_string(extra), std::to_string(bound)});
+  std::vector<std::string> cells{mesh_label(mesh),
+                                 "[R]->[P(sum)]->[R]",
+                                 shape,
+                                 steps,
+                                 std::to_string(plan_b),
+                                 std::to_string(moved),
+                                 std::to_string(lb),
+                                 std::to_string(torch_b),
+                                 bench::range(stats),
+                                 std::to_string(extra),
+                                 std::to_string(bound)};
+  add_host_time(c, r, cells, host);
+  c.table.row(std::move(cells));
   c.results.add(std::move(r));
 }
 
@@ -255,25 +453,29 @@ void copy_rows(const Tensor<float, 2>& dst, std::int64_t at, const Tensor<float,
   }
 }
 
-void run_uneven(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::int64_t cols) {
+void run_r_p_r(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::int64_t cols) {
+  guarded(c, mesh_label(mesh) + " [R]->[P(sum)]->[R]", [&] { run_r_p_r_case(c, mesh, rows, cols); });
+}
+
+void run_uneven_case(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::int64_t cols) {
   const int n = mesh.sizes()[0];
   const int me = mesh.coordinate()[0];
   const std::int64_t cn = (rows + n - 1) / n; // padded chunk rows
   const std::int64_t cm = (cols + n - 1) / n; // padded chunk cols
   const std::int64_t my_rows = chunk_size(rows, n, me);
   const std::int64_t my_cols = chunk_size(cols, n, me);
-  const Tensor<float, 2> full = Tensor<float, 2>::full({rows, cols}, 1.0f);
+  const Tensor<float, 2> full = Tensor<float, 2>::full({rows, cols}, 1.0f, c.dev);
   const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
   const ProcessGroup& g = c.world;
   const auto plan = plan_for(c.opt, rows * cols * 4);
 
   auto compare_max = [&](const bench::SamplePlan& p, auto&& a, auto&& b) {
-    auto [sa, sb] = bench::compare(p, a, b);
+    auto [sa, sb] = compared(c, p, a, b);
     return std::pair{world_max(c, sa), world_max(c, sb)};
   };
   auto row = [&](const char* op, const bench::Stats& var, const bench::Stats& pad, std::int64_t var_b,
                  std::int64_t pad_b) {
-    bench::Record r{"uneven", op, "gloo", n, rows * cols * 4, var, "padded", pad, {}};
+    bench::Record r{"uneven", op, c.backend, n, rows * cols * 4, var, "padded", pad, {}};
     r.add_str("shape", shape)
         .add_str("ours_is", "variable-size collective (executor)")
         .add_num("variable_bytes_received", double(var_b))
@@ -286,11 +488,11 @@ void run_uneven(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::i
   { // all_gather: S(0) -> R
     auto x = distribute_tensor<S<0>>(mesh, full, replicated_source);
     auto padded = [&] {
-      Tensor<float, 2> in = Tensor<float, 2>::zeros({cn, cols});
+      Tensor<float, 2> in = Tensor<float, 2>::zeros({cn, cols}, c.dev);
       copy_rows(in, 0, x.local(), my_rows);
-      Tensor<float, 2> gathered({cn * n, cols});
+      Tensor<float, 2> gathered({cn * n, cols}, c.dev);
       all_gather_into_tensor(gathered, in, g);
-      Tensor<float, 2> out({rows, cols});
+      Tensor<float, 2> out({rows, cols}, c.dev);
       for (int q = 0; q < n; ++q) {
         copy_rows(out, chunk_offset(rows, n, q), gathered.narrow(0, q * cn, cn), chunk_size(rows, n, q));
       }
@@ -302,11 +504,11 @@ void run_uneven(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::i
   { // reduce_scatter: P -> S(0)
     auto x = distribute_tensor<P>(mesh, full, replicated_source);
     auto padded = [&] {
-      Tensor<float, 2> in = Tensor<float, 2>::zeros({cn * n, cols});
+      Tensor<float, 2> in = Tensor<float, 2>::zeros({cn * n, cols}, c.dev);
       copy_rows(in, 0, x.local(), rows);
-      Tensor<float, 2> part({cn, cols});
+      Tensor<float, 2> part({cn, cols}, c.dev);
       reduce_scatter_tensor(part, in, ReduceOp::sum, g);
-      Tensor<float, 2> out({my_rows, cols});
+      Tensor<float, 2> out({my_rows, cols}, c.dev);
       copy_rows(out, 0, part, my_rows);
     };
     const auto [var, pad] = compare_max(
@@ -316,7 +518,7 @@ void run_uneven(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::i
   { // all_to_all: S(0) -> S(1)
     auto x = distribute_tensor<S<0>>(mesh, full, replicated_source);
     auto padded = [&] {
-      Tensor<float, 2> send = Tensor<float, 2>::zeros({cn * n, cm});
+      Tensor<float, 2> send = Tensor<float, 2>::zeros({cn * n, cm}, c.dev);
       for (int q = 0; q < n; ++q) {
         const std::int64_t mq = chunk_size(cols, n, q);
         if (my_rows > 0 && mq > 0) {
@@ -325,9 +527,9 @@ void run_uneven(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::i
               .copy_from(x.local().narrow(1, chunk_offset(cols, n, q), mq));
         }
       }
-      Tensor<float, 2> recv({cn * n, cm});
+      Tensor<float, 2> recv({cn * n, cm}, c.dev);
       all_to_all_single(recv, send, g);
-      Tensor<float, 2> out({rows, my_cols});
+      Tensor<float, 2> out({rows, my_cols}, c.dev);
       for (int q = 0; q < n; ++q) {
         const std::int64_t nq = chunk_size(rows, n, q);
         if (nq > 0 && my_cols > 0) {
@@ -342,13 +544,105 @@ void run_uneven(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::i
   }
 }
 
-} // namespace
+void run_uneven(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, std::int64_t cols) {
+  guarded(c, "uneven " + std::to_string(rows) + "x" + std::to_string(cols),
+          [&] { run_uneven_case(c, mesh, rows, cols); });
+}
 
-int main(int argc, char** argv) {
-  Ctx c;
-  c.opt = bench::parse_options(argc, argv);
+void cases_2d(Ctx& c, const DeviceMesh<Mesh2>& mesh2, std::int64_t er, std::int64_t ec, std::int64_t ur,
+              std::int64_t uc) {
+  Runner<Mesh2, L<S<0>, S<1>>, L<S<1>, S<0>>>::run(c, mesh2, er, ec);
+  Runner<Mesh2, L<S<0>, S<0>>, L<R, S<1>>>::run(c, mesh2, er, ec);
+  Runner<Mesh2, L<S<0>, R>, L<R, S<1>>>::run(c, mesh2, er, ec);
+  Runner<Mesh2, L<S<0>, S<0>>, L<S<1>, S<1>>>::run(c, mesh2, er, ec);
+  Runner<Mesh2, L<S<0>, S<1>>, L<S<0>, S<0>>>::run(c, mesh2, er, ec);
+  Runner<Mesh2, L<R, S<1>>, L<S<1>, S<0>>>::run(c, mesh2, er, ec);
+  Runner<Mesh2, L<S<0>, S<1>>, L<R, R>>::run(c, mesh2, er, ec);
+  Runner<Mesh2, L<P, P>, L<R, S<1>>>::run(c, mesh2, er, ec);
+  Runner<Mesh2, L<P, P>, L<S<0>, S<1>>>::run(c, mesh2, er, ec);
+  Runner<Mesh2, L<P, S<0>>, L<S<0>, R>>::run(c, mesh2, er, ec);
+  Runner<Mesh2, L<S<0>, S<1>>, L<S<1>, S<0>>>::run(c, mesh2, ur, uc, " uneven");
+  Runner<Mesh2, L<S<0>, S<0>>, L<R, S<1>>>::run(c, mesh2, ur, uc, " uneven");
+}
+
+void cases_3d(Ctx& c, const DeviceMesh<Mesh3>& mesh3, std::int64_t er, std::int64_t ec, std::int64_t ur,
+              std::int64_t uc) {
+  Runner<Mesh3, L<S<0>, S<1>, R>, L<S<1>, S<0>, R>>::run(c, mesh3, er, ec);
+  Runner<Mesh3, L<S<0>, S<0>, S<0>>, L<S<1>, S<1>, S<1>>>::run(c, mesh3, er, ec);
+  Runner<Mesh3, L<S<0>, S<1>, S<0>>, L<R, R, R>>::run(c, mesh3, er, ec);
+  Runner<Mesh3, L<P, S<0>, S<1>>, L<S<1>, S<0>, R>>::run(c, mesh3, er, ec);
+  Runner<Mesh3, L<S<0>, S<0>, R>, L<R, S<1>, S<1>>>::run(c, mesh3, er, ec);
+  Runner<Mesh3, L<S<0>, R, S<1>>, L<S<1>, S<0>, R>>::run(c, mesh3, ur, uc, " uneven");
+}
+
+/// --backend gloo|nccl and --device cpu|cuda (cuda implies nccl). Returns 0 to go on, else the exit
+/// status (77: skipped, 2: bad arguments).
+int setup(Ctx& c, InitOptions& io) {
+  std::string backend;
+#if DTENSOR_HAS_GLOO
+  std::string device = "cpu";
+#else
+  std::string device = "cuda"; // bench_redistribution_cuda: NCCL only
+#endif
+  const auto& a = c.opt.args;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if ((a[i] == "--backend" || a[i] == "--device") && i + 1 < a.size()) {
+      (a[i] == "--backend" ? backend : device) = a[i + 1];
+      ++i;
+    } else {
+      std::fprintf(stderr,
+                   "bench_redistribution: unknown argument '%s' (--scale S, --smoke, --out DIR, --backend "
+                   "gloo|nccl, --device cpu|cuda)\n",
+                   a[i].c_str());
+      return 2;
+    }
+  }
+  if (backend.empty()) {
+    backend = device == "cuda" ? "nccl" : "gloo";
+  }
+  if (!((backend == "gloo" && device == "cpu") || (backend == "nccl" && device == "cuda"))) {
+    std::fprintf(stderr,
+                 "bench_redistribution: --backend %s --device %s: gloo takes host tensors, NCCL CUDA "
+                 "tensors\n",
+                 backend.c_str(), device.c_str());
+    return 2;
+  }
+  c.backend = backend;
+  io.backend = backend;
+  if (device == "cpu") {
+    return 0;
+  }
+#if BENCH_HAS_DEVICE
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    std::printf("bench_redistribution: no CUDA device visible, skipping\n");
+    return 77;
+  }
+  const DistEnv env = read_dist_env();
+  if (const char* h = std::getenv("DTENSOR_TEST_HOSTID_PER_RANK"); h && std::string(h) == "1") {
+    // Several ranks on one GPU: NCCL must see them as different hosts (socket transport over loopback).
+    ::setenv("NCCL_HOSTID", ("bench-rank-" + std::to_string(env.rank)).c_str(), 1);
+  }
+  io.device = env.local_rank % devices;
+  check_cuda(cudaSetDevice(io.device), "cudaSetDevice");
+  c.dev = Device::cuda(io.device);
+  c.table =
+      bench::Table{{"mesh", "transition", "shape", "plan steps", "plan B", "moved B", "lower bd B", "torch B",
+                    "time us [min-max]", "extra dev B", "max(in,out) B", "host us [min-max]"}};
+  return 0;
+#else
+  std::printf("bench_redistribution: built without NCCL/CUDA (bench_redistribution_cuda has the device "
+              "mode), skipping\n");
+  return 77;
+#endif
+}
+
+int run(Ctx& c) {
   InitOptions io;
-  io.backend = "gloo";
+  if (const int rc = setup(c, io); rc != 0) {
+    return rc;
+  }
   c.world = init_process_group(io);
   const int w = c.world.size();
   const bool smoke = c.opt.smoke;
@@ -371,28 +665,15 @@ int main(int argc, char** argv) {
     Runner<Mesh1, L<S<1>>, L<S<0>>>::run(c, mesh1, 3, uc, " rows<ranks");
   }
   if (w == 4) {
-    auto mesh2 = init_device_mesh<Mesh2>(c.world, 2);
-    Runner<Mesh2, L<S<0>, S<1>>, L<S<1>, S<0>>>::run(c, mesh2, er, ec);
-    Runner<Mesh2, L<S<0>, S<0>>, L<R, S<1>>>::run(c, mesh2, er, ec);
-    Runner<Mesh2, L<S<0>, R>, L<R, S<1>>>::run(c, mesh2, er, ec);
-    Runner<Mesh2, L<S<0>, S<0>>, L<S<1>, S<1>>>::run(c, mesh2, er, ec);
-    Runner<Mesh2, L<S<0>, S<1>>, L<S<0>, S<0>>>::run(c, mesh2, er, ec);
-    Runner<Mesh2, L<R, S<1>>, L<S<1>, S<0>>>::run(c, mesh2, er, ec);
-    Runner<Mesh2, L<S<0>, S<1>>, L<R, R>>::run(c, mesh2, er, ec);
-    Runner<Mesh2, L<P, P>, L<R, S<1>>>::run(c, mesh2, er, ec);
-    Runner<Mesh2, L<P, P>, L<S<0>, S<1>>>::run(c, mesh2, er, ec);
-    Runner<Mesh2, L<P, S<0>>, L<S<0>, R>>::run(c, mesh2, er, ec);
-    Runner<Mesh2, L<S<0>, S<1>>, L<S<1>, S<0>>>::run(c, mesh2, ur, uc, " uneven");
-    Runner<Mesh2, L<S<0>, S<0>>, L<R, S<1>>>::run(c, mesh2, ur, uc, " uneven");
+    cases_2d(c, init_device_mesh<Mesh2>(c.world, 2), er, ec, ur, uc);
   }
   if (w == 8) {
-    auto mesh3 = init_device_mesh<Mesh3>(c.world, 2, 2);
-    Runner<Mesh3, L<S<0>, S<1>, R>, L<S<1>, S<0>, R>>::run(c, mesh3, er, ec);
-    Runner<Mesh3, L<S<0>, S<0>, S<0>>, L<S<1>, S<1>, S<1>>>::run(c, mesh3, er, ec);
-    Runner<Mesh3, L<S<0>, S<1>, S<0>>, L<R, R, R>>::run(c, mesh3, er, ec);
-    Runner<Mesh3, L<P, S<0>, S<1>>, L<S<1>, S<0>, R>>::run(c, mesh3, er, ec);
-    Runner<Mesh3, L<S<0>, S<0>, R>, L<R, S<1>, S<1>>>::run(c, mesh3, er, ec);
-    Runner<Mesh3, L<S<0>, R, S<1>>, L<S<1>, S<0>, R>>::run(c, mesh3, ur, uc, " uneven");
+    cases_3d(c, init_device_mesh<Mesh3>(c.world, 2, 2), er, ec, ur, uc);
+  }
+  if (c.cuda() && w < 4) {
+    // One GPU: the multi-axis case lists on (1, n) and (1, 1, n) meshes.
+    cases_2d(c, init_device_mesh<Mesh2>(c.world, 1), er, ec, ur, uc);
+    cases_3d(c, init_device_mesh<Mesh3>(c.world, 1, 1), er, ec, ur, uc);
   }
   if (w <= 4) {
     for (std::int64_t k : smoke ? std::vector<std::int64_t>{1} : std::vector<std::int64_t>{1, 64, 1024}) {
@@ -404,18 +685,43 @@ int main(int argc, char** argv) {
   }
 
   if (c.world.rank() == 0) {
-    std::printf("redistribution on gloo, %d processes (float32; bytes per rank; times: the slowest rank's "
-                "median, min and max)\n",
-                w);
+    std::printf("redistribution on %s, %s tensors, %d processes (float32; bytes per rank; times: the "
+                "slowest rank's median, min and max%s)\n",
+                c.backend.c_str(), c.cuda() ? "CUDA" : "host", w,
+                c.cuda() ? "; time ends each batch with a device sync; host us: the call alone, device idle "
+                           "before it"
+                         : "");
     c.table.print();
     if (w <= 4) {
-      std::printf("\nuneven sizes on gloo, %d processes: variable-size collectives (the executor) vs padding "
+      std::printf("\nuneven sizes on %s, %d processes: variable-size collectives (the executor) vs padding "
                   "to equal blocks + unpad copies (interleaved)\n",
-                  w);
+                  c.backend.c_str(), w);
       c.uneven.print();
     }
-    c.results.write(c.opt, "redistribution_n" + std::to_string(w) + ".json");
+    c.results.write(c.opt, std::string(c.cuda() ? "redistribution_cuda_n" : "redistribution_n") +
+                               std::to_string(w) + ".json");
+  }
+  if (!c.errors.empty()) {
+    std::fprintf(stderr, "bench_redistribution: rank %d: %zu case(s) failed:\n", c.world.rank(),
+                 c.errors.size());
+    for (const auto& e : c.errors) {
+      std::fprintf(stderr, "  %s\n", e.c_str());
+    }
+    return 1;
   }
   barrier(c.world);
   return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  Ctx c;
+  c.opt = bench::parse_options(argc, argv);
+  try {
+    return run(c);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_redistribution: %s\n", e.what());
+    return 1;
+  }
 }
