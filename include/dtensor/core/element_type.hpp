@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #include "dtensor/core/config.hpp"
 
@@ -183,9 +184,34 @@ DTENSOR_HOST_DEVICE constexpr float e5m2_bits_to_float(std::uint8_t b) noexcept 
 
 } // namespace detail
 
+namespace detail {
+
+/// What every low-precision float storage type shares: construction from a bit pattern and compound
+/// assignment through float. `Derived` has a `Bits bits` member and converts to and from float.
+/// (An empty base: Derived stays standard-layout with the size of Bits.)
+template <class Derived, class Bits>
+struct FloatStorage {
+  /// The value whose bit pattern is `b`.
+  DTENSOR_HOST_DEVICE static constexpr Derived from_bits(Bits b) noexcept {
+    Derived r{};
+    r.bits = b;
+    return r;
+  }
+
+  DTENSOR_HOST_DEVICE constexpr Derived& operator+=(float o) noexcept { return self() = float(self()) + o; }
+  DTENSOR_HOST_DEVICE constexpr Derived& operator-=(float o) noexcept { return self() = float(self()) - o; }
+  DTENSOR_HOST_DEVICE constexpr Derived& operator*=(float o) noexcept { return self() = float(self()) * o; }
+  DTENSOR_HOST_DEVICE constexpr Derived& operator/=(float o) noexcept { return self() = float(self()) / o; }
+
+private:
+  DTENSOR_HOST_DEVICE constexpr Derived& self() noexcept { return static_cast<Derived&>(*this); }
+};
+
+} // namespace detail
+
 /// Brain floating point: 1 sign, 8 exponent, 7 mantissa bits (the top half of a float).
 /// Converts implicitly from and to float; arithmetic and comparisons go through float.
-struct bfloat16 {
+struct bfloat16 : detail::FloatStorage<bfloat16, std::uint16_t> {
   std::uint16_t bits;
 
   bfloat16() = default; // uninitialised, like float
@@ -193,91 +219,46 @@ struct bfloat16 {
   DTENSOR_HOST_DEVICE constexpr operator float() const noexcept {
     return detail::bfloat16_bits_to_float(bits);
   }
-
-  /// The value whose bit pattern is `b`.
-  DTENSOR_HOST_DEVICE static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
-    bfloat16 r{};
-    r.bits = b;
-    return r;
-  }
-
-  DTENSOR_HOST_DEVICE constexpr bfloat16& operator+=(float o) noexcept { return *this = float(*this) + o; }
-  DTENSOR_HOST_DEVICE constexpr bfloat16& operator-=(float o) noexcept { return *this = float(*this) - o; }
-  DTENSOR_HOST_DEVICE constexpr bfloat16& operator*=(float o) noexcept { return *this = float(*this) * o; }
-  DTENSOR_HOST_DEVICE constexpr bfloat16& operator/=(float o) noexcept { return *this = float(*this) / o; }
 };
 
 /// IEEE 754 binary16: 1 sign, 5 exponent, 10 mantissa bits, with subnormals.
 /// Converts implicitly from and to float; arithmetic and comparisons go through float.
-struct half {
+struct half : detail::FloatStorage<half, std::uint16_t> {
   std::uint16_t bits;
 
   half() = default; // uninitialised, like float
   DTENSOR_HOST_DEVICE constexpr half(float f) noexcept : bits(detail::float_to_half_bits(f)) {}
   DTENSOR_HOST_DEVICE constexpr operator float() const noexcept { return detail::half_bits_to_float(bits); }
-
-  /// The value whose bit pattern is `b`.
-  DTENSOR_HOST_DEVICE static constexpr half from_bits(std::uint16_t b) noexcept {
-    half r{};
-    r.bits = b;
-    return r;
-  }
-
-  DTENSOR_HOST_DEVICE constexpr half& operator+=(float o) noexcept { return *this = float(*this) + o; }
-  DTENSOR_HOST_DEVICE constexpr half& operator-=(float o) noexcept { return *this = float(*this) - o; }
-  DTENSOR_HOST_DEVICE constexpr half& operator*=(float o) noexcept { return *this = float(*this) * o; }
-  DTENSOR_HOST_DEVICE constexpr half& operator/=(float o) noexcept { return *this = float(*this) / o; }
 };
 
 /// OCP E4M3FN 8-bit float (torch.float8_e4m3fn): 1 sign, 4 exponent, 3 mantissa bits; no infinities,
 /// max 448, NaN = S.1111.111. Converts implicitly from and to float (out of range gives NaN, see the top of
 /// this file); arithmetic and comparisons go through float.
-struct float8_e4m3 {
+struct float8_e4m3 : detail::FloatStorage<float8_e4m3, std::uint8_t> {
   std::uint8_t bits;
 
   float8_e4m3() = default; // uninitialised, like float
   DTENSOR_HOST_DEVICE constexpr float8_e4m3(float f) noexcept : bits(detail::float_to_e4m3_bits(f)) {}
   DTENSOR_HOST_DEVICE constexpr operator float() const noexcept { return detail::e4m3_bits_to_float(bits); }
-
-  /// The value whose bit pattern is `b`.
-  DTENSOR_HOST_DEVICE static constexpr float8_e4m3 from_bits(std::uint8_t b) noexcept {
-    float8_e4m3 r{};
-    r.bits = b;
-    return r;
-  }
-
-  DTENSOR_HOST_DEVICE constexpr float8_e4m3& operator+=(float o) noexcept { return *this = float(*this) + o; }
-  DTENSOR_HOST_DEVICE constexpr float8_e4m3& operator-=(float o) noexcept { return *this = float(*this) - o; }
-  DTENSOR_HOST_DEVICE constexpr float8_e4m3& operator*=(float o) noexcept { return *this = float(*this) * o; }
-  DTENSOR_HOST_DEVICE constexpr float8_e4m3& operator/=(float o) noexcept { return *this = float(*this) / o; }
 };
 
 /// OCP E5M2 8-bit float (torch.float8_e5m2): 1 sign, 5 exponent, 2 mantissa bits, IEEE-like with
 /// infinities and NaNs; max 57344. Converts implicitly from and to float; arithmetic and comparisons go
 /// through float.
-struct float8_e5m2 {
+struct float8_e5m2 : detail::FloatStorage<float8_e5m2, std::uint8_t> {
   std::uint8_t bits;
 
   float8_e5m2() = default; // uninitialised, like float
   DTENSOR_HOST_DEVICE constexpr float8_e5m2(float f) noexcept : bits(detail::float_to_e5m2_bits(f)) {}
   DTENSOR_HOST_DEVICE constexpr operator float() const noexcept { return detail::e5m2_bits_to_float(bits); }
-
-  /// The value whose bit pattern is `b`.
-  DTENSOR_HOST_DEVICE static constexpr float8_e5m2 from_bits(std::uint8_t b) noexcept {
-    float8_e5m2 r{};
-    r.bits = b;
-    return r;
-  }
-
-  DTENSOR_HOST_DEVICE constexpr float8_e5m2& operator+=(float o) noexcept { return *this = float(*this) + o; }
-  DTENSOR_HOST_DEVICE constexpr float8_e5m2& operator-=(float o) noexcept { return *this = float(*this) - o; }
-  DTENSOR_HOST_DEVICE constexpr float8_e5m2& operator*=(float o) noexcept { return *this = float(*this) * o; }
-  DTENSOR_HOST_DEVICE constexpr float8_e5m2& operator/=(float o) noexcept { return *this = float(*this) / o; }
 };
 
 static_assert(sizeof(bfloat16) == 2 && alignof(bfloat16) == 2);
 static_assert(sizeof(half) == 2 && alignof(half) == 2);
 static_assert(sizeof(float8_e4m3) == 1 && sizeof(float8_e5m2) == 1);
+static_assert(std::is_standard_layout_v<bfloat16> && std::is_standard_layout_v<half> &&
+              std::is_standard_layout_v<float8_e4m3> && std::is_standard_layout_v<float8_e5m2>);
+static_assert(std::is_trivially_copyable_v<bfloat16> && std::is_trivially_copyable_v<float8_e4m3>);
 
 /// Run-time tag of an element type (what backends switch on).
 enum class DType : std::uint8_t {
