@@ -43,7 +43,7 @@ constexpr bool ok = validate_placements<Mesh, 2, Shard<0>>();
 constexpr bool ok = validate_placements<Mesh, 2, Shard<0>, Replicate, Replicate>();
 #endif
 
-//! CASE shard_dim_too_large Shard<D>: D must be in .-rank, rank. of the tensor .use Shard<-1> for the last dim.
+//! CASE shard_dim_too_large D must be in .-rank, rank. of the tensor .use Shard<-1> for the last dim.
 #ifdef CASE_shard_dim_too_large
 constexpr bool ok = validate_placements<Mesh, 2, Shard<2>, Replicate>();
 #endif
