@@ -2,6 +2,7 @@
 // operation called directly through gloo's API (raw) in the same run, interleaved sample by sample.
 //
 //   dtensor-run --standalone --nproc-per-node 4 build-bench/bench/bench_collectives [--scale S] [--smoke]
+//                                                                       [op ...]
 //
 // Sizes go from 4 B to 16 MiB in x4 steps; `bytes` is nccl-tests' size (all_reduce, reduce, broadcast: the
 // buffer; all_gather, gather: the gathered output; reduce_scatter, scatter: the input; all_to_all: one
@@ -30,6 +31,7 @@
 
 #include "../common/harness.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -61,6 +63,11 @@ bench::SamplePlan plan_for(const bench::Options& o, std::int64_t bytes) {
   p.samples = bench::scaled(o, bytes >= (4 << 20) ? 5 : 9);
   p.batch = o.smoke ? 1 : (bytes <= (64 << 10) ? 20 : bytes <= (1 << 20) ? 4 : 1);
   return p;
+}
+
+/// Extra arguments name the ops to run (all of them when none is given).
+bool selected(const bench::Options& o, const std::string& name) {
+  return o.args.empty() || std::find(o.args.begin(), o.args.end(), name) != o.args.end();
 }
 
 struct Op {
@@ -108,7 +115,7 @@ int main(int argc, char** argv) {
 
   for (const Op& op : ops) {
     const std::string name = op.name;
-    if (name == "sendrecv" && n < 2) {
+    if ((name == "sendrecv" && n < 2) || !selected(opt, name)) {
       continue;
     }
     for (std::int64_t nominal : sizes) {
@@ -252,7 +259,7 @@ int main(int argc, char** argv) {
   }
 
   // barrier: no payload.
-  {
+  if (selected(opt, "barrier")) {
     bench::SamplePlan p = plan_for(opt, 0);
     const auto [s_ours, s_raw] = bench::compare(
         p, [&] { barrier(world); },

@@ -1,6 +1,6 @@
 #pragma once
 // Counts heap memory: replaces the global operator new/delete (every form, aligned ones included: Tensor
-// host storage uses ::operator new(n, std::align_val_t{64})) with malloc-based versions that keep the live
+// host storage uses the plain ::operator new, aligned by hand) with malloc-based versions that keep the live
 // byte count, its peak since the last reset, and the number of allocations.
 //
 // Include in exactly one translation unit of a benchmark binary. Sizes are malloc_usable_size (what the

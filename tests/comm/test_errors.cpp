@@ -62,6 +62,15 @@ TEST_CASE("argument errors are thrown before any communication", "[comm][errors]
     expect_throws([&] { isend(t, r, g); }, {me, "send", "itself"}, "send to itself");
     expect_throws([&] { irecv(t, (r + 1) % n, g, -3); }, {"tag -3"}, "negative tag", n > 1);
     expect_throws([&] { gather(t, nullptr, 0, g); }, {"gather"}, "gather without a list on dst", r == 0);
+    std::vector<Tensor<float, 1>> blocks(n, t);
+    blocks[0] = Tensor<float, 1>({5});
+    expect_throws([&] { scatter(t, blocks, 0, g); },
+                  {me, "scatter", "own block has 5 elements", "output has " + std::to_string(t.numel())},
+                  "scatter whose own block does not match the output", r == 0);
+    expect_throws([&] { gather(t, &blocks, 0, g); }, {me, "gather", "own block has 5 elements"},
+                  "gather whose own block does not match the input", r == 0);
+    expect_throws([&] { scatter(t, few, 0, g); }, {me, "scatter", "got " + std::to_string(n + 1)},
+                  "scatter list of the wrong length", r == 0);
     // Nothing was sent: the group still works, in step on every rank.
     all_reduce(t, ReduceOp::sum, g);
     expect_values<float>(

@@ -12,8 +12,9 @@
 //  - Argument errors a single rank can see (sizes, ranks out of range, wrong device) are thrown by the
 //    submitting call, before any communication. Errors that happen during communication (timeouts, dead
 //    peers) are stored in the WorkImpl and rethrown by wait().
-//  - Variable-size ops (all_gather of uneven blocks, all_to_all with splits, gather/scatter) take element
-//    counts and displacements per rank, so a device backend can run them as grouped send/recv.
+//  - Variable-size ops (all_gather of uneven blocks, all_to_all with splits) take element counts and
+//    displacements per rank, so a device backend can run them as grouped send/recv. gather and scatter take
+//    one buffer per member on the root, like torch's lists, so the root needs no staging copy.
 
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
@@ -26,6 +27,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dtensor {
 
@@ -38,6 +40,18 @@ struct BufferRef {
 
   std::size_t nbytes() const noexcept { return static_cast<std::size_t>(count) * dtype_size(dtype); }
 };
+
+/// The blocks buf[displs[i] .. + counts[i]) of one buffer, e.g. for gather and scatter.
+inline std::vector<BufferRef> split_buffer(BufferRef buf, std::span<const std::int64_t> counts,
+                                           std::span<const std::int64_t> displs) {
+  std::vector<BufferRef> blocks(counts.size(), buf);
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    blocks[i].data =
+        static_cast<char*>(buf.data) + static_cast<std::size_t>(displs[i]) * dtype_size(buf.dtype);
+    blocks[i].count = counts[i];
+  }
+  return blocks;
+}
 
 /// Options of one submitted op.
 struct CommOptions {
@@ -116,12 +130,15 @@ public:
                              std::span<const std::int64_t> send_displs, BufferRef out,
                              std::span<const std::int64_t> recv_counts,
                              std::span<const std::int64_t> recv_displs, const CommOptions& opts) = 0;
-  /// On root: out[displs[i] .. + counts[i]) = in of member i. out is ignored elsewhere.
-  virtual WorkPtr gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
-                         std::span<const std::int64_t> displs, int root, const CommOptions& opts) = 0;
-  /// Member i receives root's in[displs[i] .. + counts[i]) into out. in is ignored off root.
-  virtual WorkPtr scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
-                          std::span<const std::int64_t> displs, int root, const CommOptions& opts) = 0;
+  /// On root: blocks[i] = in of member i (one block per member, blocks[i].count == that member's
+  /// in.count; the blocks may be separate tensors or parts of one buffer, see split_buffer). blocks is
+  /// ignored elsewhere.
+  virtual WorkPtr gather(BufferRef in, std::span<const BufferRef> blocks, int root,
+                         const CommOptions& opts) = 0;
+  /// Member i receives root's blocks[i] into out (out.count == blocks[i].count). blocks is ignored off
+  /// root.
+  virtual WorkPtr scatter(std::span<const BufferRef> blocks, BufferRef out, int root,
+                          const CommOptions& opts) = 0;
   virtual WorkPtr barrier(const CommOptions& opts) = 0;
 
   // ---- point to point ---------------------------------------------------------------------------------

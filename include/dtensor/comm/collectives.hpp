@@ -399,29 +399,19 @@ Work gather_impl(const Tensor<T, Rank>& input,
                                          " is out of range for a group of " + std::to_string(n));
   if (group.rank() != dst) {
     return launch(
-        async, [&](const CommOptions& o) { return b.gather(in, BufferRef{}, {}, {}, dst, o); },
-        keep_alive(input));
+        async, [&](const CommOptions& o) { return b.gather(in, {}, dst, o); }, keep_alive(input));
   }
   DTENSOR_CHECK(gather_list != nullptr && gather_list->size() == static_cast<std::size_t>(n),
                 op_context(group, "gather") + ": dst " + std::to_string(dst) + " needs a gather list of " +
                     std::to_string(n) + " tensors, got " +
                     (gather_list ? std::to_string(gather_list->size()) : std::string("none")));
-  std::vector<std::int64_t> counts(n);
-  for (int i = 0; i < n; ++i) {
-    comm_buffer((*gather_list)[i], group, "gather", "output");
-    counts[i] = (*gather_list)[i].numel();
+  std::vector<BufferRef> blocks(n);
+  for (int i = 0; i < n; ++i) { // received in place: the list's tensors are the receive buffers
+    blocks[i] = comm_buffer((*gather_list)[i], group, "gather", "output");
   }
-  auto displs = displacements(counts);
-  auto staging = Tensor<T, 1>({displs.back() + counts.back()}, input.device());
-  auto out = comm_buffer(staging, group, "gather", "staging");
-  auto finish = [outputs = *gather_list, staging, displs] {
-    for (std::size_t i = 0; i < outputs.size(); ++i) {
-      copy_from_flat(outputs[i], staging, displs[i]);
-    }
-  };
   return launch(
-      async, [&](const CommOptions& o) { return b.gather(in, out, counts, displs, dst, o); },
-      keep_alive(input, staging), finish);
+      async, [&](const CommOptions& o) { return b.gather(in, blocks, dst, o); },
+      async ? keep_alive(input, *gather_list) : nullptr);
 }
 
 template <class T, int Rank>
@@ -434,26 +424,18 @@ Work scatter_impl(const Tensor<T, Rank>& output, const std::vector<Tensor<T, Ran
                                          " is out of range for a group of " + std::to_string(n));
   if (group.rank() != src) {
     return launch(
-        async, [&](const CommOptions& o) { return b.scatter(BufferRef{}, out, {}, {}, src, o); },
-        keep_alive(output));
+        async, [&](const CommOptions& o) { return b.scatter({}, out, src, o); }, keep_alive(output));
   }
   DTENSOR_CHECK(scatter_list.size() == static_cast<std::size_t>(n),
                 op_context(group, "scatter") + ": src " + std::to_string(src) + " needs a scatter list of " +
                     std::to_string(n) + " tensors, got " + std::to_string(scatter_list.size()));
-  std::vector<std::int64_t> counts(n);
-  for (int i = 0; i < n; ++i) {
-    comm_buffer(scatter_list[i], group, "scatter", "input");
-    counts[i] = scatter_list[i].numel();
+  std::vector<BufferRef> blocks(n);
+  for (int i = 0; i < n; ++i) { // sent in place: no staging copy
+    blocks[i] = comm_buffer(scatter_list[i], group, "scatter", "input");
   }
-  auto displs = displacements(counts);
-  auto staging = Tensor<T, 1>({displs.back() + counts.back()}, output.device());
-  for (int i = 0; i < n; ++i) {
-    copy_to_flat(staging, displs[i], scatter_list[i]);
-  }
-  auto in = comm_buffer(staging, group, "scatter", "staging");
   return launch(
-      async, [&](const CommOptions& o) { return b.scatter(in, out, counts, displs, src, o); },
-      keep_alive(output, staging));
+      async, [&](const CommOptions& o) { return b.scatter(blocks, out, src, o); },
+      async ? keep_alive(output, scatter_list) : nullptr);
 }
 
 } // namespace detail

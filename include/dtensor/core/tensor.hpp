@@ -194,9 +194,16 @@ void copy_host(void* dst, const std::array<std::int64_t, Rank>& dst_strides, con
 }
 
 /// 64-byte aligned host memory; zero bytes is allowed (a unique non-null pointer).
+/// Aligned by hand inside a plain operator new block of 63 more bytes, not with the aligned operator new:
+/// glibc 2.36 does not reuse a freed aligned block for the next aligned request of the same size (the
+/// heap grows instead), so each new tensor of a repeated size paid first-touch page faults on all of its
+/// memory: 16 MiB took 50-75 ms to fill on the dev VM instead of ~1 ms (bench/collectives: a scatter's
+/// staging made it 20x slower than gloo's).
 inline std::shared_ptr<void> allocate_host(std::size_t nbytes) {
-  void* p = ::operator new (nbytes, std::align_val_t{64});
-  return std::shared_ptr<void>(p, [](void* q) { ::operator delete (q, std::align_val_t{64}); });
+  constexpr std::size_t align = 64;
+  void* raw = ::operator new(nbytes + align - 1);
+  void* p = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(raw) + align - 1) & ~(align - 1));
+  return std::shared_ptr<void>(p, [raw](void*) { ::operator delete(raw); });
 }
 
 [[noreturn]] inline void throw_no_cuda(const char* what, Device device) {

@@ -98,16 +98,33 @@ DTensor<T, Rank, Shape, P...> distribute_tensor(const DeviceMesh<Shape>& mesh, c
     blocks[q] = spec_block(gext, Result::spec, mesh.sizes(), c);
     counts[q] = detail::holds_partial_value(Result::placements, c) ? numel(blocks[q].shape) : 0;
   }
-  const auto displs = detail::displacements(counts);
+  // The source sends each block straight from `full` where that block is contiguous in it (e.g. Shard(0)
+  // of a contiguous tensor), the others from one packed copy (strided reads, no contiguous copy first).
   const Block whole{gext, Extents(Rank, 0)};
-  Tensor<T, 1> packed({g.rank() == src ? displs[n - 1] + counts[n - 1] : 0}, dev);
+  std::vector<BufferRef> pieces;
+  Tensor<T, 1> packed;
   if (g.rank() == src) {
-    for (int q = 0; q < n; ++q) { // strided reads straight from `full` (no contiguous copy first)
-      if (counts[q] > 0) {
-        local_ops::copy(packed.narrow(0, displs[q], counts[q])
-                            .template view<Rank>(detail::to_array<Rank>(blocks[q].shape)),
-                        detail::region(full, whole, blocks[q]));
+    std::vector<Tensor<T, Rank>> regions(n);
+    std::int64_t staged = 0;
+    for (int q = 0; q < n; ++q) {
+      regions[q] = detail::region(full, whole, blocks[q]);
+      staged += regions[q].is_contiguous() ? 0 : counts[q];
+    }
+    packed = Tensor<T, 1>({staged}, dev);
+    pieces.resize(n, BufferRef{nullptr, 0, dtype_v<T>, dev});
+    std::int64_t at = 0;
+    for (int q = 0; q < n; ++q) {
+      if (counts[q] == 0) {
+        continue;
       }
+      if (regions[q].is_contiguous()) {
+        pieces[q] = detail::buffer_of(regions[q]);
+        continue;
+      }
+      auto dst = packed.narrow(0, at, counts[q]);
+      local_ops::copy(dst.template view<Rank>(detail::to_array<Rank>(blocks[q].shape)), regions[q]);
+      pieces[q] = detail::buffer_of(dst);
+      at += counts[q];
     }
   }
   const int me = g.rank();
@@ -121,9 +138,7 @@ DTensor<T, Rank, Shape, P...> distribute_tensor(const DeviceMesh<Shape>& mesh, c
   if (counts[me] == 0) {
     recv = Tensor<T, 1>({0}, dev);
   }
-  g.impl("distribute_tensor")
-      .scatter(detail::buffer_of(packed), detail::buffer_of(recv), counts, displs, src, opts)
-      ->wait();
+  g.impl("distribute_tensor").scatter(pieces, detail::buffer_of(recv), src, opts)->wait();
   return Result(mesh, std::move(local), global);
 }
 

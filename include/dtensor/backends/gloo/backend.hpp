@@ -237,7 +237,7 @@ public:
   WorkPtr all_reduce(BufferRef buf, ReduceOp op, const CommOptions& opts) override {
     check_buffer("all_reduce", buf, "tensor");
     OpDesc d{"all_reduce", 0, buf.count, buf.dtype, -1, static_cast<int>(op)};
-    return submit(d, opts, {}, [this, buf, op](const OpDesc& od, Ms t, const Ints&) {
+    return submit(d, opts, {}, [this, buf, op](const OpDesc& od, Ms t, const Arrays&) {
       if (buf.count > 0 && size() > 1) {
         run_all_reduce(buf, op, od.seq, t);
       }
@@ -251,7 +251,7 @@ public:
     check_buffer("reduce", buf, "tensor");
     check_root("reduce", root, "dst");
     OpDesc d{"reduce", 0, buf.count, buf.dtype, root, static_cast<int>(op)};
-    return submit(d, opts, {}, [this, buf, root, op](const OpDesc& od, Ms t, const Ints&) {
+    return submit(d, opts, {}, [this, buf, root, op](const OpDesc& od, Ms t, const Arrays&) {
       if (buf.count > 0 && size() > 1) {
         ::gloo::ReduceOptions o(context_);
         with_type(buf.dtype, [&]<class T>(T) {
@@ -278,7 +278,7 @@ public:
     check_buffer("broadcast", buf, "tensor");
     check_root("broadcast", root, "src");
     OpDesc d{"broadcast", 0, buf.count, buf.dtype, root};
-    return submit(d, opts, {}, [this, buf, root](const OpDesc& od, Ms t, const Ints&) {
+    return submit(d, opts, {}, [this, buf, root](const OpDesc& od, Ms t, const Arrays&) {
       if (buf.count == 0 || size() == 1) {
         return;
       }
@@ -306,7 +306,7 @@ public:
     OpDesc d{"all_gather", 0, in.count, in.dtype};
     const bool even = std::all_of(counts.begin(), counts.end(), [&](auto c) { return c == counts[0]; }) &&
                       is_packed(counts, displs);
-    return submit(d, opts, {counts, displs}, [this, in, out, even](const OpDesc& od, Ms t, const Ints& l) {
+    return submit(d, opts, {counts, displs}, [this, in, out, even](const OpDesc& od, Ms t, const Arrays& l) {
       const std::size_t es = dtype_size(in.dtype);
       if (even && in.count > 0 && size() > 1) {
         ::gloo::AllgatherOptions o(context_);
@@ -337,7 +337,7 @@ public:
                       " elements but counts[" + std::to_string(rank_) + "] is " +
                       std::to_string(counts[rank_]) + "; counts " + join_counts(counts));
     OpDesc d{"reduce_scatter", 0, in.count, in.dtype, -1, static_cast<int>(op)};
-    return submit(d, opts, {counts, displs}, [this, in, out, op](const OpDesc& od, Ms t, const Ints& l) {
+    return submit(d, opts, {counts, displs}, [this, in, out, op](const OpDesc& od, Ms t, const Arrays& l) {
       run_reduce_scatter(in, out, l[0], l[1], op, od.seq, t);
       if (op == ReduceOp::avg) {
         divide_in_place(out.data, out.count, out.dtype, size());
@@ -356,66 +356,58 @@ public:
     check_layout("all_to_all", "output split sizes", recv_counts, recv_displs, out);
     OpDesc d{"all_to_all", 0, in.count, in.dtype};
     return submit(d, opts, {send_counts, send_displs, recv_counts, recv_displs},
-                  [this, in, out](const OpDesc& od, Ms t, const Ints& l) {
+                  [this, in, out](const OpDesc& od, Ms t, const Arrays& l) {
                     exchange(in, l[0], l[1], out, l[2], l[3], dtype_size(in.dtype), own_slot(od.seq), t);
                   });
   }
 
-  WorkPtr gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
-                 std::span<const std::int64_t> displs, int root, const CommOptions& opts) override {
+  WorkPtr gather(BufferRef in, std::span<const BufferRef> blocks, int root,
+                 const CommOptions& opts) override {
     check_buffer("gather", in, "input");
     check_root("gather", root, "dst");
-    if (rank_ == root) { // counts and out only matter on the root
-      check_buffer("gather", out, "output");
-      check_same_dtype("gather", in, out);
-      check_layout("gather", "counts", counts, displs, out);
-      DTENSOR_CHECK(in.count == counts[rank_], describe() + ": gather: the input has " +
-                                                   std::to_string(in.count) + " elements but counts[" +
-                                                   std::to_string(rank_) + "] is " +
-                                                   std::to_string(counts[rank_]));
+    if (rank_ == root) { // blocks only matter on the root
+      check_blocks("gather", blocks, in);
     }
     OpDesc d{"gather", 0, in.count, in.dtype, root};
-    Ints layout;
+    Arrays a;
     if (rank_ == root) {
-      layout = {counts, displs};
+      a.blocks = blocks;
     }
-    return submit(d, opts, layout, [this, in, out, root](const OpDesc& od, Ms t, const Ints& l) {
-      auto sc = tmp_ints(0, 0), zero = tmp_ints(1, 0);
-      sc[root] = in.count;
-      exchange(in, sc, zero, out, rank_ == root ? l[0] : zero, rank_ == root ? l[1] : zero,
-               dtype_size(in.dtype), own_slot(od.seq), t);
+    return submit(d, opts, a, [this, in, root](const OpDesc& od, Ms t, const Arrays& a) {
+      if (rank_ != root) {
+        send_block(in, root, own_slot(od.seq), t);
+        return;
+      }
+      copy_block(a.blocks[rank_], in);
+      receive_blocks(a.blocks, own_slot(od.seq), t);
     });
   }
 
-  WorkPtr scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
-                  std::span<const std::int64_t> displs, int root, const CommOptions& opts) override {
+  WorkPtr scatter(std::span<const BufferRef> blocks, BufferRef out, int root,
+                  const CommOptions& opts) override {
     check_buffer("scatter", out, "output");
     check_root("scatter", root, "src");
     if (rank_ == root) {
-      check_buffer("scatter", in, "input");
-      check_same_dtype("scatter", in, out);
-      check_layout("scatter", "counts", counts, displs, in);
-      DTENSOR_CHECK(out.count == counts[rank_], describe() + ": scatter: the output has " +
-                                                    std::to_string(out.count) + " elements but counts[" +
-                                                    std::to_string(rank_) + "] is " +
-                                                    std::to_string(counts[rank_]));
+      check_blocks("scatter", blocks, out);
     }
     OpDesc d{"scatter", 0, out.count, out.dtype, root};
-    Ints layout;
+    Arrays a;
     if (rank_ == root) {
-      layout = {counts, displs};
+      a.blocks = blocks;
     }
-    return submit(d, opts, layout, [this, in, out, root](const OpDesc& od, Ms t, const Ints& l) {
-      auto rc = tmp_ints(0, 0), zero = tmp_ints(1, 0);
-      rc[root] = out.count;
-      exchange(in, rank_ == root ? l[0] : zero, rank_ == root ? l[1] : zero, out, rc, zero,
-               dtype_size(out.dtype), own_slot(od.seq), t);
+    return submit(d, opts, a, [this, out, root](const OpDesc& od, Ms t, const Arrays& a) {
+      if (rank_ != root) {
+        receive_block(out, root, own_slot(od.seq), t);
+        return;
+      }
+      copy_block(out, a.blocks[rank_]);
+      send_blocks(a.blocks, own_slot(od.seq), t);
     });
   }
 
   WorkPtr barrier(const CommOptions& opts) override {
     OpDesc d{"barrier", 0, 0, DType::uint8};
-    return submit(d, opts, {}, [this](const OpDesc& od, Ms t, const Ints&) {
+    return submit(d, opts, {}, [this](const OpDesc& od, Ms t, const Arrays&) {
       if (size() == 1) {
         return;
       }
@@ -649,18 +641,27 @@ private:
     }
   }
 
-  /// Up to four arrays of group size an op reads (counts and displacements). They view the caller's
-  /// arrays while the op runs on the caller's thread; own() copies them (one allocation) before it is
-  /// queued.
-  struct Ints {
+  /// The arrays of group size an op reads: up to four of counts and displacements, and gather's/scatter's
+  /// blocks. They view the caller's arrays while the op runs on the caller's thread; own() copies them
+  /// before it is queued.
+  struct Arrays {
     std::array<std::span<const std::int64_t>, 4> v{};
+    std::span<const BufferRef> blocks;
     std::shared_ptr<std::int64_t[]> storage;
+    std::shared_ptr<BufferRef[]> block_storage;
 
-    Ints() = default;
-    Ints(std::initializer_list<std::span<const std::int64_t>> l) { std::copy(l.begin(), l.end(), v.begin()); }
+    Arrays() = default;
+    Arrays(std::initializer_list<std::span<const std::int64_t>> l) {
+      std::copy(l.begin(), l.end(), v.begin());
+    }
     std::span<const std::int64_t> operator[](std::size_t i) const { return v[i]; }
 
     void own() {
+      if (!blocks.empty()) {
+        block_storage = std::make_shared<BufferRef[]>(blocks.size());
+        std::copy(blocks.begin(), blocks.end(), block_storage.get());
+        blocks = {block_storage.get(), blocks.size()};
+      }
       std::size_t total = 0;
       for (auto& a : v) {
         total += a.size();
@@ -678,11 +679,11 @@ private:
     }
   };
 
-  /// Runs `body(desc, timeout, ints)` in submission order. A blocking op on an idle group runs on this
+  /// Runs `body(desc, timeout, arrays)` in submission order. A blocking op on an idle group runs on this
   /// thread with nothing allocated (the caller's arrays are read in place; the returned work is a shared,
   /// already completed one unless the op failed); otherwise it is queued on the group's worker.
   template <class Body>
-  WorkPtr submit(OpDesc d, const CommOptions& opts, Ints ints, Body body) {
+  WorkPtr submit(OpDesc d, const CommOptions& opts, Arrays arrays, Body body) {
     check_not_aborted(d.name);
     {
       std::lock_guard lock(m_);
@@ -694,7 +695,7 @@ private:
       const bool ran = executor_->run_inline_if_idle([&] {
         const auto start = Clock::now();
         try {
-          body(d, t, ints);
+          body(d, t, arrays);
         } catch (...) {
           error = translate(std::current_exception(), d, start);
         }
@@ -708,14 +709,14 @@ private:
         return work;
       }
     }
-    ints.own();
+    arrays.own();
     auto work = std::make_shared<HostWork>();
     auto self = shared_from_this();
     executor_->submit(
-        [self, work, d, t, ints = std::move(ints), body = std::move(body)] {
+        [self, work, d, t, arrays = std::move(arrays), body = std::move(body)] {
           const auto start = Clock::now();
           try {
-            body(d, t, ints);
+            body(d, t, arrays);
             work->finish();
           } catch (...) {
             work->finish(self->translate(std::current_exception(), d, start));
@@ -839,7 +840,93 @@ private:
     }
   }
 
+  /// gather's/scatter's blocks on the root: one per member; this rank's block matches `mine` (gather's
+  /// input, scatter's output).
+  void check_blocks(const char* op, std::span<const BufferRef> blocks, const BufferRef& mine) const {
+    const bool is_gather = std::string_view(op) == "gather";
+    DTENSOR_CHECK(blocks.size() == static_cast<std::size_t>(size()),
+                  describe() + ": " + op + ": the root needs one block per member (" +
+                      std::to_string(size()) + "), got " + std::to_string(blocks.size()));
+    for (const BufferRef& b : blocks) {
+      check_buffer(op, b, "block");
+      if (is_gather) {
+        check_same_dtype(op, mine, b);
+      } else {
+        check_same_dtype(op, b, mine);
+      }
+    }
+    DTENSOR_CHECK(blocks[rank_].count == mine.count,
+                  describe() + ": " + op + ": the root's own block has " +
+                      std::to_string(blocks[rank_].count) + " elements but its " +
+                      (is_gather ? "input" : "output") + " has " + std::to_string(mine.count));
+  }
+
   // ---- algorithms (run on the executor) -----------------------------------------------------------------
+
+  /// dst = src (same count; the root's own block of gather and scatter).
+  static void copy_block(const BufferRef& dst, const BufferRef& src) {
+    if (src.count > 0 && dst.data != src.data) {
+      std::memmove(dst.data, src.data, src.nbytes());
+    }
+  }
+
+  void send_block(const BufferRef& b, int peer, std::uint64_t slot, std::chrono::milliseconds t) {
+    if (b.count == 0) {
+      return;
+    }
+    auto ub = context_->createUnboundBuffer(b.data, b.nbytes());
+    ub->send(peer, slot);
+    if (!ub->waitSend(t)) {
+      throw Error("the operation was aborted");
+    }
+  }
+
+  void receive_block(const BufferRef& b, int peer, std::uint64_t slot, std::chrono::milliseconds t) {
+    if (b.count == 0) {
+      return;
+    }
+    auto ub = context_->createUnboundBuffer(b.data, b.nbytes());
+    ub->recv(peer, slot);
+    if (!ub->waitRecv(t)) {
+      throw Error("the operation was aborted");
+    }
+  }
+
+  /// Root of scatter: sends blocks[m] to every other member m, all posted before waiting on any.
+  void send_blocks(std::span<const BufferRef> blocks, std::uint64_t slot, std::chrono::milliseconds t) {
+    const auto deadline = Clock::now() + t;
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> ubs;
+    for (int i = 1; i < size(); ++i) {
+      const int m = (rank_ + i) % size();
+      if (blocks[m].count > 0) {
+        ubs.push_back(context_->createUnboundBuffer(blocks[m].data, blocks[m].nbytes()));
+        ubs.back()->send(m, slot);
+      }
+    }
+    for (auto& ub : ubs) {
+      if (!ub->waitSend(remaining(deadline))) {
+        throw Error("the operation was aborted");
+      }
+    }
+  }
+
+  /// Root of gather: receives every other member m's input into blocks[m], all posted before waiting.
+  void receive_blocks(std::span<const BufferRef> blocks, std::uint64_t slot, std::chrono::milliseconds t) {
+    const auto deadline = Clock::now() + t;
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> ubs;
+    for (int i = 1; i < size(); ++i) {
+      const int m = (rank_ - i + size()) % size();
+      if (blocks[m].count > 0) {
+        ubs.push_back(context_->createUnboundBuffer(blocks[m].data, blocks[m].nbytes()));
+        ubs.back()->recv(m, slot);
+      }
+    }
+    for (auto& ub : ubs) {
+      if (!ub->waitRecv(remaining(deadline))) {
+        throw Error("the operation was aborted");
+      }
+    }
+  }
 
   void run_all_reduce(BufferRef buf, ReduceOp op, std::uint32_t tag, std::chrono::milliseconds t) {
     ::gloo::AllreduceOptions o(context_);

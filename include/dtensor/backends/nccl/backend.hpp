@@ -248,32 +248,25 @@ public:
     });
   }
 
-  WorkPtr gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
-                 std::span<const std::int64_t> displs, int root, const CommOptions& opts) override {
+  WorkPtr gather(BufferRef in, std::span<const BufferRef> blocks, int root,
+                 const CommOptions& opts) override {
     check_root(root, "gather");
     check_buffer(in, "gather", "the input");
     if (rank_ == root) {
-      check_buffer(out, "gather", "the output");
-      check_layout(counts, displs, out, in.dtype, "gather");
-    } else {
-      check_sizes(counts, displs, "gather");
+      check_blocks(blocks, in, "gather");
     }
-    check_count(in.count == counts[rank_], "gather",
-                "the input has " + std::to_string(in.count) + " elements but counts[" +
-                    std::to_string(rank_) + "] is " + std::to_string(counts[rank_]));
     const auto t = nccl_type(in.dtype);
-    const std::size_t es = dtype_size(in.dtype);
     return submit("gather", opts, false, [&](ncclComm_t c, cudaStream_t s) {
       if (rank_ != root) {
-        return grouped([&] { return send(in.data, counts[rank_], t, root, c, s); });
+        return grouped([&] { return send(in.data, in.count, t, root, c, s); });
       }
-      copy_async(at(out, displs[rank_], es), in.data, in.nbytes(), s);
+      copy_async(blocks[rank_].data, in.data, in.nbytes(), s);
       return grouped([&] {
         for (int p = 0; p < size(); ++p) {
           if (p == rank_) {
             continue;
           }
-          if (ncclResult_t r = recv(at(out, displs[p], es), counts[p], t, p, c, s); r != ncclSuccess) {
+          if (ncclResult_t r = recv(blocks[p].data, blocks[p].count, t, p, c, s); r != ncclSuccess) {
             return r;
           }
         }
@@ -282,32 +275,25 @@ public:
     });
   }
 
-  WorkPtr scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
-                  std::span<const std::int64_t> displs, int root, const CommOptions& opts) override {
+  WorkPtr scatter(std::span<const BufferRef> blocks, BufferRef out, int root,
+                  const CommOptions& opts) override {
     check_root(root, "scatter");
     check_buffer(out, "scatter", "the output");
     if (rank_ == root) {
-      check_buffer(in, "scatter", "the input");
-      check_layout(counts, displs, in, out.dtype, "scatter");
-    } else {
-      check_sizes(counts, displs, "scatter");
+      check_blocks(blocks, out, "scatter");
     }
-    check_count(out.count == counts[rank_], "scatter",
-                "the output has " + std::to_string(out.count) + " elements but counts[" +
-                    std::to_string(rank_) + "] is " + std::to_string(counts[rank_]));
     const auto t = nccl_type(out.dtype);
-    const std::size_t es = dtype_size(out.dtype);
     return submit("scatter", opts, false, [&](ncclComm_t c, cudaStream_t s) {
       if (rank_ != root) {
-        return grouped([&] { return recv(out.data, counts[rank_], t, root, c, s); });
+        return grouped([&] { return recv(out.data, out.count, t, root, c, s); });
       }
-      copy_async(out.data, at(in, displs[rank_], es), out.nbytes(), s);
+      copy_async(out.data, blocks[rank_].data, out.nbytes(), s);
       return grouped([&] {
         for (int p = 0; p < size(); ++p) {
           if (p == rank_) {
             continue;
           }
-          if (ncclResult_t r = send(at(in, displs[p], es), counts[p], t, p, c, s); r != ncclSuccess) {
+          if (ncclResult_t r = send(blocks[p].data, blocks[p].count, t, p, c, s); r != ncclSuccess) {
             return r;
           }
         }
@@ -482,6 +468,22 @@ private:
                         std::to_string(displs[i]) + ", " + std::to_string(counts[i]) +
                         " elements) does not fit a buffer of " + std::to_string(buf.count));
     }
+  }
+
+  /// gather's/scatter's blocks on the root: one per member, this rank's matching `mine`.
+  void check_blocks(std::span<const BufferRef> blocks, const BufferRef& mine, const char* op) const {
+    DTENSOR_CHECK(blocks.size() == static_cast<std::size_t>(size()),
+                  describe() + ": " + op + ": the root needs one block per member (" +
+                      std::to_string(size()) + "), got " + std::to_string(blocks.size()));
+    for (const BufferRef& b : blocks) {
+      check_buffer(b, op, "a block");
+      DTENSOR_CHECK(b.dtype == mine.dtype,
+                    describe() + ": " + op + ": input and output element types differ");
+    }
+    check_count(blocks[rank_].count == mine.count, op,
+                "the root's own block has " + std::to_string(blocks[rank_].count) +
+                    " elements but this rank's " + (op[0] == 'g' ? "input" : "output") + " has " +
+                    std::to_string(mine.count));
   }
 
   static bool equal_packed(std::span<const std::int64_t> counts, std::span<const std::int64_t> displs) {
