@@ -136,47 +136,79 @@ T partial_identity(ReduceOp op) {
   return op == ReduceOp::product ? T(1.0f) : T(0.0f);
 }
 
-/// One side of an exchange: a flat buffer and, per peer, the count and displacement of its piece.
-/// `packed` says whether the buffer is a staging copy (else it is the tensor's own memory).
+/// One side of an exchange: per peer, where its piece moves from (or to). A piece that is a contiguous
+/// range of the tensor moves straight from (into) the tensor's memory; the others go through one staging
+/// buffer, packed in peer order. The piece a rank keeps is not here (copied region to region); its count
+/// is 0.
 template <class T>
 struct Staged {
-  Tensor<T, 1> buf;
-  std::vector<std::int64_t> counts;
-  std::vector<std::int64_t> displs;
-  bool packed = false;
+  Tensor<T, 1> staging;             ///< the packed pieces (empty when none is)
+  std::vector<BufferRef> at;        ///< per peer
+  std::vector<Piece> packed;        ///< the pieces that live in `staging`
+  Tensor<T, 1> base;                ///< one-buffer form: the buffer every range of `at` lies in
+  std::vector<std::int64_t> counts; ///< one-buffer form: element counts per peer
+  std::vector<std::int64_t> displs; ///< one-buffer form: displacements in `base` per peer
 };
 
-/// The pieces of `t` (holding `whole`) as ranges of t's own memory when each is contiguous there, else a
-/// staging buffer with the pieces packed in peer order.
+/// Stages the pieces of `t` (holding `whole`) except `me`'s. `one_buffer`: every piece lies in one buffer
+/// (a collective's flat send/receive buffer), so one non-contiguous piece stages them all; otherwise
+/// (point-to-point) each piece decides alone.
 template <class T, int R>
-Staged<T> stage(const std::vector<Piece>& pieces, int k, const Tensor<T, R>& t, const Block& whole,
-                Device dev) {
-  Staged<T> s{Tensor<T, 1>(), std::vector<std::int64_t>(k, 0), std::vector<std::int64_t>(k, 0), false};
+Staged<T> stage(const std::vector<Piece>& pieces, int k, int me, const Tensor<T, R>& t, const Block& whole,
+                Device dev, bool one_buffer) {
+  Staged<T> s;
+  s.at.assign(k, BufferRef{nullptr, 0, dtype_v<T>, dev});
+  std::int64_t staged = 0;
   for (const Piece& p : pieces) {
-    s.counts[p.peer] = numel(p.block.shape);
-  }
-  bool in_place = t.numel() > 0;
-  for (const Piece& p : pieces) {
-    const Tensor<T, R> r = region(t, whole, p.block);
-    if (!r.is_contiguous()) {
-      in_place = false;
-      break;
+    if (p.peer == me) {
+      continue;
     }
-    s.displs[p.peer] = r.data() - t.data();
+    const Tensor<T, R> r = region(t, whole, p.block);
+    if (r.is_contiguous() && r.numel() > 0) {
+      s.at[p.peer] = BufferRef{r.data(), r.numel(), dtype_v<T>, dev};
+    } else if (r.numel() > 0) {
+      s.packed.push_back(p);
+      staged += r.numel();
+    }
   }
-  if (in_place) {
-    s.buf = Tensor<T, 1>::from_blob(t.data(), {t.numel()}, dev);
-    return s;
+  if (one_buffer && !s.packed.empty()) { // all of them then
+    s.packed.clear();
+    staged = 0;
+    for (const Piece& p : pieces) {
+      if (p.peer != me && numel(p.block.shape) > 0) {
+        s.packed.push_back(p);
+        staged += numel(p.block.shape);
+      }
+    }
   }
-  s.displs = displacements(s.counts);
-  s.buf = fresh<T, 1>({s.displs[k - 1] + s.counts[k - 1]}, dev);
-  s.packed = true;
+  if (staged > 0) {
+    s.staging = fresh<T, 1>({staged}, dev);
+  }
+  std::int64_t at = 0;
+  for (const Piece& p : s.packed) {
+    const std::int64_t n = numel(p.block.shape);
+    s.at[p.peer] = BufferRef{s.staging.data() + at, n, dtype_v<T>, dev};
+    at += n;
+  }
+  if (one_buffer) {
+    s.base = s.packed.empty() ? Tensor<T, 1>::from_blob(t.data(), {t.numel()}, dev) : s.staging;
+    s.counts.assign(k, 0);
+    s.displs.assign(k, 0);
+    for (int q = 0; q < k; ++q) {
+      if (s.at[q].count > 0) {
+        s.counts[q] = s.at[q].count;
+        s.displs[q] = static_cast<T*>(s.at[q].data) - s.base.data();
+      }
+    }
+  }
   return s;
 }
 
-template <class T>
-BufferRef range_of(const Staged<T>& s, int peer, Device dev) {
-  return BufferRef{s.buf.data() + s.displs[peer], s.counts[peer], dtype_v<T>, dev};
+/// The staging view of a packed piece, shaped as its block.
+template <class T, int R>
+Tensor<T, R> staged_view(const Staged<T>& s, const Piece& p) {
+  return Tensor<T, R>::from_blob(static_cast<T*>(s.at[p.peer].data), to_array<R>(p.block.shape),
+                                 s.staging.device());
 }
 
 /// Submits step `st` on this rank's local block `in` (contiguous, shape = the step's source block).
@@ -296,46 +328,43 @@ StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents&
       CommDebugMode::record(st.kind == StepKind::all_to_all ? "all_to_all" : "permute", label(),
                             received * elem);
     }
-    // Each side moves straight from `in` / into `out` when all its pieces are contiguous ranges there
-    // (e.g. the split dim is the leading one); otherwise through a packed staging buffer.
-    Staged<T> send = stage(sends, k, in, before, dev);
-    Staged<T> recv = stage(recvs, k, out, after, dev);
-    if (send.packed) {
-      for (const Piece& p : sends) {
-        local_ops::copy(send.buf.narrow(0, send.displs[p.peer], send.counts[p.peer])
-                            .template view<R>(to_array<R>(p.block.shape)),
-                        region(in, before, p.block));
+    // Pieces move straight from `in` / into `out` where they are contiguous ranges there (e.g. the split
+    // dim is the leading one); otherwise through staging buffers. The piece this rank keeps is copied
+    // directly.
+    const bool one_buffer = st.kind == StepKind::all_to_all;
+    Staged<T> send = stage(sends, k, me, in, before, dev, one_buffer);
+    Staged<T> recv = stage(recvs, k, me, out, after, dev, one_buffer);
+    for (const Piece& p : send.packed) {
+      local_ops::copy(staged_view<T, R>(send, p), region(in, before, p.block));
+    }
+    for (const Piece& s : sends) {
+      for (const Piece& r : recvs) {
+        if (s.peer == me && r.peer == me) {
+          local_ops::copy(region(out, after, r.block), region(in, before, s.block));
+        }
       }
     }
-    auto unpack = [out, recv, recvs, after]() {
-      if (!recv.packed) {
-        return;
-      }
-      for (const Piece& p : recvs) {
-        local_ops::copy(region(out, after, p.block),
-                        recv.buf.narrow(0, recv.displs[p.peer], recv.counts[p.peer])
-                            .template view<R>(to_array<R>(p.block.shape)));
+    auto unpack = [out, recv, after]() {
+      for (const Piece& p : recv.packed) {
+        local_ops::copy(region(out, after, p.block), staged_view<T, R>(recv, p));
       }
     };
     std::shared_ptr<WorkImpl> impl;
-    if (st.kind == StepKind::all_to_all) {
+    if (one_buffer) {
       impl = g.impl("redistribute")
-                 .all_to_all(buffer_of(send.buf), send.counts, send.displs, buffer_of(recv.buf), recv.counts,
-                             recv.displs, opts);
+                 .all_to_all(buffer_of(send.base), send.counts, send.displs, buffer_of(recv.base),
+                             recv.counts, recv.displs, opts);
     } else {
-      // Only the pairs that exchange data take part; the piece a rank keeps is a local copy.
+      // Only the pairs that exchange data take part.
       std::vector<P2PRequest> requests;
       for (const Piece& p : recvs) {
-        if (p.peer != me) {
-          requests.push_back({P2PRequest::Kind::recv, range_of(recv, p.peer, dev), p.peer, 0});
+        if (p.peer != me && recv.at[p.peer].count > 0) {
+          requests.push_back({P2PRequest::Kind::recv, recv.at[p.peer], p.peer, 0});
         }
       }
       for (const Piece& p : sends) {
-        if (p.peer != me) {
-          requests.push_back({P2PRequest::Kind::send, range_of(send, p.peer, dev), p.peer, 0});
-        } else {
-          local_ops::copy(recv.buf.narrow(0, recv.displs[me], recv.counts[me]),
-                          send.buf.narrow(0, send.displs[me], send.counts[me]));
+        if (p.peer != me && send.at[p.peer].count > 0) {
+          requests.push_back({P2PRequest::Kind::send, send.at[p.peer], p.peer, 0});
         }
       }
       if (requests.empty()) {
@@ -344,7 +373,7 @@ StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents&
       }
       impl = g.impl("redistribute").p2p(requests, opts);
     }
-    return {out, Work(impl, keep_alive(in, send.buf, recv.buf, out), unpack)};
+    return {out, Work(impl, keep_alive(in, send.staging, recv.staging, out), unpack)};
   }
   }
   DTENSOR_CHECK(false, "redistribute: unknown step kind");

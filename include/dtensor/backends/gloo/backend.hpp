@@ -194,16 +194,15 @@ public:
     ints_.resize(2 * global_ranks_.size());
     context_ = std::make_shared<GlooContext>(rank_, size());
     context_->setTimeout(timeout_);
+    std::string failure;
+    bool is_timeout = false;
     try {
       context_->connectFullMesh(*store_, state_->device);
     } catch (const std::exception& e) {
-      const bool is_timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr;
-      std::string msg = describe() + ": connecting the group failed: " + e.what();
-      if (is_timeout) {
-        throw TimeoutError(msg);
-      }
-      throw Error(msg);
+      is_timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr;
+      failure = e.what();
     }
+    wait_until_all_connected(failure, is_timeout);
   }
 
   ~GlooBackendImpl() override {
@@ -623,6 +622,47 @@ public:
   }
 
 private:
+  // ---- construction ---------------------------------------------------------------------------------
+
+  /// A barrier through the store after connectFullMesh: no member returns (and so none can destroy the
+  /// group) before every member's pairs are connected. Without it, a member whose side of a connection
+  /// completed in the kernel could return, drop the group and close the socket while the peer was still
+  /// in connectFullMesh, which then failed with "Connection closed by peer" (gloo 2022's tcp pairs accept
+  /// on the loop thread and read the EOF at once; seen about once in 8 runs of the test suite on 2
+  /// cores, with meshes that are destroyed right after their last split). A member that failed to connect
+  /// says why, so the others fail at once with the cause instead of timing out.
+  void wait_until_all_connected(const std::string& failure, bool is_timeout) {
+    const std::string mine = failure.empty() ? "ok" : failure;
+    store_->set("connected/" + std::to_string(rank_), std::vector<char>(mine.begin(), mine.end()));
+    const std::string what = describe() + ": connecting the group failed: ";
+    if (!failure.empty()) {
+      if (is_timeout) {
+        throw TimeoutError(what + failure);
+      }
+      throw Error(what + failure);
+    }
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) {
+      keys.push_back("connected/" + std::to_string(r));
+    }
+    try {
+      store_->wait(keys, timeout_);
+    } catch (const std::exception& e) {
+      throw TimeoutError(what + "not every member finished connecting within " +
+                         std::to_string(timeout_.count()) + " ms: " + e.what());
+    }
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank_) {
+        continue;
+      }
+      const auto v = store_->get(keys[r]);
+      if (std::string(v.begin(), v.end()) != "ok") {
+        throw Error(what + "member " + std::to_string(r) +
+                    " could not connect: " + std::string(v.begin(), v.end()));
+      }
+    }
+  }
+
   // ---- submission ---------------------------------------------------------------------------------------
 
   std::chrono::milliseconds effective_timeout(const CommOptions& opts) const {
