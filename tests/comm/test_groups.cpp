@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <thread>
+
 using namespace comm_test;
 
 TEST_CASE("ProcessGroup identity, copies and timeouts", "[comm][groups]") {
@@ -120,4 +122,54 @@ TEST_CASE("split: one group per color ordered by key, nested splits, concurrent 
           d, [&](auto) { return n - 1; }, "group without rank 0");
     }
   });
+}
+
+namespace {
+
+/// Forwards to a shared store, each get() `delay` late: a member that is slow to read its peers' addresses.
+class SlowStore final : public ::gloo::rendezvous::Store {
+public:
+  SlowStore(std::shared_ptr<::gloo::rendezvous::Store> base, std::chrono::milliseconds delay)
+      : base_(std::move(base)), delay_(delay) {}
+  void set(const std::string& key, const std::vector<char>& data) override { base_->set(key, data); }
+  std::vector<char> get(const std::string& key) override {
+    std::this_thread::sleep_for(delay_);
+    return base_->get(key);
+  }
+  void wait(const std::vector<std::string>& keys) override { base_->wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    base_->wait(keys, timeout);
+  }
+
+private:
+  std::shared_ptr<::gloo::rendezvous::Store> base_;
+  std::chrono::milliseconds delay_;
+};
+
+} // namespace
+
+TEST_CASE("a member that drops a new group at once does not break a slow peer's connect", "[comm][groups]") {
+  // Rank 1 reads rank 0's address late; rank 0 destroys its group as soon as it is made. Before the
+  // construction barrier, whenever rank 1 was the listening side of the pair, rank 0's connect completed
+  // in the kernel, rank 0 closed the socket, and rank 1 failed with "Connection closed by peer".
+  for (int round = 0; round < 8; ++round) {
+    auto store = std::make_shared<InProcessStore>(std::chrono::seconds(10));
+    GlooOptions opts;
+    opts.timeout = std::chrono::seconds(10);
+    std::string failure;
+    std::thread slow([&] {
+      try {
+        auto b =
+            make_gloo_backend(std::make_shared<SlowStore>(store, std::chrono::milliseconds(100)), 1, 2, opts);
+        ProcessGroup g(b);
+        DTENSOR_CHECK(g.size() == 2, "the slow member's group");
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    });
+    { auto dropped = make_gloo_backend(store, 0, 2, opts); }
+    slow.join();
+    INFO("round " << round << ": " << failure);
+    REQUIRE(failure.empty());
+  }
 }
