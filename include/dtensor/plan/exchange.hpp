@@ -79,22 +79,39 @@ inline void exchange_pieces(const Step& st, const Extents& global, const MeshSiz
   const int my_q = group_rank(me, st.axes, sizes);
   std::vector<Block> before(k);
   std::vector<Block> after(k);
+  std::vector<MeshCoord> coords(k);
   for (int q = 0; q < k; ++q) {
-    const MeshCoord c = group_member(me, st.axes, sizes, q);
-    before[q] = spec_block(global, st.before, sizes, c);
-    after[q] = spec_block(global, st.after, sizes, c);
+    coords[q] = group_member(me, st.axes, sizes, q);
+    before[q] = spec_block(global, st.before, sizes, coords[q]);
+    after[q] = spec_block(global, st.after, sizes, coords[q]);
   }
-  // The member that sends the source block held by `holder` to `target`.
+  // The member that sends the source block held by `holder` to `target`: the target itself if it holds
+  // it, else the holder that shares the most mesh coordinates with the target (so copies of a replicated
+  // block share the sending: a target on tp = 1 receives from the copy on tp = 1), then the nearest after
+  // the target in group order.
   auto source_for = [&](int target, int holder) {
     if (before[target] == before[holder]) {
       return target;
     }
+    auto differing = [&](int q) {
+      int d = 0;
+      for (int a = 0; a < coords[q].size(); ++a) {
+        d += coords[q][a] != coords[target][a];
+      }
+      return d;
+    };
     int best = holder;
-    int best_distance = k;
+    int best_differing = differing(holder);
+    int best_distance = ((holder - target) % k + k) % k;
     for (int q = 0; q < k; ++q) {
+      if (!(before[q] == before[holder])) {
+        continue;
+      }
+      const int d = differing(q);
       const int distance = ((q - target) % k + k) % k;
-      if (before[q] == before[holder] && distance < best_distance) {
+      if (d < best_differing || (d == best_differing && distance < best_distance)) {
         best = q;
+        best_differing = d;
         best_distance = distance;
       }
     }
