@@ -60,7 +60,8 @@ const auto kSum = static_cast<void (*)(void*, const void*, const void*, size_t)>
 bench::SamplePlan plan_for(const bench::Options& o, std::int64_t bytes) {
   bench::SamplePlan p;
   p.warmup = o.smoke ? 0 : 1;
-  p.samples = bench::scaled(o, bytes >= (4 << 20) ? 5 : 9);
+  // More samples where calls are cheap and the machine's jitter (ms) is large against them.
+  p.samples = bench::scaled(o, bytes >= (4 << 20) ? 5 : bytes <= (4 << 10) ? 15 : 9);
   p.batch = o.smoke ? 1 : (bytes <= (64 << 10) ? 20 : bytes <= (1 << 20) ? 4 : 1);
   return p;
 }

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 def plan_for(args, nbytes):
     warmup = 0 if args.smoke else 1
-    samples = 1 if args.smoke else max(1, round((5 if nbytes >= (4 << 20) else 9) * args.scale))
+    samples = 1 if args.smoke else max(1, round((5 if nbytes >= (4 << 20) else 15 if nbytes <= (4 << 10) else 9) * args.scale))
     batch = 1 if args.smoke else (20 if nbytes <= (64 << 10) else 4 if nbytes <= (1 << 20) else 1)
     return warmup, samples, batch
 

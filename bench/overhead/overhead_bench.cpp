@@ -22,8 +22,11 @@
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/tensor/distribute.hpp>
 
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <string>
+#include <thread>
 
 using namespace dtensor;
 
@@ -32,7 +35,7 @@ namespace {
 struct Ctx {
   bench::Options opt;
   bench::Results results;
-  bench::Table table{{"call", "ns per call [min-max]", "allocations per call"}};
+  bench::Table table{{"call", "ns per call [min-max]", "allocations per call", "lower bound"}};
   int calls = 2000;
 };
 
@@ -59,7 +62,69 @@ void row(Ctx& c, const std::string& suite_name, const std::string& name, F&& f) 
       .add_str("method",
                "1-rank group/mesh: no gloo algorithm runs; time = dtensor front end + backend adapter");
   c.table.row({name, bench::num(ns.median) + " [" + bench::num(ns.min) + "-" + bench::num(ns.max) + "]",
-               bench::fmt("%.1f", allocs)});
+               bench::fmt("%.1f", allocs), ""});
+  c.results.add(std::move(r));
+}
+
+/// The lower bound of an asynchronous op on a host backend: hand a task to a waiting thread and wait
+/// for its reply, with the mutex and condition variables the gloo backend's executor uses.
+class ThreadHop {
+public:
+  ThreadHop()
+      : worker_([this] {
+          std::unique_lock lock(m_);
+          for (;;) {
+            cv_.wait(lock, [&] { return stop_ || asked_ > answered_; });
+            if (stop_) {
+              return;
+            }
+            answered_ = asked_;
+            done_.notify_one();
+          }
+        }) {}
+  ~ThreadHop() {
+    {
+      std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    worker_.join();
+  }
+  void round_trip() {
+    std::unique_lock lock(m_);
+    ++asked_;
+    cv_.notify_one();
+    done_.wait(lock, [&] { return answered_ == asked_; });
+  }
+
+private:
+  std::mutex m_;
+  std::condition_variable cv_, done_;
+  std::uint64_t asked_ = 0, answered_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+/// A row with a reference measured in the same run (interleaved samples).
+template <class F, class G>
+void row_vs(Ctx& c, const std::string& suite_name, const std::string& name, const std::string& ref_name,
+            F&& f, G&& g) {
+  bench::SamplePlan p;
+  p.warmup = c.opt.smoke ? 0 : 1;
+  p.samples = bench::scaled(c.opt, 15);
+  p.batch = c.opt.smoke ? 1 : c.calls;
+  const auto [s, ref] = bench::compare(p, f, g);
+  bench::Record r{"overhead", name, "gloo", 1, 64, s, ref_name, ref, {}};
+  r.add_str("kind", suite_name)
+      .add_num("ns_per_call", s.median * 1e3)
+      .add_num("ns_min", s.min * 1e3)
+      .add_num("ns_max", s.max * 1e3)
+      .add_num("ref_ns_per_call", ref.median * 1e3)
+      .add_str("method", "1-rank group: no gloo algorithm runs; ref = " + ref_name);
+  c.table.row(
+      {name,
+       bench::num(s.median * 1e3) + " [" + bench::num(s.min * 1e3) + "-" + bench::num(s.max * 1e3) + "]", "-",
+       ref_name + ": " + bench::num(ref.median * 1e3) + " ns"});
   c.results.add(std::move(r));
 }
 
@@ -90,8 +155,12 @@ int main(int argc, char** argv) {
   row(c, "collective", "all_to_all_single", [&] { all_to_all_single(t2, t, world); });
   row(c, "collective", "gather (list)", [&] { gather(t, &list, 0, world); });
   row(c, "collective", "barrier", [&] { barrier(world); });
-  row(c, "collective", "all_reduce async + wait",
-      [&] { all_reduce(t, ReduceOp::sum, world, async_op).wait(); });
+  {
+    ThreadHop hop;
+    row_vs(
+        c, "collective", "all_reduce async + wait", "thread round trip (condvar)",
+        [&] { all_reduce(t, ReduceOp::sum, world, async_op).wait(); }, [&] { hop.round_trip(); });
+  }
 
   using M1 = MeshShape<Axis<"x">>;
   using M2 = MeshShape<Axis<"dp">, Axis<"tp">>;
