@@ -109,8 +109,8 @@ int main(int argc, char** argv) {
   }
 
   bench::Results results;
-  bench::Table table(
-      {"op", "bytes", "ours us [min-max]", "raw gloo us [min-max]", "ours/raw", "algbw GB/s", "busbw GB/s"});
+  bench::Table table({"op", "bytes", "ours us [min-max]", "raw gloo us [min-max]", "ours/raw", "paired",
+                      "algbw GB/s", "busbw GB/s"});
   const int next = (rank + 1) % n;
   const int prev = (rank - 1 + n) % n;
 
@@ -254,7 +254,8 @@ int main(int argc, char** argv) {
           .add_str("dtype", "float32")
           .add_str("time_of", "rank 0");
       table.row({name, bench::size_string(bytes), bench::range(s_ours), bench::range(s_raw),
-                 bench::fmt("%.3f", r.ratio()), bench::fmt("%.4f", algbw), bench::fmt("%.4f", busbw)});
+                 bench::fmt("%.3f", r.ratio()), bench::fmt("%.3f", s_ours.paired_ratio),
+                 bench::fmt("%.4f", algbw), bench::fmt("%.4f", busbw)});
       results.add(std::move(r));
     }
   }
@@ -271,7 +272,7 @@ int main(int argc, char** argv) {
         });
     bench::Record r{"collectives", "barrier", "gloo", n, 0, s_ours, "gloo_raw", s_raw, {}};
     table.row({"barrier", "0 B", bench::range(s_ours), bench::range(s_raw), bench::fmt("%.3f", r.ratio()),
-               "-", "-"});
+               bench::fmt("%.3f", s_ours.paired_ratio), "-", "-"});
     results.add(std::move(r));
   }
 

@@ -38,6 +38,9 @@ struct Stats {
   double min = 0;
   double max = 0;
   int samples = 0;
+  /// compare()'s first result only: the median over samples of ours_i / ref_i, each pair timed back to
+  /// back, so a drift of the machine that spans several samples cancels (NaN elsewhere).
+  double paired_ratio = NAN;
 };
 
 inline Stats stats_of(std::vector<double> v) {
@@ -113,7 +116,15 @@ std::pair<Stats, Stats> compare(const SamplePlan& p, A&& ours, B&& ref) {
       a.push_back(batch(ours));
     }
   }
-  return {stats_of(std::move(a)), stats_of(std::move(b))};
+  std::vector<double> r;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (b[i] > 0) {
+      r.push_back(a[i] / b[i]);
+    }
+  }
+  Stats sa = stats_of(std::move(a));
+  sa.paired_ratio = stats_of(std::move(r)).median;
+  return {sa, stats_of(std::move(b))};
 }
 
 // ---- options ------------------------------------------------------------------------------------------
@@ -253,6 +264,7 @@ inline std::string to_json(const Record& r) {
   s += ", \"ref_min_us\": " + (has_ref ? json_number(r.ref.min) : "null");
   s += ", \"ref_max_us\": " + (has_ref ? json_number(r.ref.max) : "null");
   s += ", \"ratio\": " + json_number(r.ratio());
+  s += ", \"paired_ratio\": " + (has_ref ? json_number(r.ours.paired_ratio) : "null");
   s += ", \"samples\": " + std::to_string(r.ours.samples);
   for (const auto& [k, v] : r.extra) {
     s += ", " + json_string(k) + ": " + v;
