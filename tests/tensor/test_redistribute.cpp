@@ -188,6 +188,50 @@ void exhaustive_2d(int dp, int tp) {
 
 } // namespace
 
+TEST_CASE("an rvalue DTensor is reduced in place; an lvalue is left as it was", "[dtensor]") {
+  Poison poison;
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    testing::run_ranks(n, [n](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh1>(world);
+      using PT = DTensor<float, 2, Mesh1, Partial<>>;
+      // The lvalue keeps its partial values; the result is a new buffer.
+      auto p = make_source<PT>(mesh, 2 * n + 1, 3);
+      const auto before = p.local().clone();
+      auto r = p.redistribute<Replicate>();
+      check_matches_reference(r, "P -> R of an lvalue");
+      expect(r.local().data() != p.local().data(), "an lvalue's P -> R writes a new buffer");
+      for (std::int64_t i = 0; i < before.shape()[0]; ++i) {
+        for (std::int64_t j = 0; j < before.shape()[1]; ++j) {
+          expect(p.local()(i, j) == before(i, j), "an lvalue's P -> R leaves the input alone");
+        }
+      }
+      // An rvalue whose memory nothing else holds is reduced in place.
+      auto q = make_source<PT>(mesh, 2 * n + 1, 3);
+      const float* memory = q.local().data();
+      auto s = std::move(q).redistribute<Replicate>();
+      check_matches_reference(s, "P -> R of an rvalue");
+      expect(s.local().data() == memory, "an rvalue's P -> R reuses its memory");
+      // Shared memory is never overwritten, rvalue or not: a copy still holds the partial values.
+      auto u = make_source<PT>(mesh, 2 * n + 1, 3);
+      const auto held = u.local();
+      const auto kept = held.clone();
+      auto v = std::move(u).redistribute<Replicate>();
+      check_matches_reference(v, "P -> R of an rvalue whose memory is shared");
+      expect(v.local().data() != held.data(), "shared memory: P -> R writes a new buffer");
+      for (std::int64_t i = 0; i < kept.shape()[0]; ++i) {
+        for (std::int64_t j = 0; j < kept.shape()[1]; ++j) {
+          expect(held(i, j) == kept(i, j), "memory another tensor holds is not reduced in place");
+        }
+      }
+      // The chain R -> P -> R through a temporary: the all_reduce runs on the temporary.
+      auto x = DTensor<float, 2, Mesh1, Replicate>::from_local(mesh, r.local().clone(), r.global_shape());
+      check_matches_reference(x.redistribute<Partial<>>().redistribute<Replicate>(), "R -> P -> R");
+      check_matches_reference(x, "R after R -> P -> R");
+    });
+  }
+}
+
 TEST_CASE("2-D mesh (2,2): every source in {R,S(0),S(1),P}^2 to every target in {R,S(0),S(1)}^2",
           "[dtensor]") {
   exhaustive_2d(2, 2);

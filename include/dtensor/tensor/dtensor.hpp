@@ -166,11 +166,22 @@ public:
 
   /// The same global tensor with placements Q...; the plan is fixed at compile time.
   template <class... Q>
-  DTensor<T, Rank, Shape, Q...> redistribute() const {
+  DTensor<T, Rank, Shape, Q...> redistribute() const& {
     static_assert(validate_placements<Shape, Rank, Q...>());
     static_assert(detail::check_plan<Shape, Rank, Placements<P...>, Placements<Q...>>());
     constexpr const Plan& plan = detail::plan_v<Shape, Rank, Placements<P...>, Placements<Q...>>;
     auto out = detail::run_steps(plan, 0, local_, detail::to_extents(global_), mesh_);
+    return DTensor<T, Rank, Shape, Q...>(mesh_, std::move(out), global_);
+  }
+
+  /// As above, consuming this DTensor: a step that can work in place (an all_reduce, Partial -> Replicate)
+  /// reuses its memory when nothing else holds it, e.g. `x.redistribute<Partial<>>().redistribute<R>()`.
+  template <class... Q>
+  DTensor<T, Rank, Shape, Q...> redistribute() && {
+    static_assert(validate_placements<Shape, Rank, Q...>());
+    static_assert(detail::check_plan<Shape, Rank, Placements<P...>, Placements<Q...>>());
+    constexpr const Plan& plan = detail::plan_v<Shape, Rank, Placements<P...>, Placements<Q...>>;
+    auto out = detail::run_steps(plan, 0, std::move(local_), detail::to_extents(global_), mesh_);
     return DTensor<T, Rank, Shape, Q...>(mesh_, std::move(out), global_);
   }
 

@@ -244,7 +244,10 @@ StepRun<T, R> submit_step(const Step& st, const Tensor<T, R>& in, const Extents&
   }
   case StepKind::all_reduce: {
     ProcessGroup g = mesh.group(st.axis());
-    Tensor<T, R> out = copy_of(in);
+    // In place when nothing else holds the input's memory (an intermediate of this plan, or the block of
+    // a DTensor redistributed as an rvalue); else on a copy, leaving the input as it was.
+    const bool sole_owner = in.storage() != nullptr && in.storage().use_count() == 1 && in.is_contiguous();
+    Tensor<T, R> out = sole_owner ? in : copy_of(in);
     if (record) {
       CommDebugMode::record("all_reduce", label(), step_elements_received(st, global, sizes, coord) * elem);
     }

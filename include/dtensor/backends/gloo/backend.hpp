@@ -377,8 +377,7 @@ public:
         send_block(in, root, own_slot(od.seq), t);
         return;
       }
-      copy_block(a.blocks[rank_], in);
-      receive_blocks(a.blocks, own_slot(od.seq), t);
+      root_transfers(true, a.blocks, own_slot(od.seq), t, [&] { copy_block(a.blocks[rank_], in); });
     });
   }
 
@@ -399,8 +398,7 @@ public:
         receive_block(out, root, own_slot(od.seq), t);
         return;
       }
-      copy_block(out, a.blocks[rank_]);
-      send_blocks(a.blocks, own_slot(od.seq), t);
+      root_transfers(false, a.blocks, own_slot(od.seq), t, [&] { copy_block(out, a.blocks[rank_]); });
     });
   }
 
@@ -932,37 +930,27 @@ private:
     }
   }
 
-  /// Root of scatter: sends blocks[m] to every other member m, all posted before waiting on any.
-  void send_blocks(std::span<const BufferRef> blocks, std::uint64_t slot, std::chrono::milliseconds t) {
+  /// The root of gather (receive) or scatter (send): posts a transfer of blocks[m] with every other
+  /// member m, then copies its own block (`own_copy`) while they run, then waits for all of them.
+  template <class OwnCopy>
+  void root_transfers(bool receive, std::span<const BufferRef> blocks, std::uint64_t slot,
+                      std::chrono::milliseconds t, OwnCopy&& own_copy) {
     const auto deadline = Clock::now() + t;
     std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> ubs;
     for (int i = 1; i < size(); ++i) {
-      const int m = (rank_ + i) % size();
+      const int m = receive ? (rank_ - i + size()) % size() : (rank_ + i) % size();
       if (blocks[m].count > 0) {
         ubs.push_back(context_->createUnboundBuffer(blocks[m].data, blocks[m].nbytes()));
-        ubs.back()->send(m, slot);
+        if (receive) {
+          ubs.back()->recv(m, slot);
+        } else {
+          ubs.back()->send(m, slot);
+        }
       }
     }
+    own_copy();
     for (auto& ub : ubs) {
-      if (!ub->waitSend(remaining(deadline))) {
-        throw Error("the operation was aborted");
-      }
-    }
-  }
-
-  /// Root of gather: receives every other member m's input into blocks[m], all posted before waiting.
-  void receive_blocks(std::span<const BufferRef> blocks, std::uint64_t slot, std::chrono::milliseconds t) {
-    const auto deadline = Clock::now() + t;
-    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> ubs;
-    for (int i = 1; i < size(); ++i) {
-      const int m = (rank_ - i + size()) % size();
-      if (blocks[m].count > 0) {
-        ubs.push_back(context_->createUnboundBuffer(blocks[m].data, blocks[m].nbytes()));
-        ubs.back()->recv(m, slot);
-      }
-    }
-    for (auto& ub : ubs) {
-      if (!ub->waitRecv(remaining(deadline))) {
+      if (!(receive ? ub->waitRecv(remaining(deadline)) : ub->waitSend(remaining(deadline)))) {
         throw Error("the operation was aborted");
       }
     }
