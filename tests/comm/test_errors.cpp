@@ -165,7 +165,7 @@ TEST_CASE("a rank that skips a collective gives the others a TimeoutError within
   REQUIRE(seconds_since(t0) < 5.0);
 }
 
-TEST_CASE("a receive without a sender times out; abort() releases a blocked peer", "[comm][errors]") {
+TEST_CASE("a receive without a sender times out, abort() releases a blocked peer", "[comm][errors]") {
   testing::RunRanksOptions opts;
   opts.timeout = 400ms;
   testing::run_ranks(

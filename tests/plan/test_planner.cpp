@@ -225,7 +225,7 @@ TEST_CASE("single-axis transitions use the collective of DESIGN.md's table", "[p
   CHECK(plan_string({S(-1)}, {S(1)}) == "[S(1)] -> [S(1)]: nothing to do");
 }
 
-TEST_CASE("multi-axis plans: shrink, permute, grow; exchanges where order matters", "[plan]") {
+TEST_CASE("multi-axis plans: shrink, permute, grow, with exchanges where order matters", "[plan]") {
   CHECK(plan_string({S(0), R}, {R, S(1)}) ==
         "[S(0),R] -> [R,S(1)]: local_chunk(tp, dim 1); all_gather(dp, dim 0)");
   CHECK(plan_string({S(0), S(1)}, {S(1), S(0)}) == "[S(0),S(1)] -> [S(1),S(0)]: permute(dp*tp)");

@@ -313,7 +313,7 @@ TEST_CASE("env: OpenMPI, MPICH and Slurm fallbacks", "[env]") {
   CHECK(dtensor::detail::first_slurm_host("n[1,3-4]") == "n1");
 }
 
-TEST_CASE("env: no launcher means one process; bad values are named", "[env]") {
+TEST_CASE("env: no launcher means one process, bad values are named", "[env]") {
   auto e = dtensor::read_dist_env(env_of({}));
   CHECK(e.source == "default");
   CHECK(e.rank == 0);

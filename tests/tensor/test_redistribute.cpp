@@ -188,7 +188,7 @@ void exhaustive_2d(int dp, int tp) {
 
 } // namespace
 
-TEST_CASE("an rvalue DTensor is reduced in place; an lvalue is left as it was", "[dtensor]") {
+TEST_CASE("an rvalue DTensor is reduced in place, an lvalue is left as it was", "[dtensor]") {
   Poison poison;
   for (int n = 1; n <= 4; ++n) {
     INFO("ranks " << n);
