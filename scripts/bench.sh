@@ -5,7 +5,7 @@
 #   2. redistribution suite at 2, 4 (1-D, 2-D, uneven variable vs padded) and 8 processes (3-D);
 #   3. host overhead per call (one process);
 #   4. compile cost (bench/compile/compile_time.sh).
-# About 5-8 minutes on the 2-core dev machine.
+# About 7-9 minutes on the 2-core dev machine.
 #
 # usage: scripts/bench.sh [--quick]     (--quick: half the samples, sweeps up to 1 MiB, 1 compile rep)
 #   BUILD_DIR (default build-bench) is configured and built here if needed (Release, no CUDA language).
@@ -15,10 +15,12 @@ build=${BUILD_DIR:-build-bench}
 scale=1
 max_bytes=$((16 << 20))
 compile_reps=3
+passes=3 # the collectives sweeps run 3 times over; a row is the median of its 3 pass medians
 if [[ "${1:-}" == "--quick" ]]; then
   scale=0.5
   max_bytes=$((1 << 20))
   compile_reps=1
+  passes=1
 fi
 
 if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
@@ -41,10 +43,11 @@ fi
 
 echo "== 1. collectives (gloo)"
 for n in 2 4; do
-  $run --nproc-per-node "$n" "$build/bench/bench_collectives" "${common[@]}" --max-bytes "$max_bytes"
+  $run --nproc-per-node "$n" "$build/bench/bench_collectives" "${common[@]}" --max-bytes "$max_bytes" \
+    --passes "$passes"
   if [[ $have_torch == 1 ]]; then
     $run --rank0-store --nproc-per-node "$n" "$torch_py" bench/collectives/torch_sweep.py \
-      --scale "$scale" --out bench/results --max-bytes "$max_bytes" 2>&1 | grep -v Warning || true
+      --scale "$scale" --out bench/results --max-bytes "$max_bytes" --passes "$passes" 2>&1 | grep -v Warning || true
   fi
 done
 if [[ $have_torch == 1 ]]; then

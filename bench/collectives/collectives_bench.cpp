@@ -2,7 +2,7 @@
 // operation called directly through gloo's API (raw) in the same run, interleaved sample by sample.
 //
 //   dtensor-run --standalone --nproc-per-node 4 build-bench/bench/bench_collectives [--scale S] [--smoke]
-//                                                                       [op ...]
+//                                                                       [--passes K] [op ...]
 //
 // Sizes go from 4 B to 16 MiB in x4 steps; `bytes` is nccl-tests' size (all_reduce, reduce, broadcast: the
 // buffer; all_gather, gather: the gathered output; reduce_scatter, scatter: the input; all_to_all: one
@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,20 @@ bool selected(const bench::Options& o, const std::string& name) {
   return o.args.empty() || std::find(o.args.begin(), o.args.end(), name) != o.args.end();
 }
 
+/// The buffer of one row: `elems` floats (the nominal size, at least one element per block for the
+/// blocked ops) and one rank's block of them.
+struct Extent {
+  std::int64_t block;
+  std::int64_t elems;
+};
+Extent extent_of(const std::string& name, std::int64_t nominal, int n) {
+  const std::int64_t total = nominal / 4; // elements of nccl-tests' size
+  const std::int64_t block = std::max<std::int64_t>(1, total / n);
+  const bool blocked = name == "all_gather" || name == "reduce_scatter" || name == "all_to_all" ||
+                       name == "gather" || name == "scatter";
+  return {block, blocked ? block * n : std::max<std::int64_t>(1, total)};
+}
+
 struct Op {
   const char* name;
   double bus_factor; ///< busbw / algbw
@@ -79,7 +94,19 @@ struct Op {
 } // namespace
 
 int main(int argc, char** argv) {
-  const bench::Options opt = bench::parse_options(argc, argv);
+  bench::Options opt = bench::parse_options(argc, argv);
+  int passes = 1; // --passes K: the whole sweep K times; a row is the median of its pass medians
+  for (auto it = opt.args.begin(); it != opt.args.end();) {
+    if (*it == "--passes" && it + 1 != opt.args.end()) {
+      passes = std::max(1, std::stoi(*(it + 1)));
+      it = opt.args.erase(it, it + 2);
+    } else {
+      ++it;
+    }
+  }
+  if (opt.smoke) {
+    passes = 1;
+  }
   const DistEnv env = read_dist_env();
   auto store = connect_store(env, std::chrono::seconds(300));
   InitOptions io;
@@ -114,162 +141,185 @@ int main(int argc, char** argv) {
   const int next = (rank + 1) % n;
   const int prev = (rank - 1 + n) % n;
 
-  for (const Op& op : ops) {
-    const std::string name = op.name;
-    if ((name == "sendrecv" && n < 2) || !selected(opt, name)) {
-      continue;
-    }
-    for (std::int64_t nominal : sizes) {
-      const std::int64_t total = nominal / 4; // elements of nccl-tests' size
-      const std::int64_t block = std::max<std::int64_t>(1, total / n);
-      const bool blocked = name == "all_gather" || name == "reduce_scatter" || name == "all_to_all" ||
-                           name == "gather" || name == "scatter";
-      const std::int64_t elems = blocked ? block * n : std::max<std::int64_t>(1, total);
-      const std::int64_t bytes = elems * 4;
-      std::function<void()> ours;
-      std::function<void()> raw;
-      // Buffers (allocated once per size; contents do not matter for timing).
-      auto big = Tensor<float, 1>::full({elems}, 1.0f);
-      auto big2 = Tensor<float, 1>::full({elems}, 1.0f);
-      auto small = Tensor<float, 1>::full({block}, 1.0f);
-      std::vector<Tensor<float, 1>> list;
-      for (int i = 0; i < n; ++i) {
-        list.push_back(Tensor<float, 1>::full({block}, 1.0f));
+  // Per row (op, size): the stats of each pass, ours and raw.
+  std::map<std::pair<std::size_t, std::size_t>,
+           std::pair<std::vector<bench::Stats>, std::vector<bench::Stats>>>
+      measured;
+  for (int pass = 0; pass < passes; ++pass) {
+    for (std::size_t oi = 0; oi < ops.size(); ++oi) {
+      const Op& op = ops[oi];
+      const std::string name = op.name;
+      if ((name == "sendrecv" && n < 2) || !selected(opt, name)) {
+        continue;
       }
-      std::unique_ptr<::gloo::ReduceScatterHalvingDoubling<float>> rs;
-      std::unique_ptr<::gloo::transport::UnboundBuffer> ub_send, ub_recv;
-      float* bp = big.data();
-      float* bp2 = big2.data();
-      float* sp = small.data();
+      for (std::size_t si = 0; si < sizes.size(); ++si) {
+        const Extent e = extent_of(name, sizes[si], n);
+        const std::int64_t block = e.block;
+        const std::int64_t elems = e.elems;
+        const std::int64_t bytes = elems * 4;
+        std::function<void()> ours;
+        std::function<void()> raw;
+        // Buffers (allocated once per size; contents do not matter for timing).
+        auto big = Tensor<float, 1>::full({elems}, 1.0f);
+        auto big2 = Tensor<float, 1>::full({elems}, 1.0f);
+        auto small = Tensor<float, 1>::full({block}, 1.0f);
+        std::vector<Tensor<float, 1>> list;
+        for (int i = 0; i < n; ++i) {
+          list.push_back(Tensor<float, 1>::full({block}, 1.0f));
+        }
+        std::unique_ptr<::gloo::ReduceScatterHalvingDoubling<float>> rs;
+        std::unique_ptr<::gloo::transport::UnboundBuffer> ub_send, ub_recv;
+        float* bp = big.data();
+        float* bp2 = big2.data();
+        float* sp = small.data();
 
-      if (name == "all_reduce") {
-        ours = [&] { all_reduce(big, ReduceOp::sum, world); };
-        raw = [&] {
-          ::gloo::AllreduceOptions o(ctx);
-          o.setOutput(bp, static_cast<size_t>(elems));
-          o.setAlgorithm(::gloo::AllreduceOptions::Algorithm::RING);
-          o.setReduceFunction(kSum);
-          o.setTag(next_tag());
-          ::gloo::allreduce(o);
-        };
-      } else if (name == "reduce") {
-        ours = [&] { reduce(big, 0, ReduceOp::sum, world); };
-        raw = [&] {
-          ::gloo::ReduceOptions o(ctx);
-          o.setOutput(bp, static_cast<size_t>(elems));
-          o.setRoot(0);
-          o.setReduceFunction(kSum);
-          o.setTag(next_tag());
-          ::gloo::reduce(o);
-        };
-      } else if (name == "broadcast") {
-        ours = [&] { broadcast(big, 0, world); };
-        raw = [&] {
-          ::gloo::BroadcastOptions o(ctx);
-          o.setOutput(bp, static_cast<size_t>(elems));
-          o.setRoot(0);
-          o.setTag(next_tag());
-          ::gloo::broadcast(o);
-        };
-      } else if (name == "all_gather") {
-        ours = [&] { all_gather_into_tensor(big, small, world); };
-        raw = [&] {
-          ::gloo::AllgatherOptions o(ctx);
-          o.setInput(sp, static_cast<size_t>(block));
-          o.setOutput(bp, static_cast<size_t>(elems));
-          o.setTag(next_tag());
-          ::gloo::allgather(o);
-        };
-      } else if (name == "reduce_scatter") {
-        ours = [&] { reduce_scatter_tensor(small, big, ReduceOp::sum, world); };
-        rs = std::make_unique<::gloo::ReduceScatterHalvingDoubling<float>>(
-            ctx_rs, std::vector<float*>{bp2}, static_cast<int>(elems), std::vector<int>(n, int(block)));
-        raw = [&] { rs->run(); };
-      } else if (name == "all_to_all") {
-        ours = [&] { all_to_all_single(big2, big, world); };
-        raw = [&] {
-          ::gloo::AlltoallOptions o(ctx);
-          o.setInput(bp, static_cast<size_t>(elems));
-          o.setOutput(bp2, static_cast<size_t>(elems));
-          o.setTag(next_tag());
-          ::gloo::alltoall(o);
-        };
-      } else if (name == "gather") {
-        ours = [&] { gather(small, rank == 0 ? &list : nullptr, 0, world); };
-        raw = [&] {
-          ::gloo::GatherOptions o(ctx);
-          o.setInput(sp, static_cast<size_t>(block));
-          if (rank == 0) {
+        if (name == "all_reduce") {
+          ours = [&] { all_reduce(big, ReduceOp::sum, world); };
+          raw = [&] {
+            ::gloo::AllreduceOptions o(ctx);
             o.setOutput(bp, static_cast<size_t>(elems));
-          }
-          o.setRoot(0);
-          o.setTag(next_tag());
-          ::gloo::gather(o);
-        };
-      } else if (name == "scatter") {
-        const std::vector<Tensor<float, 1>> none;
-        ours = [&, none] { scatter(small, rank == 0 ? list : none, 0, world); };
-        raw = [&] {
-          ::gloo::ScatterOptions o(ctx);
-          if (rank == 0) {
-            std::vector<float*> ptrs;
-            for (int i = 0; i < n; ++i) {
-              ptrs.push_back(bp + i * block);
+            o.setAlgorithm(::gloo::AllreduceOptions::Algorithm::RING);
+            o.setReduceFunction(kSum);
+            o.setTag(next_tag());
+            ::gloo::allreduce(o);
+          };
+        } else if (name == "reduce") {
+          ours = [&] { reduce(big, 0, ReduceOp::sum, world); };
+          raw = [&] {
+            ::gloo::ReduceOptions o(ctx);
+            o.setOutput(bp, static_cast<size_t>(elems));
+            o.setRoot(0);
+            o.setReduceFunction(kSum);
+            o.setTag(next_tag());
+            ::gloo::reduce(o);
+          };
+        } else if (name == "broadcast") {
+          ours = [&] { broadcast(big, 0, world); };
+          raw = [&] {
+            ::gloo::BroadcastOptions o(ctx);
+            o.setOutput(bp, static_cast<size_t>(elems));
+            o.setRoot(0);
+            o.setTag(next_tag());
+            ::gloo::broadcast(o);
+          };
+        } else if (name == "all_gather") {
+          ours = [&] { all_gather_into_tensor(big, small, world); };
+          raw = [&] {
+            ::gloo::AllgatherOptions o(ctx);
+            o.setInput(sp, static_cast<size_t>(block));
+            o.setOutput(bp, static_cast<size_t>(elems));
+            o.setTag(next_tag());
+            ::gloo::allgather(o);
+          };
+        } else if (name == "reduce_scatter") {
+          ours = [&] { reduce_scatter_tensor(small, big, ReduceOp::sum, world); };
+          rs = std::make_unique<::gloo::ReduceScatterHalvingDoubling<float>>(
+              ctx_rs, std::vector<float*>{bp2}, static_cast<int>(elems), std::vector<int>(n, int(block)));
+          raw = [&] { rs->run(); };
+        } else if (name == "all_to_all") {
+          ours = [&] { all_to_all_single(big2, big, world); };
+          raw = [&] {
+            ::gloo::AlltoallOptions o(ctx);
+            o.setInput(bp, static_cast<size_t>(elems));
+            o.setOutput(bp2, static_cast<size_t>(elems));
+            o.setTag(next_tag());
+            ::gloo::alltoall(o);
+          };
+        } else if (name == "gather") {
+          ours = [&] { gather(small, rank == 0 ? &list : nullptr, 0, world); };
+          raw = [&] {
+            ::gloo::GatherOptions o(ctx);
+            o.setInput(sp, static_cast<size_t>(block));
+            if (rank == 0) {
+              o.setOutput(bp, static_cast<size_t>(elems));
             }
-            o.setInputs(ptrs, static_cast<size_t>(block));
-          }
-          o.setOutput(sp, static_cast<size_t>(block));
-          o.setRoot(0);
-          o.setTag(next_tag());
-          ::gloo::scatter(o);
-        };
-      } else if (name == "sendrecv") { // ring: send to rank+1, receive from rank-1
-        ours = [&] {
-          std::vector<P2POp> p2p{P2POp(P2POp::irecv, big2, prev, world),
-                                 P2POp(P2POp::isend, big, next, world)};
-          for (auto& w : batch_isend_irecv(p2p)) {
-            w.wait();
-          }
-        };
-        ub_send = ctx->createUnboundBuffer(bp, static_cast<size_t>(bytes));
-        ub_recv = ctx->createUnboundBuffer(bp2, static_cast<size_t>(bytes));
-        raw = [&] {
-          const std::uint64_t slot = next_tag();
-          ub_recv->recv(prev, slot);
-          ub_send->send(next, slot);
-          ub_recv->waitRecv();
-          ub_send->waitSend();
-        };
-      }
+            o.setRoot(0);
+            o.setTag(next_tag());
+            ::gloo::gather(o);
+          };
+        } else if (name == "scatter") {
+          const std::vector<Tensor<float, 1>> none;
+          ours = [&, none] { scatter(small, rank == 0 ? list : none, 0, world); };
+          raw = [&] {
+            ::gloo::ScatterOptions o(ctx);
+            if (rank == 0) {
+              std::vector<float*> ptrs;
+              for (int i = 0; i < n; ++i) {
+                ptrs.push_back(bp + i * block);
+              }
+              o.setInputs(ptrs, static_cast<size_t>(block));
+            }
+            o.setOutput(sp, static_cast<size_t>(block));
+            o.setRoot(0);
+            o.setTag(next_tag());
+            ::gloo::scatter(o);
+          };
+        } else if (name == "sendrecv") { // ring: send to rank+1, receive from rank-1
+          ours = [&] {
+            std::vector<P2POp> p2p{P2POp(P2POp::irecv, big2, prev, world),
+                                   P2POp(P2POp::isend, big, next, world)};
+            for (auto& w : batch_isend_irecv(p2p)) {
+              w.wait();
+            }
+          };
+          ub_send = ctx->createUnboundBuffer(bp, static_cast<size_t>(bytes));
+          ub_recv = ctx->createUnboundBuffer(bp2, static_cast<size_t>(bytes));
+          raw = [&] {
+            const std::uint64_t slot = next_tag();
+            ub_recv->recv(prev, slot);
+            ub_send->send(next, slot);
+            ub_recv->waitRecv();
+            ub_send->waitSend();
+          };
+        }
 
-      const auto [s_ours, s_raw] = bench::compare(plan_for(opt, bytes), ours, raw);
-      const double algbw = bytes / (s_ours.median * 1e-6) / 1e9;
-      const double busbw = algbw * op.bus_factor;
-      bench::Record r{"collectives", name, "gloo", n, bytes, s_ours, "gloo_raw", s_raw, {}};
-      r.add_num("nominal_bytes", double(nominal))
-          .add_num("algbw_GBps", algbw)
-          .add_num("busbw_GBps", busbw)
-          .add_num("ref_busbw_GBps", bytes / (s_raw.median * 1e-6) / 1e9 * op.bus_factor)
-          .add_num("bus_factor", op.bus_factor)
-          .add_str("dtype", "float32")
-          .add_str("time_of", "rank 0");
-      table.row({name, bench::size_string(bytes), bench::range(s_ours), bench::range(s_raw),
-                 bench::fmt("%.3f", r.ratio()), bench::fmt("%.3f", s_ours.paired_ratio),
-                 bench::fmt("%.4f", algbw), bench::fmt("%.4f", busbw)});
-      results.add(std::move(r));
+        const auto [pass_ours, pass_raw] = bench::compare(plan_for(opt, bytes), ours, raw);
+        measured[{oi, si}].first.push_back(pass_ours);
+        measured[{oi, si}].second.push_back(pass_raw);
+      }
     }
+  }
+  for (const auto& [key, row] : measured) {
+    const Op& op = ops[key.first];
+    const std::string name = op.name;
+    const std::int64_t nominal = sizes[key.second];
+    const std::int64_t bytes = extent_of(name, nominal, n).elems * 4;
+    const bench::Stats s_ours = bench::combine_passes(row.first);
+    const bench::Stats s_raw = bench::combine_passes(row.second);
+    const double algbw = bytes / (s_ours.median * 1e-6) / 1e9;
+    const double busbw = algbw * op.bus_factor;
+    bench::Record r{"collectives", name, "gloo", n, bytes, s_ours, "gloo_raw", s_raw, {}};
+    r.add_num("nominal_bytes", double(nominal))
+        .add_num("algbw_GBps", algbw)
+        .add_num("busbw_GBps", busbw)
+        .add_num("ref_busbw_GBps", bytes / (s_raw.median * 1e-6) / 1e9 * op.bus_factor)
+        .add_num("bus_factor", op.bus_factor)
+        .add_str("dtype", "float32")
+        .add_str("time_of", "rank 0");
+    table.row({name, bench::size_string(bytes), bench::range(s_ours), bench::range(s_raw),
+               bench::fmt("%.3f", r.ratio()), bench::fmt("%.3f", s_ours.paired_ratio),
+               bench::fmt("%.4f", algbw), bench::fmt("%.4f", busbw)});
+    r.add_num("passes", double(passes));
+    results.add(std::move(r));
   }
 
   // barrier: no payload.
   if (selected(opt, "barrier")) {
     bench::SamplePlan p = plan_for(opt, 0);
-    const auto [s_ours, s_raw] = bench::compare(
-        p, [&] { barrier(world); },
-        [&] {
-          ::gloo::BarrierOptions o(ctx);
-          o.setTag(next_tag());
-          ::gloo::barrier(o);
-        });
+    std::vector<bench::Stats> po, pr;
+    for (int pass = 0; pass < passes; ++pass) {
+      const auto [a, b] = bench::compare(
+          p, [&] { barrier(world); },
+          [&] {
+            ::gloo::BarrierOptions o(ctx);
+            o.setTag(next_tag());
+            ::gloo::barrier(o);
+          });
+      po.push_back(a);
+      pr.push_back(b);
+    }
+    const bench::Stats s_ours = bench::combine_passes(po);
+    const bench::Stats s_raw = bench::combine_passes(pr);
     bench::Record r{"collectives", "barrier", "gloo", n, 0, s_ours, "gloo_raw", s_raw, {}};
     table.row({"barrier", "0 B", bench::range(s_ours), bench::range(s_raw), bench::fmt("%.3f", r.ratio()),
                bench::fmt("%.3f", s_ours.paired_ratio), "-", "-"});

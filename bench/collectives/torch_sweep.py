@@ -2,10 +2,11 @@
 """The collectives sweep of bench_collectives, through torch.distributed on gloo (the PyTorch reference).
 
     dtensor-run --standalone --rank0-store --nproc-per-node 4 /usr/bin/python3 bench/collectives/torch_sweep.py \
-        [--scale S] [--smoke] [--out DIR]
+        [--scale S] [--smoke] [--out DIR] [--passes K]
 
 Same sizes, element type (float32), buffers and sample plan as bench_collectives (warm-up batch, then
-samples of back-to-back calls; median and min-max of rank 0's times). Ops torch's gloo backend lacks are
+samples of back-to-back calls; median and min-max of rank 0's times; with --passes K the sweep runs K
+times and a row is the median of its pass medians). Ops torch's gloo backend lacks are
 recorded with "unsupported" and the error message. Writes DIR/torch_collectives_n<ranks>.json;
 bench/collectives/join.py joins it with collectives_gloo_n<ranks>.json.
 """
@@ -42,26 +43,14 @@ def measure(plan, fn):
     return {"median": statistics.median(v), "min": min(v), "max": max(v), "samples": len(v)}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--scale", type=float, default=1.0)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--max-bytes", type=int, default=16 << 20)
-    args = ap.parse_args()
+def combine(passes):
+    """One row over several passes: the median of the pass medians, the overall min and max."""
+    return {"median": statistics.median(p["median"] for p in passes), "min": min(p["min"] for p in passes),
+            "max": max(p["max"] for p in passes), "samples": sum(p["samples"] for p in passes)}
 
-    dist.init_process_group("gloo")
-    rank, n = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
-    nxt, prv = (rank + 1) % n, (rank - 1 + n) % n
-    sizes = []
-    b = 4
-    while b <= (1024 if args.smoke else args.max_bytes):
-        sizes.append(b)
-        b *= 4
-    ops = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather",
-           "scatter", "sendrecv"]
-    rows = []
+
+def sweep(args, ops, sizes, rank, n, nxt, prv, measured):
+    """One pass over every op and size; appends each row's stats to measured[(op, nominal)]."""
     for op in ops:
         if op == "sendrecv" and n < 2:
             continue
@@ -111,17 +100,49 @@ def main():
                 variant = name
                 stats = measure(plan_for(args, elems * 4), fn)
                 break
-            rows.append({"suite": "collectives_torch", "name": op, "backend": "gloo", "ranks": n,
-                         "bytes": elems * 4, "nominal_bytes": nominal, "torch_call": variant,
-                         "torch_us": stats["median"] if stats else None,
-                         "torch_min_us": stats["min"] if stats else None,
-                         "torch_max_us": stats["max"] if stats else None,
-                         "samples": stats["samples"] if stats else 0,
-                         "unsupported": None if stats else "; ".join(errors),
-                         "torch_version": torch.__version__})
+            entry = measured.setdefault((op, nominal), (elems * 4, variant, [], errors))
+            if stats:
+                entry[2].append(stats)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--max-bytes", type=int, default=16 << 20)
+    ap.add_argument("--passes", type=int, default=1)
+    args = ap.parse_args()
+    passes = 1 if args.smoke else max(1, args.passes)
+
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    nxt, prv = (rank + 1) % n, (rank - 1 + n) % n
+    sizes = []
+    b = 4
+    while b <= (1024 if args.smoke else args.max_bytes):
+        sizes.append(b)
+        b *= 4
+    ops = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather",
+           "scatter", "sendrecv"]
+    measured = {}  # (op, nominal) -> (bytes, torch call, [stats of each pass], errors)
+    for _ in range(passes):
+        sweep(args, ops, sizes, rank, n, nxt, prv, measured)
+    rows = []
+    for (op, nominal), (nbytes, variant, passes_stats, errors) in measured.items():
+        stats = combine(passes_stats) if passes_stats else None
+        rows.append({"suite": "collectives_torch", "name": op, "backend": "gloo", "ranks": n,
+                     "bytes": nbytes, "nominal_bytes": nominal, "torch_call": variant,
+                     "torch_us": stats["median"] if stats else None,
+                     "torch_min_us": stats["min"] if stats else None,
+                     "torch_max_us": stats["max"] if stats else None,
+                     "samples": stats["samples"] if stats else 0,
+                     "unsupported": None if stats else "; ".join(errors),
+                     "passes": passes, "torch_version": torch.__version__})
     def barrier():
         dist.barrier()
-    st = measure(plan_for(args, 0), barrier)
+    st = combine([measure(plan_for(args, 0), barrier) for _ in range(passes)])
     rows.append({"suite": "collectives_torch", "name": "barrier", "backend": "gloo", "ranks": n, "bytes": 0,
                  "nominal_bytes": 0, "torch_call": "barrier", "torch_us": st["median"], "torch_min_us": st["min"],
                  "torch_max_us": st["max"], "samples": st["samples"], "unsupported": None,

@@ -127,6 +127,29 @@ std::pair<Stats, Stats> compare(const SamplePlan& p, A&& ours, B&& ref) {
   return {sa, stats_of(std::move(b))};
 }
 
+/// One row measured in several passes (the whole sweep repeated, so a burst of machine noise hits one
+/// pass of a row, not all of its samples): the median of the pass medians (and of the pass paired
+/// ratios), the overall min and max, the total sample count.
+inline Stats combine_passes(const std::vector<Stats>& passes) {
+  std::vector<double> medians;
+  std::vector<double> paired;
+  Stats s;
+  for (const Stats& p : passes) {
+    medians.push_back(p.median);
+    if (!std::isnan(p.paired_ratio)) {
+      paired.push_back(p.paired_ratio);
+    }
+    s.min = s.samples == 0 ? p.min : std::min(s.min, p.min);
+    s.max = std::max(s.max, p.max);
+    s.samples += p.samples;
+  }
+  s.median = stats_of(std::move(medians)).median;
+  if (!paired.empty()) {
+    s.paired_ratio = stats_of(std::move(paired)).median;
+  }
+  return s;
+}
+
 // ---- options ------------------------------------------------------------------------------------------
 
 struct Options {
