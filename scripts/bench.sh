@@ -7,7 +7,7 @@
 #   4. compile cost (bench/compile/compile_time.sh).
 # About 7-9 minutes on the 2-core dev machine.
 #
-# usage: scripts/bench.sh [--quick]     (--quick: half the samples, sweeps up to 1 MiB, 1 compile rep)
+# usage: scripts/bench.sh [--quick]     (--quick: half the samples, sweeps up to 1 MiB, one pass, 1 compile rep)
 #   BUILD_DIR (default build-bench) is configured and built here if needed (Release, no CUDA language).
 set -euo pipefail
 cd "$(dirname "$0")/.."
