@@ -229,7 +229,11 @@ inline std::string json_number(double v) {
     return "null";
   }
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
+  if (v == std::floor(v) && std::fabs(v) < 9.0e15) { // byte counts and other integers: exact
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+  }
   return buf;
 }
 
