@@ -198,3 +198,51 @@ TEST_CASE("a receive without a sender times out, abort() releases a blocked peer
       opts);
   REQUIRE(seconds_since(t0) < 5.0);
 }
+
+TEST_CASE("members that disagree on block sizes get an error naming the op, never a short read",
+          "[comm][errors]") {
+  const std::string op =
+      GENERATE(std::string("gather"), std::string("scatter"), std::string("all_to_all_single"));
+  const bool longer =
+      GENERATE(false, true); // the root's / sender's idea of rank 1's block is larger or smaller
+  testing::RunRanksOptions opts;
+  opts.timeout = 500ms;
+  std::atomic<int> errors{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  testing::run_ranks(
+      2,
+      [&](ProcessGroup& g) {
+        const std::int64_t theirs = longer ? 4 : 2;   // what rank 0 uses for rank 1's block
+        auto own = Tensor<float, 1>::full({3}, 1.0f); // every member's own block: 3 elements
+        std::vector<Tensor<float, 1>> list{Tensor<float, 1>::full({3}, 2.0f),
+                                           Tensor<float, 1>::full({theirs}, 2.0f)};
+        try {
+          if (op == "gather") {
+            gather(own, &list, 0, g);
+          } else if (op == "scatter") {
+            scatter(own, list, 0, g);
+          } else {
+            // Rank 0 sends `theirs` rows to rank 1, which expects 3.
+            std::vector<std::int64_t> in_splits{1, theirs};
+            std::vector<std::int64_t> out_splits{1, 1};
+            if (g.rank() == 1) {
+              in_splits = {1, 1};
+              out_splits = {3, 1};
+            }
+            auto in = Tensor<float, 1>::full({in_splits[0] + in_splits[1]}, 1.0f);
+            auto out = Tensor<float, 1>::full({out_splits[0] + out_splits[1]}, -1.0f);
+            all_to_all_single(out, in, out_splits, in_splits, g);
+          }
+        } catch (const Error& e) {
+          INFO(e.what());
+          if (std::string(e.what()).find("disagree on the sizes") == std::string::npos &&
+              std::string(e.what()).find("peer failed") == std::string::npos) {
+            FAIL_CHECK("unexpected message: " << e.what());
+          }
+          ++errors;
+        }
+      },
+      opts);
+  REQUIRE(errors == 2);
+  REQUIRE(seconds_since(t0) < 5.0);
+}

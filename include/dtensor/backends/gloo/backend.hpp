@@ -166,6 +166,12 @@ struct OpDesc {
   int root = -1;
   int reduce = -1;
 
+  /// Ops whose messages match only when the members agree on every block size (see sized()).
+  bool sizes_must_match() const {
+    const std::string_view n(name);
+    return n == "gather" || n == "scatter" || n == "all_to_all" || n == "all_gather" || n == "reduce_scatter";
+  }
+
   std::string to_string() const {
     std::string s = std::string(name) + " #" + std::to_string(seq) + " (" + std::to_string(count) + " x " +
                     std::string(dtype_name(dtype));
@@ -827,6 +833,15 @@ private:
     return (std::uint64_t{0x40} << 56) | (std::uint64_t{seq} << 24);
   }
 
+  /// A message's slot with its size folded into the low 24 bits (free in own_slot): a send and a receive
+  /// match only when both sides agree on the size, so members that disagree get a timeout naming the op
+  /// instead of a short read (gloo completes a receive larger than the message) or an abort of the process
+  /// (gloo's loop thread throws on a message larger than the receive).
+  static std::uint64_t sized(std::uint64_t slot, std::size_t nbytes) {
+    const std::uint64_t b = nbytes;
+    return slot | ((b ^ (b >> 24) ^ (b >> 48)) & 0xFFFFFF);
+  }
+
   int next_creation() {
     std::lock_guard lock(m_);
     return creations_++;
@@ -913,7 +928,7 @@ private:
       return;
     }
     auto ub = context_->createUnboundBuffer(b.data, b.nbytes());
-    ub->send(peer, slot);
+    ub->send(peer, sized(slot, b.nbytes()));
     if (!ub->waitSend(t)) {
       throw Error("the operation was aborted");
     }
@@ -924,7 +939,7 @@ private:
       return;
     }
     auto ub = context_->createUnboundBuffer(b.data, b.nbytes());
-    ub->recv(peer, slot);
+    ub->recv(peer, sized(slot, b.nbytes()));
     if (!ub->waitRecv(t)) {
       throw Error("the operation was aborted");
     }
@@ -942,9 +957,9 @@ private:
       if (blocks[m].count > 0) {
         ubs.push_back(context_->createUnboundBuffer(blocks[m].data, blocks[m].nbytes()));
         if (receive) {
-          ubs.back()->recv(m, slot);
+          ubs.back()->recv(m, sized(slot, blocks[m].nbytes()));
         } else {
-          ubs.back()->send(m, slot);
+          ubs.back()->send(m, sized(slot, blocks[m].nbytes()));
         }
       }
     }
@@ -1007,7 +1022,7 @@ private:
     auto* ubs = bytes > 0 ? scratch_buffers() : nullptr;
     for (int i = 1; i < n && ubs != nullptr; ++i) {
       const int src = (rank_ - i + n) % n;
-      ubs[src]->recv(src, slot, slot_of(src), bytes);
+      ubs[src]->recv(src, sized(slot, bytes), slot_of(src), bytes);
     }
     std::unique_ptr<::gloo::transport::UnboundBuffer> ib;
     int nsend = 0;
@@ -1017,8 +1032,8 @@ private:
         if (!ib) {
           ib = context_->createUnboundBuffer(const_cast<char*>(in_bytes), in.nbytes());
         }
-        ib->send(dst, slot, static_cast<std::size_t>(displs[dst]) * es,
-                 static_cast<std::size_t>(counts[dst]) * es);
+        ib->send(dst, sized(slot, static_cast<std::size_t>(counts[dst]) * es),
+                 static_cast<std::size_t>(displs[dst]) * es, static_cast<std::size_t>(counts[dst]) * es);
         ++nsend;
       }
     }
@@ -1072,7 +1087,8 @@ private:
         if (!ob) {
           ob = context_->createUnboundBuffer(out.data, out.nbytes());
         }
-        ob->recv(src, slot, static_cast<std::size_t>(recv_displs[src]) * es,
+        ob->recv(src, sized(slot, static_cast<std::size_t>(recv_counts[src]) * es),
+                 static_cast<std::size_t>(recv_displs[src]) * es,
                  static_cast<std::size_t>(recv_counts[src]) * es);
         ++nrecv;
       }
@@ -1083,7 +1099,8 @@ private:
         if (!ib) {
           ib = context_->createUnboundBuffer(in.data, in.nbytes());
         }
-        ib->send(dst, slot, static_cast<std::size_t>(send_displs[dst]) * es,
+        ib->send(dst, sized(slot, static_cast<std::size_t>(send_counts[dst]) * es),
+                 static_cast<std::size_t>(send_displs[dst]) * es,
                  static_cast<std::size_t>(send_counts[dst]) * es);
         ++nsend;
       }
@@ -1179,7 +1196,9 @@ private:
       msg = head + " failed: the group was aborted: " + *aborted;
     } else if (is_timeout) {
       msg = head + " timed out after " + std::to_string(ms) + " ms (limit " +
-            std::to_string(timeout().count()) + " ms): a member did not arrive [" + reason + "]";
+            std::to_string(timeout().count()) + " ms): a member did not arrive" +
+            (d.sizes_must_match() ? ", or the members disagree on the sizes (counts)" : "") + " [" + reason +
+            "]";
     } else if (transport) {
       if (auto peer = peer_error(std::chrono::milliseconds(1000))) {
         is_timeout = peer->first;
