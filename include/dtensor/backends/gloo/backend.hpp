@@ -380,7 +380,7 @@ public:
     }
     return submit(d, opts, a, [this, in, root](const OpDesc& od, Ms t, const Arrays& a) {
       if (rank_ != root) {
-        send_block(in, root, own_slot(od.seq), t);
+        member_transfer(false, in, root, own_slot(od.seq), t);
         return;
       }
       root_transfers(true, a.blocks, own_slot(od.seq), t, [&] { copy_block(a.blocks[rank_], in); });
@@ -401,7 +401,7 @@ public:
     }
     return submit(d, opts, a, [this, out, root](const OpDesc& od, Ms t, const Arrays& a) {
       if (rank_ != root) {
-        receive_block(out, root, own_slot(od.seq), t);
+        member_transfer(true, out, root, own_slot(od.seq), t);
         return;
       }
       root_transfers(false, a.blocks, own_slot(od.seq), t, [&] { copy_block(out, a.blocks[rank_]); });
@@ -923,24 +923,19 @@ private:
     }
   }
 
-  void send_block(const BufferRef& b, int peer, std::uint64_t slot, std::chrono::milliseconds t) {
+  /// A member of gather (send) or scatter (receive): its one transfer with the root.
+  void member_transfer(bool receive, const BufferRef& b, int root, std::uint64_t slot,
+                       std::chrono::milliseconds t) {
     if (b.count == 0) {
       return;
     }
     auto ub = context_->createUnboundBuffer(b.data, b.nbytes());
-    ub->send(peer, sized(slot, b.nbytes()));
-    if (!ub->waitSend(t)) {
-      throw Error("the operation was aborted");
+    if (receive) {
+      ub->recv(root, sized(slot, b.nbytes()));
+    } else {
+      ub->send(root, sized(slot, b.nbytes()));
     }
-  }
-
-  void receive_block(const BufferRef& b, int peer, std::uint64_t slot, std::chrono::milliseconds t) {
-    if (b.count == 0) {
-      return;
-    }
-    auto ub = context_->createUnboundBuffer(b.data, b.nbytes());
-    ub->recv(peer, sized(slot, b.nbytes()));
-    if (!ub->waitRecv(t)) {
+    if (!(receive ? ub->waitRecv(t) : ub->waitSend(t))) {
       throw Error("the operation was aborted");
     }
   }
