@@ -10,6 +10,8 @@
 // smallest sizes of the blocked ops are a few bytes larger than the nominal size; `bytes` says how many).
 // algbw = bytes / time, busbw = algbw * nccl-tests' factor (all_reduce 2(n-1)/n; all_gather,
 // reduce_scatter, all_to_all, gather, scatter (n-1)/n; broadcast, reduce, sendrecv 1). Rank 0's times.
+// sendrecv's raw reuses two unbound buffers across calls; sendrecv_fresh is the same ring with raw making
+// them per call, as gloo's own collectives and torch's ProcessGroupGloo send/recv do.
 // Writes bench/results/collectives_gloo_n<ranks>.json.
 
 #include <dtensor/comm/collectives.hpp>
@@ -127,9 +129,9 @@ int main(int argc, char** argv) {
   auto next_tag = [&] { return tag = (tag + 1) & 0xFFFFFF; };
 
   const double f1 = n > 1 ? double(n - 1) / n : 0.0;
-  const std::vector<Op> ops = {{"all_reduce", 2 * f1}, {"reduce", 1},          {"broadcast", 1},
-                               {"all_gather", f1},     {"reduce_scatter", f1}, {"all_to_all", f1},
-                               {"gather", f1},         {"scatter", f1},        {"sendrecv", 1}};
+  const std::vector<Op> ops = {
+      {"all_reduce", 2 * f1}, {"reduce", 1},  {"broadcast", 1}, {"all_gather", f1}, {"reduce_scatter", f1},
+      {"all_to_all", f1},     {"gather", f1}, {"scatter", f1},  {"sendrecv", 1},    {"sendrecv_fresh", 1}};
   std::vector<std::int64_t> sizes;
   for (std::int64_t b = 4; b <= (opt.smoke ? 1024 : opt.max_bytes); b *= 4) {
     sizes.push_back(b);
@@ -149,7 +151,7 @@ int main(int argc, char** argv) {
     for (std::size_t oi = 0; oi < ops.size(); ++oi) {
       const Op& op = ops[oi];
       const std::string name = op.name;
-      if ((name == "sendrecv" && n < 2) || !selected(opt, name)) {
+      if ((name.starts_with("sendrecv") && n < 2) || !selected(opt, name)) {
         continue;
       }
       for (std::size_t si = 0; si < sizes.size(); ++si) {
@@ -254,7 +256,7 @@ int main(int argc, char** argv) {
             o.setTag(next_tag());
             ::gloo::scatter(o);
           };
-        } else if (name == "sendrecv") { // ring: send to rank+1, receive from rank-1
+        } else if (name.starts_with("sendrecv")) { // ring: send to rank+1, receive from rank-1
           ours = [&] {
             std::vector<P2POp> p2p{P2POp(P2POp::irecv, big2, prev, world),
                                    P2POp(P2POp::isend, big, next, world)};
@@ -262,9 +264,17 @@ int main(int argc, char** argv) {
               w.wait();
             }
           };
-          ub_send = ctx->createUnboundBuffer(bp, static_cast<size_t>(bytes));
-          ub_recv = ctx->createUnboundBuffer(bp2, static_cast<size_t>(bytes));
-          raw = [&] {
+          if (name == "sendrecv") { // raw: two unbound buffers made once and reused by every call
+            ub_send = ctx->createUnboundBuffer(bp, static_cast<size_t>(bytes));
+            ub_recv = ctx->createUnboundBuffer(bp2, static_cast<size_t>(bytes));
+          }
+          raw = [&, fresh = name == "sendrecv_fresh"] {
+            // sendrecv_fresh: raw makes its buffers per call, as gloo's own collectives (and torch's
+            // ProcessGroupGloo send/recv) do.
+            if (fresh) {
+              ub_send = ctx->createUnboundBuffer(bp, static_cast<size_t>(bytes));
+              ub_recv = ctx->createUnboundBuffer(bp2, static_cast<size_t>(bytes));
+            }
             const std::uint64_t slot = next_tag();
             ub_recv->recv(prev, slot);
             ub_send->send(next, slot);
