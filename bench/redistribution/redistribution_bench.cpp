@@ -290,6 +290,48 @@ bench::SamplePlan plan_for(const bench::Options& o, std::int64_t bytes) {
   return p;
 }
 
+/// What one redistribution row reports (bytes per rank; the largest over ranks where it varies).
+struct RowFigures {
+  std::string mesh, name, shape, steps, torch_plan;
+  int plan_steps = 0;
+  std::int64_t bytes = 0, plan_b = 0, moved = 0, lb = 0, torch_b = 0, extra = 0, bound = 0;
+  std::int64_t allocs = -1; ///< heap allocations of one call; < 0: not counted
+  bench::Stats stats, host;
+};
+
+/// Adds one row to the table and the JSON results.
+void add_row(Ctx& c, const RowFigures& f) {
+  bench::Record r{"redistribution", f.name, c.backend, c.world.size(), f.bytes, f.stats, "", {}, {}};
+  r.add_str("mesh", f.mesh)
+      .add_str("shape", f.shape)
+      .add_str("plan", f.steps)
+      .add_num("plan_steps", f.plan_steps)
+      .add_num("plan_bytes", double(f.plan_b))
+      .add_num("moved_bytes", double(f.moved))
+      .add_num("lower_bound_bytes", double(f.lb))
+      .add_num("torch_bytes", double(f.torch_b))
+      .add_str("torch_plan", f.torch_plan)
+      .add_num("peak_extra_bytes", double(f.extra))
+      .add_num("max_in_out_bytes", double(f.bound));
+  if (f.allocs >= 0) {
+    r.add_num("allocations", double(f.allocs));
+  }
+  std::vector<std::string> cells{f.mesh,
+                                 f.name,
+                                 f.shape,
+                                 f.steps,
+                                 std::to_string(f.plan_b),
+                                 std::to_string(f.moved),
+                                 std::to_string(f.lb),
+                                 std::to_string(f.torch_b),
+                                 bench::range(f.stats),
+                                 std::to_string(f.extra),
+                                 std::to_string(f.bound)};
+  add_host_time(c, r, cells, f.host);
+  c.table.row(std::move(cells));
+  c.results.add(std::move(r));
+}
+
 /// One redistribution row (or, with Mid, the chain Src -> Mid -> Dst timed as one).
 template <class Shape, class Src, class Dst>
 struct Runner;
@@ -347,37 +389,24 @@ struct Runner<Shape, Placements<Ps...>, Placements<Qs...>> {
     allocs = world_max(c, allocs);
     const std::int64_t bound = world_max(c, std::max(in_b, out_b));
 
-    const std::string name = to_string(src) + "->" + to_string(dst) + note;
-    const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
-    const std::string steps = plan.to_string().substr(plan.to_string().find(':') + 2);
-    const std::string torch_plan = to_string(torch_greedy_plan(src, dst, 2), Shape::names);
-    bench::Record r{"redistribution", name, c.backend, c.world.size(), rows * cols * 4, stats, "", {}, {}};
-    r.add_str("mesh", mesh_label(mesh))
-        .add_str("shape", shape)
-        .add_str("plan", steps)
-        .add_num("plan_steps", plan.plan.size())
-        .add_num("plan_bytes", double(plan_b))
-        .add_num("moved_bytes", double(moved))
-        .add_num("lower_bound_bytes", double(lb))
-        .add_num("torch_bytes", double(torch_b))
-        .add_str("torch_plan", torch_plan)
-        .add_num("peak_extra_bytes", double(extra))
-        .add_num("max_in_out_bytes", double(bound))
-        .add_num("allocations", double(allocs));
-    std::vector<std::string> cells{mesh_label(mesh),
-                                   name,
-                                   shape,
-                                   steps,
-                                   std::to_string(plan_b),
-                                   std::to_string(moved),
-                                   std::to_string(lb),
-                                   std::to_string(torch_b),
-                                   bench::range(stats),
-                                   std::to_string(extra),
-                                   std::to_string(bound)};
-    add_host_time(c, r, cells, host);
-    c.table.row(std::move(cells));
-    c.results.add(std::move(r));
+    RowFigures f;
+    f.mesh = mesh_label(mesh);
+    f.name = to_string(src) + "->" + to_string(dst) + note;
+    f.shape = std::to_string(rows) + "x" + std::to_string(cols);
+    f.steps = plan.to_string().substr(plan.to_string().find(':') + 2);
+    f.torch_plan = to_string(torch_greedy_plan(src, dst, 2), Shape::names);
+    f.plan_steps = plan.plan.size();
+    f.bytes = rows * cols * 4;
+    f.plan_b = plan_b;
+    f.moved = moved;
+    f.lb = lb;
+    f.torch_b = torch_b;
+    f.extra = extra;
+    f.bound = bound;
+    f.allocs = allocs;
+    f.stats = stats;
+    f.host = host;
+    add_row(c, f);
   }
 };
 
@@ -410,37 +439,24 @@ void run_r_p_r_case(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, st
     extra = mem.extra();
   }
   extra = world_max(c, extra);
-  const std::int64_t bound = static_cast<std::int64_t>(x.local().nbytes());
-  const std::string steps = p1.to_string().substr(p1.to_string().find(':') + 2) + "; then " +
-                            p2.to_string().substr(p2.to_string().find(':') + 2);
-  const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
-  bench::Record r{
-      "redistribution", "[R]->[P(sum)]->[R]", c.backend, c.world.size(), rows * cols * 4, stats, "", {}, {}};
-  r.add_str("mesh", mesh_label(mesh))
-      .add_str("shape", shape)
-      .add_str("plan", steps)
-      .add_num("plan_steps", p1.plan.size() + p2.plan.size())
-      .add_num("plan_bytes", double(plan_b))
-      .add_num("moved_bytes", double(moved))
-      .add_num("lower_bound_bytes", double(lb))
-      .add_num("torch_bytes", double(torch_b))
-      .add_str("torch_plan", "local_partial(x); all_reduce(x)")
-      .add_num("peak_extra_bytes", double(extra))
-      .add_num("max_in_out_bytes", double(bound));
-  std::vector<std::string> cells{mesh_label(mesh),
-                                 "[R]->[P(sum)]->[R]",
-                                 shape,
-                                 steps,
-                                 std::to_string(plan_b),
-                                 std::to_string(moved),
-                                 std::to_string(lb),
-                                 std::to_string(torch_b),
-                                 bench::range(stats),
-                                 std::to_string(extra),
-                                 std::to_string(bound)};
-  add_host_time(c, r, cells, host);
-  c.table.row(std::move(cells));
-  c.results.add(std::move(r));
+  RowFigures f;
+  f.mesh = mesh_label(mesh);
+  f.name = "[R]->[P(sum)]->[R]";
+  f.shape = std::to_string(rows) + "x" + std::to_string(cols);
+  f.steps = p1.to_string().substr(p1.to_string().find(':') + 2) + "; then " +
+            p2.to_string().substr(p2.to_string().find(':') + 2);
+  f.torch_plan = "local_partial(x); all_reduce(x)";
+  f.plan_steps = p1.plan.size() + p2.plan.size();
+  f.bytes = rows * cols * 4;
+  f.plan_b = plan_b;
+  f.moved = moved;
+  f.lb = lb;
+  f.torch_b = torch_b;
+  f.extra = extra;
+  f.bound = static_cast<std::int64_t>(x.local().nbytes());
+  f.stats = stats;
+  f.host = host;
+  add_row(c, f);
 }
 
 // ---- uneven sizes: variable-size collectives (the executor) vs padding to equal blocks

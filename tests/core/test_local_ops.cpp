@@ -14,6 +14,8 @@
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/tensor/local_ops.hpp"
 
+#include "../support/random_bytes.hpp"
+
 using dtensor::Tensor;
 namespace local_ops = dtensor::local_ops;
 
@@ -23,16 +25,7 @@ namespace local_ops = dtensor::local_ops;
 
 namespace {
 
-/// A host tensor of `shape` whose bytes are pseudo-random (NaN patterns included: compared as bits).
-template <class T, int R>
-Tensor<T, R> random_bytes(const std::array<std::int64_t, R>& shape, std::mt19937& rng) {
-  Tensor<T, R> t(shape);
-  auto* p = reinterpret_cast<unsigned char*>(t.data());
-  for (std::size_t i = 0; i < t.nbytes(); ++i) {
-    p[i] = static_cast<unsigned char>(rng());
-  }
-  return t;
-}
+using dtensor::test_support::random_bytes;
 
 template <class T>
 bool same_bits(const T& a, const T& b) {

@@ -20,6 +20,8 @@
 #include "dtensor/core/tensor_io.hpp"
 #include "dtensor/tensor/local_ops.hpp"
 
+#include "../support/random_bytes.hpp"
+
 // Thrust includes CUDA's cuda_fp16.h, which declares a global ::half: name dtensor's types in full here.
 using dtensor::Device;
 using dtensor::Tensor;
@@ -31,6 +33,8 @@ static_assert(DTENSOR_LOCAL_OPS_CUDA == 1,
 
 namespace {
 
+using dtensor::test_support::random_bytes;
+
 void require_cuda_device() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -40,16 +44,6 @@ void require_cuda_device() {
     std::fflush(stdout);
     std::exit(DTENSOR_SKIP_CODE);
   }
-}
-
-template <class T, int R>
-Tensor<T, R> random_bytes(const std::array<std::int64_t, R>& shape, std::mt19937& rng) {
-  Tensor<T, R> t(shape);
-  auto* p = reinterpret_cast<unsigned char*>(t.data());
-  for (std::size_t i = 0; i < t.nbytes(); ++i) {
-    p[i] = static_cast<unsigned char>(rng());
-  }
-  return t;
 }
 
 /// True when the two host tensors hold the same bytes (contiguous, same shape).

@@ -40,6 +40,28 @@ DTENSOR_HOST_DEVICE constexpr float bits_float(std::uint32_t u) noexcept {
   return __builtin_bit_cast(float, u);
 }
 
+/// `r` with its low `drop` bits rounded away, to nearest even (a carry into the exponent is what IEEE
+/// rounding wants).
+DTENSOR_HOST_DEVICE constexpr std::uint32_t round_bits_away(std::uint32_t r, int drop) noexcept {
+  return (r + ((1u << (drop - 1)) - 1u) + ((r >> drop) & 1u)) >> drop;
+}
+
+/// A finite float below a narrower type's smallest normal (magnitude bits `a`, biased float exponent at
+/// least base - 24) in units of that type's smallest subnormal, 2^(base - 150) (half: base 126, e5m2:
+/// 134, e4m3: 141), rounded to nearest even. Rounding up may reach the smallest normal, whose encoding is
+/// the same number.
+DTENSOR_HOST_DEVICE constexpr std::uint32_t subnormal_units(std::uint32_t a, std::uint32_t base) noexcept {
+  const std::uint32_t mantissa = (a & 0x7fffffu) | 0x800000u;
+  const std::uint32_t shift = base - (a >> 23);
+  std::uint32_t q = mantissa >> shift;
+  const std::uint32_t rem = mantissa & ((1u << shift) - 1u);
+  const std::uint32_t halfway = 1u << (shift - 1);
+  if (rem > halfway || (rem == halfway && (q & 1u) != 0)) {
+    ++q;
+  }
+  return q;
+}
+
 /// float -> bfloat16 bits, round to nearest even. NaN stays NaN (quietened, sign kept); values beyond
 /// the largest bfloat16 round to inf as IEEE rounding says.
 DTENSOR_HOST_DEVICE constexpr std::uint16_t float_to_bfloat16_bits(float f) noexcept {
@@ -47,8 +69,7 @@ DTENSOR_HOST_DEVICE constexpr std::uint16_t float_to_bfloat16_bits(float f) noex
   if ((u & 0x7fffffffu) > 0x7f800000u) { // NaN: truncating could turn a low-payload NaN into inf
     return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
   }
-  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(rounded >> 16);
+  return static_cast<std::uint16_t>(round_bits_away(u, 16));
 }
 
 DTENSOR_HOST_DEVICE constexpr float bfloat16_bits_to_float(std::uint16_t h) noexcept {
@@ -68,23 +89,14 @@ DTENSOR_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float f) noexcept
     return static_cast<std::uint16_t>(sign | 0x7c00u);
   }
   if (a >= 0x38800000u) { // >= 2^-14: normal half; rebias the exponent (127 -> 15), round 13 bits away
-    const std::uint32_t r = a - 0x38000000u;
-    return static_cast<std::uint16_t>(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+    return static_cast<std::uint16_t>(sign | round_bits_away(a - 0x38000000u, 13));
   }
   const std::uint32_t exponent = a >> 23;
   if (exponent < 102) { // < 2^-25: rounds to zero
     return static_cast<std::uint16_t>(sign);
   }
-  // Subnormal half (or the smallest normal, after rounding up): count units of 2^-24.
-  const std::uint32_t mantissa = (a & 0x7fffffu) | 0x800000u;
-  const std::uint32_t shift = 126 - exponent; // 14..24
-  std::uint32_t q = mantissa >> shift;
-  const std::uint32_t rem = mantissa & ((1u << shift) - 1u);
-  const std::uint32_t halfway = 1u << (shift - 1);
-  if (rem > halfway || (rem == halfway && (q & 1u) != 0)) {
-    ++q;
-  }
-  return static_cast<std::uint16_t>(sign | q);
+  // Subnormal half (or the smallest normal, after rounding up): units of 2^-24.
+  return static_cast<std::uint16_t>(sign | subnormal_units(a, 126));
 }
 
 DTENSOR_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t h) noexcept {
@@ -112,23 +124,14 @@ DTENSOR_HOST_DEVICE constexpr std::uint8_t float_to_e4m3_bits(float f) noexcept 
   }
   if (a >= 0x3c800000u) { // >= 2^-6: normal; rebias the exponent (127 -> 7), round 20 bits away. Values
                           // in (464, 480) round up to 0x7f, the NaN: non-saturating, as PyTorch.
-    const std::uint32_t r = a - (120u << 23);
-    return static_cast<std::uint8_t>(sign | ((r + 0x7ffffu + ((r >> 20) & 1u)) >> 20));
+    return static_cast<std::uint8_t>(sign | round_bits_away(a - (120u << 23), 20));
   }
   const std::uint32_t exponent = a >> 23;
   if (exponent < 117) { // < 2^-10, half the smallest subnormal: rounds to zero
     return sign;
   }
-  // Subnormal (or the smallest normal, after rounding up): count units of 2^-9.
-  const std::uint32_t mantissa = (a & 0x7fffffu) | 0x800000u;
-  const std::uint32_t shift = 141 - exponent; // 21..24
-  std::uint32_t q = mantissa >> shift;
-  const std::uint32_t rem = mantissa & ((1u << shift) - 1u);
-  const std::uint32_t halfway = 1u << (shift - 1);
-  if (rem > halfway || (rem == halfway && (q & 1u) != 0)) {
-    ++q;
-  }
-  return static_cast<std::uint8_t>(sign | q);
+  // Subnormal (or the smallest normal, after rounding up): units of 2^-9.
+  return static_cast<std::uint8_t>(sign | subnormal_units(a, 141));
 }
 
 DTENSOR_HOST_DEVICE constexpr float e4m3_bits_to_float(std::uint8_t b) noexcept {
@@ -158,23 +161,14 @@ DTENSOR_HOST_DEVICE constexpr std::uint8_t float_to_e5m2_bits(float f) noexcept 
     return static_cast<std::uint8_t>(sign | 0x7cu);
   }
   if (a >= 0x38800000u) { // >= 2^-14: normal; rebias the exponent (127 -> 15), round 21 bits away
-    const std::uint32_t r = a - (112u << 23);
-    return static_cast<std::uint8_t>(sign | ((r + 0xfffffu + ((r >> 21) & 1u)) >> 21));
+    return static_cast<std::uint8_t>(sign | round_bits_away(a - (112u << 23), 21));
   }
   const std::uint32_t exponent = a >> 23;
   if (exponent < 110) { // < 2^-17, half the smallest subnormal: rounds to zero
     return sign;
   }
-  // Subnormal (or the smallest normal, after rounding up): count units of 2^-16.
-  const std::uint32_t mantissa = (a & 0x7fffffu) | 0x800000u;
-  const std::uint32_t shift = 134 - exponent; // 22..24
-  std::uint32_t q = mantissa >> shift;
-  const std::uint32_t rem = mantissa & ((1u << shift) - 1u);
-  const std::uint32_t halfway = 1u << (shift - 1);
-  if (rem > halfway || (rem == halfway && (q & 1u) != 0)) {
-    ++q;
-  }
-  return static_cast<std::uint8_t>(sign | q);
+  // Subnormal (or the smallest normal, after rounding up): units of 2^-16.
+  return static_cast<std::uint8_t>(sign | subnormal_units(a, 134));
 }
 
 /// float8_e5m2 is the top byte of a binary16, so its value is that half's.

@@ -21,22 +21,10 @@
 
 namespace dtensor::detail {
 
-/// Completion flag + error of one host-side op.
-class HostWork final : public WorkImpl {
+/// The completion flag and error of one host-side op, under one mutex that derived works share for their
+/// own state.
+class Completion {
 public:
-  bool is_completed() override {
-    std::lock_guard lock(m_);
-    return done_;
-  }
-
-  void wait() override {
-    std::unique_lock lock(m_);
-    cv_.wait(lock, [&] { return done_; });
-    if (error_) {
-      std::rethrow_exception(error_);
-    }
-  }
-
   /// Marks the op finished (with `error` if it failed). Only the first call counts.
   void finish(std::exception_ptr error = nullptr) {
     {
@@ -50,11 +38,33 @@ public:
     cv_.notify_all();
   }
 
-private:
+protected:
+  /// Blocks (on `lock`, holding m_) until finished; rethrows the op's error.
+  void wait_finished(std::unique_lock<std::mutex>& lock) {
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) {
+      std::rethrow_exception(error_);
+    }
+  }
+
   std::mutex m_;
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+};
+
+/// A host-side op finished by whoever runs it (finish()).
+class HostWork final : public WorkImpl, public Completion {
+public:
+  bool is_completed() override {
+    std::lock_guard lock(m_);
+    return done_;
+  }
+
+  void wait() override {
+    std::unique_lock lock(m_);
+    wait_finished(lock);
+  }
 };
 
 /// Runs tasks one at a time, in submission order. Tasks must not throw.
@@ -151,7 +161,9 @@ private:
 ///  - on `completer` when the work is dropped before anyone waited (its buffers live until the transfers
 ///    end).
 /// Waiting for one batch never waits for another, so batches complete in any order.
-class DeferredWork final : public WorkImpl, public std::enable_shared_from_this<DeferredWork> {
+class DeferredWork final : public WorkImpl,
+                           public Completion,
+                           public std::enable_shared_from_this<DeferredWork> {
 public:
   /// The last step: waits for the transport and returns the op's error (nullptr on success).
   using Complete = std::function<std::exception_ptr()>;
@@ -180,19 +192,6 @@ public:
     }
   }
 
-  /// Marks the op finished (with `error` if it failed). Only the first call counts.
-  void finish(std::exception_ptr error = nullptr) {
-    {
-      std::lock_guard lock(m_);
-      if (done_) {
-        return;
-      }
-      done_ = true;
-      error_ = std::move(error);
-    }
-    cv_.notify_all();
-  }
-
   bool is_completed() override {
     {
       std::lock_guard lock(m_);
@@ -217,10 +216,7 @@ public:
       finish(c());
       lock.lock();
     }
-    cv_.wait(lock, [&] { return done_; });
-    if (error_) {
-      std::rethrow_exception(error_);
-    }
+    wait_finished(lock);
   }
 
 private:
@@ -247,14 +243,10 @@ private:
   }
 
   SerialExecutor* completer_;
-  std::mutex m_;
-  std::condition_variable cv_;
   Complete complete_;
   bool posted_ = false;
   bool want_completer_ = false;
   bool handed_ = false;
-  bool done_ = false;
-  std::exception_ptr error_;
 };
 
 } // namespace dtensor::detail
