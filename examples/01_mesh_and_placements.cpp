@@ -6,6 +6,7 @@
 // 6x4 tensor from rank 0 under a few placement lists and checks every rank's shard against the
 // single-process slice of the same tensor.
 
+#include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/core/tensor_io.hpp>
 #include <dtensor/mesh/device_mesh.hpp>

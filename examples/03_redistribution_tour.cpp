@@ -7,11 +7,12 @@
 // group) and an exact permutation. Each prints its plan (from the type alone), the sharding table of its
 // result, and the collectives this rank ran with their bytes; each result is checked against the tensor.
 
+#include <dtensor/comm/collectives.hpp>
+#include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/core/tensor_io.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/plan/torch_reference.hpp>
-#include <dtensor/tensor/comm_debug.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #include <dtensor/tensor/visualize.hpp>
 

@@ -44,10 +44,10 @@
 #include "../common/harness.hpp"
 
 #include <dtensor/comm/collectives.hpp>
+#include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/plan/torch_reference.hpp>
-#include <dtensor/tensor/comm_debug.hpp>
 #include <dtensor/tensor/distribute.hpp>
 
 #if DTENSOR_HAS_NCCL && DTENSOR_HAS_CUDA

@@ -3,6 +3,7 @@
 // backends' own (pulled in by comm/init.hpp when their targets are linked) and testing/.
 // Each header also compiles on its own; include the ones you use to keep compile times down.
 
+#include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/config.hpp"
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
@@ -20,6 +21,7 @@
 #include "dtensor/mesh/placement_check.hpp"
 
 #include "dtensor/comm/collectives.hpp"
+#include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/comm/functional.hpp"
 #include "dtensor/comm/init.hpp"
 #include "dtensor/comm/p2p.hpp"
@@ -31,7 +33,9 @@
 #include "dtensor/plan/shard_spec.hpp"
 #include "dtensor/plan/torch_reference.hpp"
 
-#include "dtensor/tensor/comm_debug.hpp"
+#include "dtensor/exec/distribute.hpp"
+#include "dtensor/exec/execute.hpp"
+
 #include "dtensor/tensor/distribute.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 #include "dtensor/tensor/visualize.hpp"

@@ -2,9 +2,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/core/tensor_io.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/tensor/comm_debug.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #include <dtensor/tensor/dtensor.hpp>
 #include <dtensor/tensor/visualize.hpp>
@@ -115,7 +115,7 @@ TEST_CASE("from_local infers even global shapes and verifies uneven ones", "[dte
 TEMPLATE_TEST_CASE("every element type redistributes exactly", "[dtensor]", float, double, bfloat16, half,
                    std::int32_t, std::int64_t, std::uint8_t, float8_e4m3, float8_e5m2) {
   using T = TestType;
-  detail::poison_buffers() = true;
+  exec::poison_buffers() = true;
   testing::run_ranks(4, [](ProcessGroup& world) {
     auto mesh = init_device_mesh<Mesh2>(world);
     const auto full = reference<T>(7, 5);
@@ -126,7 +126,7 @@ TEMPLATE_TEST_CASE("every element type redistributes exactly", "[dtensor]", floa
     expect(equal(p.template redistribute<Shard<1>, Shard<0>>().full_tensor(), full), "reduce_scatter");
     expect(equal(p.full_tensor(), full), "all_reduce");
   });
-  detail::poison_buffers() = false;
+  exec::poison_buffers() = false;
 }
 
 TEST_CASE("Partial ops other than sum: R -> P(op) -> R is exact", "[dtensor]") {

@@ -8,10 +8,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/core/tensor_io.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/plan/torch_reference.hpp>
-#include <dtensor/tensor/comm_debug.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #include <dtensor/tensor/dtensor.hpp>
 #include <dtensor/testing/run_ranks.hpp>
@@ -38,8 +38,8 @@ void expect(bool ok, const std::string& what) {
 }
 
 struct Poison {
-  Poison() { detail::poison_buffers() = true; }
-  ~Poison() { detail::poison_buffers() = false; }
+  Poison() { exec::poison_buffers() = true; }
+  ~Poison() { exec::poison_buffers() = false; }
 };
 
 double reference(std::int64_t i, std::int64_t j) {

@@ -31,14 +31,14 @@ namespace dtensor {
 template <class T, int Rank>
 Work all_reduce(const Tensor<T, Rank>& tensor, ReduceOp op, const ProcessGroup& group, AsyncOp) {
   auto buf = detail::comm_buffer(tensor, group, "all_reduce", "");
-  auto& b = group.impl("all_reduce");
+  const ProcessGroup& b = group;
   return detail::launch(
       true, [&](const CommOptions& o) { return b.all_reduce(buf, op, o); }, detail::keep_alive(tensor));
 }
 template <class T, int Rank>
 void all_reduce(const Tensor<T, Rank>& tensor, ReduceOp op, const ProcessGroup& group) {
   auto buf = detail::comm_buffer(tensor, group, "all_reduce", "");
-  auto& b = group.impl("all_reduce");
+  const ProcessGroup& b = group;
   detail::launch(false, [&](const CommOptions& o) { return b.all_reduce(buf, op, o); });
 }
 
@@ -47,14 +47,14 @@ void all_reduce(const Tensor<T, Rank>& tensor, ReduceOp op, const ProcessGroup& 
 template <class T, int Rank>
 Work reduce(const Tensor<T, Rank>& tensor, int dst, ReduceOp op, const ProcessGroup& group, AsyncOp) {
   auto buf = detail::comm_buffer(tensor, group, "reduce", "");
-  auto& b = group.impl("reduce");
+  const ProcessGroup& b = group;
   return detail::launch(
       true, [&](const CommOptions& o) { return b.reduce(buf, dst, op, o); }, detail::keep_alive(tensor));
 }
 template <class T, int Rank>
 void reduce(const Tensor<T, Rank>& tensor, int dst, ReduceOp op, const ProcessGroup& group) {
   auto buf = detail::comm_buffer(tensor, group, "reduce", "");
-  auto& b = group.impl("reduce");
+  const ProcessGroup& b = group;
   detail::launch(false, [&](const CommOptions& o) { return b.reduce(buf, dst, op, o); });
 }
 
@@ -62,14 +62,14 @@ void reduce(const Tensor<T, Rank>& tensor, int dst, ReduceOp op, const ProcessGr
 template <class T, int Rank>
 Work broadcast(const Tensor<T, Rank>& tensor, int src, const ProcessGroup& group, AsyncOp) {
   auto buf = detail::comm_buffer(tensor, group, "broadcast", "");
-  auto& b = group.impl("broadcast");
+  const ProcessGroup& b = group;
   return detail::launch(
       true, [&](const CommOptions& o) { return b.broadcast(buf, src, o); }, detail::keep_alive(tensor));
 }
 template <class T, int Rank>
 void broadcast(const Tensor<T, Rank>& tensor, int src, const ProcessGroup& group) {
   auto buf = detail::comm_buffer(tensor, group, "broadcast", "");
-  auto& b = group.impl("broadcast");
+  const ProcessGroup& b = group;
   detail::launch(false, [&](const CommOptions& o) { return b.broadcast(buf, src, o); });
 }
 
@@ -110,7 +110,7 @@ void check_blocks(const Tensor<T, RBig>& big, const Tensor<T, RSmall>& small, co
 template <class T, int RO, int RI>
 Work all_gather_into_tensor_impl(const Tensor<T, RO>& output, const Tensor<T, RI>& input,
                                  const ProcessGroup& group, bool async) {
-  auto& b = group.impl("all_gather_into_tensor");
+  const ProcessGroup& b = group;
   auto out = comm_buffer(output, group, "all_gather_into_tensor", "output");
   auto in = comm_buffer(input, group, "all_gather_into_tensor", "input");
   check_blocks(output, input, group, "all_gather_into_tensor", "output", "input");
@@ -124,7 +124,7 @@ Work all_gather_into_tensor_impl(const Tensor<T, RO>& output, const Tensor<T, RI
 template <class T, int RO, int RI>
 Work reduce_scatter_tensor_impl(const Tensor<T, RO>& output, const Tensor<T, RI>& input, ReduceOp op,
                                 const ProcessGroup& group, bool async) {
-  auto& b = group.impl("reduce_scatter_tensor");
+  const ProcessGroup& b = group;
   auto out = comm_buffer(output, group, "reduce_scatter_tensor", "output");
   auto in = comm_buffer(input, group, "reduce_scatter_tensor", "input");
   check_blocks(input, output, group, "reduce_scatter_tensor", "input", "output");
@@ -169,7 +169,7 @@ namespace detail {
 template <class T, int Rank>
 Work all_gather_impl(const std::vector<Tensor<T, Rank>>& outputs, const Tensor<T, Rank>& input,
                      const ProcessGroup& group, bool async) {
-  auto& b = group.impl("all_gather");
+  const ProcessGroup& b = group;
   const int n = group.size();
   DTENSOR_CHECK(outputs.size() == static_cast<std::size_t>(n),
                 op_context(group, "all_gather") + ": " + std::to_string(outputs.size()) +
@@ -200,7 +200,7 @@ Work all_gather_impl(const std::vector<Tensor<T, Rank>>& outputs, const Tensor<T
 template <class T, int Rank>
 Work reduce_scatter_impl(const Tensor<T, Rank>& output, const std::vector<Tensor<T, Rank>>& inputs,
                          ReduceOp op, const ProcessGroup& group, bool async) {
-  auto& b = group.impl("reduce_scatter");
+  const ProcessGroup& b = group;
   const int n = group.size();
   DTENSOR_CHECK(inputs.size() == static_cast<std::size_t>(n),
                 op_context(group, "reduce_scatter") + ": " + std::to_string(inputs.size()) +
@@ -295,7 +295,7 @@ Work all_to_all_single_impl(const Tensor<T, Rank>& output, const Tensor<T, Rank>
                             std::span<const std::int64_t> input_split_sizes, const ProcessGroup& group,
                             bool async) {
   static_assert(Rank >= 1, "all_to_all_single splits dim 0: the tensors need rank >= 1");
-  auto& b = group.impl("all_to_all_single");
+  const ProcessGroup& b = group;
   auto out = comm_buffer(output, group, "all_to_all_single", "output");
   auto in = comm_buffer(input, group, "all_to_all_single", "input");
   const auto row = row_elements(input.shape());
@@ -313,7 +313,7 @@ Work all_to_all_single_impl(const Tensor<T, Rank>& output, const Tensor<T, Rank>
 template <class T, int Rank>
 Work all_to_all_impl(const std::vector<Tensor<T, Rank>>& outputs, const std::vector<Tensor<T, Rank>>& inputs,
                      const ProcessGroup& group, bool async) {
-  auto& b = group.impl("all_to_all");
+  const ProcessGroup& b = group;
   const int n = group.size();
   DTENSOR_CHECK(outputs.size() == static_cast<std::size_t>(n) && inputs.size() == static_cast<std::size_t>(n),
                 op_context(group, "all_to_all") + ": " + std::to_string(outputs.size()) + " outputs and " +
@@ -392,7 +392,7 @@ template <class T, int Rank>
 Work gather_impl(const Tensor<T, Rank>& input,
                  std::type_identity_t<const std::vector<Tensor<T, Rank>>*> gather_list, int dst,
                  const ProcessGroup& group, bool async) {
-  auto& b = group.impl("gather");
+  const ProcessGroup& b = group;
   const int n = group.size();
   auto in = comm_buffer(input, group, "gather", "input");
   DTENSOR_CHECK(dst >= 0 && dst < n, op_context(group, "gather") + ": dst " + std::to_string(dst) +
@@ -417,7 +417,7 @@ Work gather_impl(const Tensor<T, Rank>& input,
 template <class T, int Rank>
 Work scatter_impl(const Tensor<T, Rank>& output, const std::vector<Tensor<T, Rank>>& scatter_list, int src,
                   const ProcessGroup& group, bool async) {
-  auto& b = group.impl("scatter");
+  const ProcessGroup& b = group;
   const int n = group.size();
   auto out = comm_buffer(output, group, "scatter", "output");
   DTENSOR_CHECK(src >= 0 && src < n, op_context(group, "scatter") + ": src " + std::to_string(src) +
@@ -468,11 +468,11 @@ Work scatter(const Tensor<T, Rank>& output, const std::vector<Tensor<T, Rank>>& 
 
 /// Returns once every member called it.
 inline void barrier(const ProcessGroup& group) {
-  auto& b = group.impl("barrier");
+  const ProcessGroup& b = group;
   detail::launch(false, [&](const CommOptions& o) { return b.barrier(o); });
 }
 inline Work barrier(const ProcessGroup& group, AsyncOp) {
-  auto& b = group.impl("barrier");
+  const ProcessGroup& b = group;
   return detail::launch(true, [&](const CommOptions& o) { return b.barrier(o); });
 }
 

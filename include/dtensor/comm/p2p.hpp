@@ -47,10 +47,9 @@ namespace detail {
 inline Work p2p_one(P2PRequest::Kind kind, BufferRef buf, std::shared_ptr<void> keep, int peer,
                     const ProcessGroup& group, int tag, bool async) {
   const char* op = kind == P2PRequest::Kind::send ? (async ? "isend" : "send") : (async ? "irecv" : "recv");
-  auto& b = group.impl(op);
   P2PRequest r{kind, buf, peer, tag};
   return launch(
-      async, [&](const CommOptions& o) { return b.p2p(std::span(&r, 1), o); }, std::move(keep));
+      async, [&](const CommOptions& o) { return group.p2p(std::span(&r, 1), o, op); }, std::move(keep));
 }
 
 } // namespace detail
@@ -85,7 +84,7 @@ inline std::vector<Work> batch_isend_irecv(std::span<const P2POp> ops) {
     return {};
   }
   const ProcessGroup& group = ops[0].group;
-  auto& b = group.impl("batch_isend_irecv");
+  group.impl("batch_isend_irecv");
   std::vector<P2PRequest> reqs;
   reqs.reserve(ops.size());
   auto keep = std::make_shared<std::vector<std::shared_ptr<void>>>();
@@ -98,7 +97,7 @@ inline std::vector<Work> batch_isend_irecv(std::span<const P2POp> ops) {
     keep->push_back(op.keep);
   }
   Work w = detail::launch(
-      true, [&](const CommOptions& o) { return b.p2p(reqs, o); }, keep);
+      true, [&](const CommOptions& o) { return group.p2p(reqs, o, "batch_isend_irecv"); }, keep);
   return std::vector<Work>(ops.size(), w);
 }
 inline std::vector<Work> batch_isend_irecv(const std::vector<P2POp>& ops) {

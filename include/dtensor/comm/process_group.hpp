@@ -7,12 +7,19 @@
 //   if (pair.is_member()) dtensor::all_reduce(t, dtensor::ReduceOp::sum, pair);
 //
 // Copies share the communicator; it is destroyed with the last copy (after its pending ops ran).
+//
+// The untyped members (all_reduce(BufferRef, ...), p2p(...), ...) are the one entry through which every
+// byte dtensor moves passes: the typed collectives, redistribute, distribute_tensor. Each records the op
+// in the active CommDebugMode(s) and submits it to the backend, which checks its arguments before any
+// communication and returns the op's completion.
 
 #include "dtensor/backends/backend.hpp"
+#include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/core/error.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -108,9 +115,118 @@ public:
     return a.backend_ == b.backend_ && a.ranks_ == b.ranks_;
   }
 
+  /// The name CommDebugMode files this group's ops under ("" unless set; a DeviceMesh labels its axis
+  /// groups with the axis names).
+  const std::string& label() const noexcept { return label_; }
+  /// The same communicator under another label.
+  ProcessGroup with_label(std::string label) const {
+    ProcessGroup g = *this;
+    g.label_ = std::move(label);
+    return g;
+  }
+
+  // ---- the untyped front end (see the top of this file); ranks and roots are group ranks ---------------
+
+  using WorkPtr = std::shared_ptr<WorkImpl>;
+
+  WorkPtr all_reduce(BufferRef buf, ReduceOp op, const CommOptions& opts,
+                     std::string_view what = "all_reduce") const {
+    auto& b = impl(what);
+    const std::int64_t n = b.size();
+    record(what, n > 1 ? (2 * (n - 1) * buf.count + n - 1) / n : 0, buf.dtype);
+    return b.all_reduce(buf, op, opts);
+  }
+  WorkPtr reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) const {
+    auto& b = impl("reduce");
+    record("reduce", b.rank() == root ? (b.size() - 1) * buf.count : 0, buf.dtype);
+    return b.reduce(buf, root, op, opts);
+  }
+  WorkPtr broadcast(BufferRef buf, int root, const CommOptions& opts) const {
+    auto& b = impl("broadcast");
+    record("broadcast", b.rank() == root ? 0 : buf.count, buf.dtype);
+    return b.broadcast(buf, root, opts);
+  }
+  WorkPtr all_gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
+                     std::span<const std::int64_t> displs, const CommOptions& opts,
+                     std::string_view what = "all_gather") const {
+    auto& b = impl(what);
+    record(what, sum_except(counts, b.rank()), out.dtype);
+    return b.all_gather(in, out, counts, displs, opts);
+  }
+  WorkPtr reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
+                         std::span<const std::int64_t> displs, ReduceOp op, const CommOptions& opts,
+                         std::string_view what = "reduce_scatter") const {
+    auto& b = impl(what);
+    record(what, (b.size() - 1) * out.count, out.dtype);
+    return b.reduce_scatter(in, out, counts, displs, op, opts);
+  }
+  WorkPtr all_to_all(BufferRef in, std::span<const std::int64_t> send_counts,
+                     std::span<const std::int64_t> send_displs, BufferRef out,
+                     std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
+                     const CommOptions& opts, std::string_view what = "all_to_all") const {
+    auto& b = impl(what);
+    record(what, sum_except(recv_counts, b.rank()), out.dtype);
+    return b.all_to_all(in, send_counts, send_displs, out, recv_counts, recv_displs, opts);
+  }
+  WorkPtr gather(BufferRef in, std::span<const BufferRef> blocks, int root, const CommOptions& opts) const {
+    auto& b = impl("gather");
+    std::int64_t received = 0;
+    for (std::size_t i = 0; b.rank() == root && i < blocks.size(); ++i) {
+      received += static_cast<int>(i) == root ? 0 : blocks[i].count;
+    }
+    record("gather", received, in.dtype);
+    return b.gather(in, blocks, root, opts);
+  }
+  WorkPtr scatter(std::span<const BufferRef> blocks, BufferRef out, int root, const CommOptions& opts,
+                  std::string_view what = "scatter") const {
+    auto& b = impl(what);
+    record(what, b.rank() == root ? 0 : out.count, out.dtype);
+    return b.scatter(blocks, out, root, opts);
+  }
+  WorkPtr barrier(const CommOptions& opts) const {
+    auto& b = impl("barrier");
+    record("barrier", 0, DType::uint8);
+    return b.barrier(opts);
+  }
+  /// A batch of point-to-point ops (recorded as one op called `what`). An empty batch is recorded and
+  /// completes at once (a rank with nothing to move in a redistribution's exchange).
+  WorkPtr p2p(std::span<const P2PRequest> requests, const CommOptions& opts,
+              std::string_view what = "p2p") const {
+    auto& b = impl(what);
+    if (CommDebugMode::any_active()) {
+      std::int64_t bytes = 0;
+      for (const P2PRequest& r : requests) {
+        bytes += r.kind == P2PRequest::Kind::recv ? static_cast<std::int64_t>(r.buffer.nbytes()) : 0;
+      }
+      CommDebugMode::record(what, label_, bytes);
+    }
+    if (requests.empty()) {
+      struct Done final : WorkImpl {
+        bool is_completed() override { return true; }
+        void wait() override {}
+      };
+      return std::make_shared<Done>();
+    }
+    return b.p2p(requests, opts);
+  }
+
 private:
+  void record(std::string_view op, std::int64_t elements, DType dtype) const {
+    if (CommDebugMode::any_active()) {
+      CommDebugMode::record(op, label_, elements * static_cast<std::int64_t>(dtype_size(dtype)));
+    }
+  }
+  static std::int64_t sum_except(std::span<const std::int64_t> counts, int me) {
+    std::int64_t s = 0;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      s += static_cast<int>(i) == me ? 0 : counts[i];
+    }
+    return s;
+  }
+
   std::shared_ptr<Backend> backend_;
   std::vector<int> ranks_;
+  std::string label_;
 };
 
 } // namespace dtensor

@@ -25,10 +25,12 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
 #include "dtensor/core/config.hpp"
+#include "dtensor/core/error.hpp"
 
 namespace dtensor {
 namespace detail {
@@ -421,6 +423,32 @@ constexpr std::string_view dtype_name(DType d) noexcept {
     return "float8_e5m2";
   }
   return "unknown";
+}
+
+/// Calls f(T{}) with the element type T of `d` (the one place the run-time dtype list is spelled out).
+template <class F>
+constexpr decltype(auto) visit_dtype(DType d, F&& f) {
+  switch (d) {
+  case DType::float32:
+    return f(float{});
+  case DType::float64:
+    return f(double{});
+  case DType::bfloat16:
+    return f(bfloat16{});
+  case DType::float16:
+    return f(half{});
+  case DType::int32:
+    return f(std::int32_t{});
+  case DType::int64:
+    return f(std::int64_t{});
+  case DType::uint8:
+    return f(std::uint8_t{});
+  case DType::float8_e4m3:
+    return f(float8_e4m3{});
+  case DType::float8_e5m2:
+    return f(float8_e5m2{});
+  }
+  throw Error("unknown dtype " + std::to_string(static_cast<int>(d)));
 }
 
 } // namespace dtensor

@@ -41,6 +41,9 @@
 struct CUstream_st;
 
 namespace dtensor {
+
+class AnyTensor;
+
 namespace detail {
 
 template <std::size_t N>
@@ -349,6 +352,7 @@ class Tensor {
 
   template <class U, int R>
   friend class Tensor;
+  friend class AnyTensor;
 
 public:
   using value_type = T;

@@ -9,8 +9,9 @@
 //
 // Rank order is row-major over the axes (the last axis varies fastest), as in PyTorch: mesh rank r is
 // rank r of the process group the mesh was built on. Axis groups are built by `split` once per axis, in
-// axis order, on every rank (collective over the world group); `slice` shares them and `flatten` builds
-// one new group, so every rank must call `flatten` for the same axes in the same order (like PyTorch).
+// axis order, on every rank (collective over the world group, in init_device_mesh). `slice` shares them.
+// Groups over several axes (`flatten`, and the exchanges of redistribute) are made when first needed, by
+// their members only: a sub-mesh never waits on ranks outside it.
 
 #include <array>
 #include <concepts>
@@ -100,69 +101,168 @@ struct MeshRoot {
   ProcessGroup world;
   MeshSizes sizes;
   MeshCoord coord;
-  /// Groups over sets of root axes made on demand (flattened all_to_all), keyed by the ordered axes.
+  /// Groups over sets of root axes made on demand (flattened axes), keyed by the ordered axes.
   mutable std::mutex mutex;
   mutable std::map<std::vector<int>, ProcessGroup> groups;
 };
 
+/// Root axes merged into one mesh axis (one for an axis of the root mesh, several for a flattened one).
+using RootAxes = StaticVector<int, max_mesh_rank>;
+
+/// What a mesh is, once its type is erased: shared by every copy of a DeviceMesh.
+struct MeshState {
+  std::shared_ptr<const MeshRoot> root;
+  StaticVector<RootAxes, max_mesh_rank> axes;
+  std::vector<ProcessGroup> groups; ///< one per axis, labelled with the axis name
+  StaticVector<std::string_view, max_mesh_rank> names;
+  MeshSizes sizes;
+  MeshCoord coord;
+};
+
 } // namespace detail
 
-/// A mesh of ranks with one process group per axis. Cheap to copy (groups are shared handles).
+/// The part of a DeviceMesh that does not depend on its type: sizes, this rank's coordinate, axis names
+/// and groups. The plan executor (exec/) runs on it, so it is compiled once for every mesh type. Copies
+/// share the state (copying a mesh is one reference count).
+class DeviceMeshBase {
+public:
+  /// Number of ranks in the mesh.
+  int size() const noexcept { return mesh_numel(state_->sizes); }
+  int size(int axis) const { return state_->sizes[axis]; }
+  /// All axis sizes, in axis order.
+  const MeshSizes& sizes() const noexcept { return state_->sizes; }
+  /// Number of axes.
+  int num_axes() const noexcept { return state_->sizes.size(); }
+  /// Axis names, in axis order.
+  const StaticVector<std::string_view, max_mesh_rank>& names() const noexcept { return state_->names; }
+
+  /// This rank's coordinate on the mesh (one entry per axis).
+  const MeshCoord& coordinate() const noexcept { return state_->coord; }
+  /// This rank's position in the mesh (row-major over the coordinate).
+  int rank() const noexcept { return coord_to_rank(state_->coord, state_->sizes); }
+
+  /// The process group of this rank along `axis`.
+  const ProcessGroup& group(int axis) const { return state_->groups[axis]; }
+
+  /// The group over the axes in `axes` (row-major over them: a flattened group), labelled "dp*tp". Made
+  /// on first use by its members only (no other rank of the mesh takes part) and kept.
+  ProcessGroup group_over(AxisMask axes) const {
+    if (axis_count(axes) == 1) {
+      return state_->groups[first_axis(axes)];
+    }
+    detail::RootAxes root_axes;
+    std::string label;
+    for (int a = 0; a < num_axes(); ++a) {
+      if (axes & axis_bit(a)) {
+        for (int r : state_->axes[a]) {
+          root_axes.push_back(r);
+        }
+        label += (label.empty() ? "" : "*") + std::string(state_->names[a]);
+      }
+    }
+    return root_group(root_axes).with_label(std::move(label));
+  }
+
+  /// "DeviceMesh(dp=2, tp=2) at (1, 0)".
+  std::string to_string() const {
+    std::string s = "DeviceMesh" + mesh_to_string(state_->names, state_->sizes) + " at (";
+    for (int a = 0; a < num_axes(); ++a) {
+      s += (a ? ", " : "") + std::to_string(state_->coord[a]);
+    }
+    return s + ")";
+  }
+
+  /// The root mesh's world group (the group init_device_mesh was given).
+  const ProcessGroup& world() const noexcept { return state_->root->world; }
+
+protected:
+  DeviceMeshBase() = default;
+  explicit DeviceMeshBase(std::shared_ptr<const detail::MeshState> state) : state_(std::move(state)) {}
+
+  /// The group along `root_axes` of the root mesh through this rank, from the root's cache or made by
+  /// its members (new_group over their world ranks) and cached.
+  ProcessGroup root_group(const detail::RootAxes& root_axes) const {
+    const detail::MeshRoot& root = *state_->root;
+    const std::vector<int> key(root_axes.begin(), root_axes.end());
+    std::lock_guard lock(root.mutex);
+    auto it = root.groups.find(key);
+    if (it == root.groups.end()) {
+      std::vector<int> members; // world ranks, row-major over root_axes
+      int n = 1;
+      for (int a : root_axes) {
+        n *= root.sizes[a];
+      }
+      for (int q = 0; q < n; ++q) {
+        MeshCoord c = root.coord;
+        int rest = q;
+        for (int i = root_axes.size() - 1; i >= 0; --i) {
+          c[root_axes[i]] = rest % root.sizes[root_axes[i]];
+          rest /= root.sizes[root_axes[i]];
+        }
+        members.push_back(root.world.ranks()[coord_to_rank(c, root.sizes)]);
+      }
+      it = root.groups.emplace(key, root.world.new_group(members)).first;
+    }
+    return it->second;
+  }
+
+  std::shared_ptr<const detail::MeshState> state_;
+};
+
+/// A mesh of ranks with one process group per axis. Cheap to copy (the state is shared).
 template <class Shape>
-class DeviceMesh {
+class DeviceMesh : public DeviceMeshBase {
 public:
   using shape_type = Shape;
   static constexpr int ndim = Shape::rank;
 
-  /// Built by init_device_mesh, slice and flatten.
+  /// Built by init_device_mesh, slice and flatten: `axes[a]` are the root axes merged into axis a,
+  /// `groups[a]` its group.
   DeviceMesh(std::shared_ptr<const detail::MeshRoot> root,
-             std::array<StaticVector<int, max_mesh_rank>, ndim> axes, std::array<ProcessGroup, ndim> groups)
-      : root_(std::move(root)), axes_(axes), groups_(std::move(groups)) {
-    for (int a = 0; a < ndim; ++a) {
+             const std::array<detail::RootAxes, Shape::rank>& axes,
+             std::array<ProcessGroup, Shape::rank> groups) {
+    auto state = std::make_shared<detail::MeshState>();
+    for (int a = 0; a < Shape::rank; ++a) {
       int size = 1;
       int coord = 0;
-      for (int r : axes_[a]) {
-        size *= root_->sizes[r];
-        coord = coord * root_->sizes[r] + root_->coord[r];
+      for (int r : axes[a]) {
+        size *= root->sizes[r];
+        coord = coord * root->sizes[r] + root->coord[r];
       }
-      sizes_.push_back(size);
-      coord_.push_back(coord);
       if (Shape::static_sizes[a] != dynamic_size) {
         DTENSOR_CHECK(Shape::static_sizes[a] == size, "DeviceMesh" + Shape::to_string() + ": axis " +
                                                           std::string(Shape::names[a]) + " has " +
                                                           std::to_string(size) + " ranks");
       }
+      state->axes.push_back(axes[a]);
+      state->names.push_back(Shape::names[a]);
+      state->sizes.push_back(size);
+      state->coord.push_back(coord);
+      state->groups.push_back(std::move(groups[a]).with_label(std::string(Shape::names[a])));
     }
+    state->root = std::move(root);
+    state_ = std::move(state);
   }
 
-  /// Number of ranks in the mesh.
-  int size() const noexcept { return mesh_numel(sizes_); }
+  using DeviceMeshBase::group;
+  using DeviceMeshBase::size;
+
   /// Size of the axis called `Name`.
   template <fixed_string Name>
   int size() const noexcept {
-    return sizes_[Shape::template index_of<Name>()];
+    return state_->sizes[Shape::template index_of<Name>()];
   }
-  int size(int axis) const { return sizes_[axis]; }
-  /// All axis sizes, in axis order.
-  const MeshSizes& sizes() const noexcept { return sizes_; }
-
-  /// This rank's coordinate on the mesh (one entry per axis).
-  const MeshCoord& coordinate() const noexcept { return coord_; }
   /// This rank's coordinate along `Name` (its rank in group<Name>()).
   template <fixed_string Name>
   int local_rank() const noexcept {
-    return coord_[Shape::template index_of<Name>()];
+    return state_->coord[Shape::template index_of<Name>()];
   }
-  /// This rank's position in the mesh (row-major over the coordinate).
-  int rank() const noexcept { return coord_to_rank(coord_, sizes_); }
-
   /// The process group of this rank along `Name`: the ranks that differ from it only on that axis,
   /// ordered by their coordinate on it.
   template <fixed_string Name>
   const ProcessGroup& group() const noexcept {
-    return groups_[Shape::template index_of<Name>()];
+    return state_->groups[Shape::template index_of<Name>()];
   }
-  const ProcessGroup& group(int axis) const { return groups_[axis]; }
 
   /// The sub-mesh of the named axes (in the order given) through this rank, sharing their groups.
   template <fixed_string... Names>
@@ -170,17 +270,17 @@ public:
     static_assert(sizeof...(Names) >= 1, "slice<...>() needs at least one axis name");
     using Sliced = MeshShape<Axis<Names, Shape::static_sizes[Shape::template index_of<Names>()]>...>;
     constexpr std::array<int, sizeof...(Names)> picked{Shape::template index_of<Names>()...};
-    std::array<StaticVector<int, max_mesh_rank>, sizeof...(Names)> axes;
+    std::array<detail::RootAxes, sizeof...(Names)> axes;
     std::array<ProcessGroup, sizeof...(Names)> groups;
     for (std::size_t i = 0; i < picked.size(); ++i) {
-      axes[i] = axes_[picked[i]];
-      groups[i] = groups_[picked[i]];
+      axes[i] = state_->axes[picked[i]];
+      groups[i] = state_->groups[picked[i]];
     }
-    return DeviceMesh<Sliced>(root_, axes, std::move(groups));
+    return DeviceMesh<Sliced>(state_->root, axes, std::move(groups));
   }
 
-  /// A 1-D mesh whose one axis, named "a_b", merges the named axes (row-major in the order given), with
-  /// a new process group. Collective over the whole root mesh: every rank calls it, in the same order.
+  /// A 1-D mesh whose one axis, named "a_b", merges the named axes (row-major in the order given). Its
+  /// group is made by its members only, on the first flatten of these axes, and shared after that.
   template <fixed_string... Names>
   auto flatten() const {
     static_assert(sizeof...(Names) >= 1, "flatten<...>() needs at least one axis name");
@@ -195,84 +295,16 @@ public:
       return s;
     }();
     using Flat = MeshShape<Axis<detail::joined_name<Names...>::value, static_size>>;
-    StaticVector<int, max_mesh_rank> merged;
+    detail::RootAxes merged;
     for (int i : {Shape::template index_of<Names>()...}) {
-      for (int r : axes_[i]) {
+      for (int r : state_->axes[i]) {
         merged.push_back(r);
       }
     }
-    std::array<StaticVector<int, max_mesh_rank>, 1> axes{merged};
+    std::array<detail::RootAxes, 1> axes{merged};
     std::array<ProcessGroup, 1> groups{root_group(merged)};
-    return DeviceMesh<Flat>(root_, axes, std::move(groups));
+    return DeviceMesh<Flat>(state_->root, axes, std::move(groups));
   }
-
-  /// The group over the axes in `axes` (row-major over them, a flattened group), made on first use and
-  /// kept. Collective over the whole root mesh the first time: every rank asks for the same sets in the
-  /// same order (as redistribute does).
-  ProcessGroup group_over(AxisMask axes) const {
-    StaticVector<int, max_mesh_rank> root_axes;
-    for (int a = 0; a < ndim; ++a) {
-      if (axes & axis_bit(a)) {
-        for (int r : axes_[a]) {
-          root_axes.push_back(r);
-        }
-      }
-    }
-    if (axis_count(axes) == 1) {
-      return groups_[first_axis(axes)];
-    }
-    return root_group(root_axes);
-  }
-
-  /// "DeviceMesh(dp=2, tp=2) at (1, 0)".
-  std::string to_string() const {
-    std::string s = "DeviceMesh" + mesh_to_string(Shape::names, sizes_) + " at (";
-    for (int a = 0; a < ndim; ++a) {
-      s += (a ? ", " : "") + std::to_string(coord_[a]);
-    }
-    return s + ")";
-  }
-
-  /// The root mesh's world group (the group init_device_mesh was given).
-  const ProcessGroup& world() const noexcept { return root_->world; }
-
-  /// The group along the root axes `axes` (row-major over them): every root rank calls it.
-  static ProcessGroup split_along(const detail::MeshRoot& root,
-                                  const StaticVector<int, max_mesh_rank>& axes) {
-    int color = 0;
-    int key = 0;
-    for (int a = 0; a < root.sizes.size(); ++a) {
-      bool merged = false;
-      for (int m : axes) {
-        merged |= m == a;
-      }
-      if (!merged) {
-        color = color * root.sizes[a] + root.coord[a];
-      }
-    }
-    for (int m : axes) {
-      key = key * root.sizes[m] + root.coord[m];
-    }
-    return root.world.split(color, key);
-  }
-
-private:
-  /// The group along `root_axes`, from the root's cache or made (collectively) and cached.
-  ProcessGroup root_group(const StaticVector<int, max_mesh_rank>& root_axes) const {
-    const std::vector<int> key(root_axes.begin(), root_axes.end());
-    std::lock_guard lock(root_->mutex);
-    auto it = root_->groups.find(key);
-    if (it == root_->groups.end()) {
-      it = root_->groups.emplace(key, split_along(*root_, root_axes)).first;
-    }
-    return it->second;
-  }
-
-  std::shared_ptr<const detail::MeshRoot> root_;
-  std::array<StaticVector<int, max_mesh_rank>, ndim> axes_; ///< root axes merged into each axis
-  std::array<ProcessGroup, ndim> groups_;
-  MeshSizes sizes_;
-  MeshCoord coord_;
 };
 
 /// Builds the mesh `Shape` over `world` (every member calls it). `dynamic_sizes` are the sizes of the
@@ -288,11 +320,11 @@ DeviceMesh<Shape> init_device_mesh(const ProcessGroup& world, Sizes... dynamic_s
   root->world = world;
   root->sizes = detail::resolve_mesh_sizes(Shape::sizes(), given, world.size(), Shape::to_string());
   root->coord = rank_to_coord(world.rank(), root->sizes);
-  std::array<StaticVector<int, max_mesh_rank>, Shape::rank> axes;
+  std::array<detail::RootAxes, Shape::rank> axes;
   std::array<ProcessGroup, Shape::rank> groups;
   for (int a = 0; a < Shape::rank; ++a) {
     axes[a].push_back(a);
-    groups[a] = DeviceMesh<Shape>::split_along(*root, axes[a]);
+    groups[a] = world.split(axis_color(world.rank(), a, root->sizes), axis_key(world.rank(), a, root->sizes));
   }
   return DeviceMesh<Shape>(std::move(root), axes, std::move(groups));
 }

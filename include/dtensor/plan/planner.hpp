@@ -90,11 +90,25 @@ enum class PlanError : std::uint8_t {
 
 inline constexpr int max_plan_steps = 3 * max_mesh_rank + 2;
 
+/// Where a plan puts its all_reduce steps (P -> R) relative to its Shard/Replicate changes.
+enum class AllReduceOrder : std::uint8_t {
+  by_size, ///< where the data is smaller, judged with the mesh sizes given to make_plan
+  first,   ///< before them (where they grow the data)
+  last     ///< after them (where they shrink it)
+};
+
 struct Plan {
   ShardSpec src;
   ShardSpec dst;
   StaticVector<Step, max_plan_steps> steps;
   PlanError error = PlanError::none;
+  /// The plan has all_reduce steps and Shard/Replicate changes, so their order depends on the mesh sizes:
+  /// all_reduce first exactly when all_reduce_first(sizes) (see below).
+  bool order_depends_on_sizes = false;
+  /// The layouts compared to decide that order: before the Shard/Replicate changes, and their target with
+  /// the all_reduce axes still Partial.
+  ShardSpec order_from;
+  ShardSpec order_to;
 
   constexpr int size() const noexcept { return steps.size(); }
   /// Number of steps that communicate.
@@ -288,10 +302,17 @@ constexpr PlanError check_transition(const PlacementList& src, const PlacementLi
   return PlanError::none;
 }
 
+/// True when the all_reduce steps of `plan` go first on a mesh of `sizes`: the Shard/Replicate changes
+/// grow the data per rank (so reducing before them moves less).
+constexpr bool all_reduce_first(const Plan& plan, const MeshSizes& sizes) {
+  return detail::relative_size(plan.order_to, sizes) > detail::relative_size(plan.order_from, sizes);
+}
+
 /// The plan from `src` to `dst` for a tensor of `tensor_rank` dims. `nominal` mesh sizes (empty: 2 per
-/// axis) only decide where all_reduce goes; the plan is exact for every size.
+/// axis) only decide where all_reduce goes (with AllReduceOrder::by_size); the plan is exact for every
+/// size.
 constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst_list, int tensor_rank,
-                         MeshSizes nominal = {}) {
+                         MeshSizes nominal = {}, AllReduceOrder order = AllReduceOrder::by_size) {
   Plan plan;
   plan.error = check_transition(src_list, dst_list, tensor_rank);
   if (plan.error != PlanError::none) {
@@ -341,7 +362,15 @@ constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst
       }
     }
   };
-  const bool grows = detail::relative_size(rs_target, nominal) > detail::relative_size(cur, nominal);
+  bool any_all_reduce = false;
+  for (int a = 0; a < n; ++a) {
+    any_all_reduce = any_all_reduce || (cur.placements[a].is_partial() && dst.placements[a].is_replicate());
+  }
+  plan.order_from = cur;
+  plan.order_to = rs_target;
+  plan.order_depends_on_sizes = any_all_reduce && !(cur == rs_target);
+  const bool grows =
+      order == AllReduceOrder::by_size ? all_reduce_first(plan, nominal) : order == AllReduceOrder::first;
   if (grows) {
     all_reduces();
   }
@@ -386,46 +415,54 @@ constexpr Plan make_exchange_plan(const PlacementList& src_list, const Placement
   return plan;
 }
 
+/// "dp" or "dp*tp": the axes of `m` by name.
+template <class Names>
+std::string axes_to_string(AxisMask m, const Names& names, int mesh_rank) {
+  std::string s;
+  for (int a = 0; a < mesh_rank; ++a) {
+    if (m & axis_bit(a)) {
+      s += (s.empty() ? "" : "*") + std::string(names[a]);
+    }
+  }
+  return s;
+}
+
+/// "all_gather(dp, dim 0)"; `names` are the axis names of a mesh of `mesh_rank` axes.
+template <class Names>
+std::string to_string(const Step& st, const Names& names, int mesh_rank) {
+  std::string s = std::string(to_string(st.kind)) + "(" + axes_to_string(st.axes, names, mesh_rank);
+  switch (st.kind) {
+  case StepKind::local_partial:
+  case StepKind::all_reduce:
+    s += ", " + std::string(to_string(st.op));
+    break;
+  case StepKind::local_chunk:
+    s += ", dim " + std::to_string(st.dst_dim);
+    break;
+  case StepKind::reduce_scatter:
+    s += ", dim " + std::to_string(st.dst_dim) + ", " + std::string(to_string(st.op));
+    break;
+  case StepKind::all_to_all:
+    s += ", dim " + std::to_string(st.src_dim) + " -> dim " + std::to_string(st.dst_dim);
+    break;
+  case StepKind::all_gather:
+    s += ", dim " + std::to_string(st.src_dim);
+    break;
+  case StepKind::permute:
+    break;
+  }
+  return s + ")";
+}
+
 /// "[S(0),R] -> [R,S(1)]: local_chunk(tp, dim 1); all_gather(dp, dim 0)"; `names` are the axis names.
 template <class Names>
 std::string to_string(const Plan& plan, const Names& names) {
-  auto axes = [&](AxisMask m) {
-    std::string s;
-    for (int a = 0; a < plan.src.mesh_rank(); ++a) {
-      if (m & axis_bit(a)) {
-        s += (s.empty() ? "" : "*") + std::string(names[a]);
-      }
-    }
-    return s;
-  };
   std::string s = to_string(plan.src) + " -> " + to_string(plan.dst) + ":";
   if (plan.steps.empty()) {
     return s + " nothing to do";
   }
   for (int i = 0; i < plan.steps.size(); ++i) {
-    const Step& st = plan.steps[i];
-    s += (i ? "; " : " ") + std::string(to_string(st.kind)) + "(" + axes(st.axes);
-    switch (st.kind) {
-    case StepKind::local_partial:
-    case StepKind::all_reduce:
-      s += ", " + std::string(to_string(st.op));
-      break;
-    case StepKind::local_chunk:
-      s += ", dim " + std::to_string(st.dst_dim);
-      break;
-    case StepKind::reduce_scatter:
-      s += ", dim " + std::to_string(st.dst_dim) + ", " + std::string(to_string(st.op));
-      break;
-    case StepKind::all_to_all:
-      s += ", dim " + std::to_string(st.src_dim) + " -> dim " + std::to_string(st.dst_dim);
-      break;
-    case StepKind::all_gather:
-      s += ", dim " + std::to_string(st.src_dim);
-      break;
-    case StepKind::permute:
-      break;
-    }
-    s += ")";
+    s += (i ? "; " : " ") + to_string(plan.steps[i], names, plan.src.mesh_rank());
   }
   return s;
 }

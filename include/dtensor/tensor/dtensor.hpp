@@ -8,9 +8,12 @@
 //   Tensor<float, 2> z = y.full_tensor();
 //
 // The plan of every redistribute is computed at compile time from the placement values
-// (plan/planner.hpp) and run by one executor (tensor/execute.hpp). Transitions that cannot exist
-// (Shard -> Partial, Partial<a> -> Partial<b>) do not compile. Local tensors are contiguous; uneven and
-// empty shards follow torch.chunk.
+// (plan/planner.hpp) and run by one non-template executor (exec/execute.hpp): this class is a typed shell
+// that erases the element type and rank (AnyTensor) and calls it. Where the plan depends on the size of a
+// dynamic mesh axis (whether an all_reduce goes before or after the Shard/Replicate changes), both plans
+// are computed at compile time and the real sizes pick one. Transitions that cannot exist (Shard ->
+// Partial, Partial<a> -> Partial<b>) do not compile. Local tensors are contiguous; uneven and empty
+// shards follow torch.chunk.
 
 #include <array>
 #include <cstdint>
@@ -18,17 +21,18 @@
 #include <string>
 #include <utility>
 
-#include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/work.hpp"
+#include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/layout.hpp"
 #include "dtensor/core/placement.hpp"
 #include "dtensor/core/tensor.hpp"
+#include "dtensor/exec/distribute.hpp"
+#include "dtensor/exec/execute.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/mesh/placement_check.hpp"
 #include "dtensor/plan/exchange.hpp"
 #include "dtensor/plan/planner.hpp"
-#include "dtensor/tensor/execute.hpp"
 
 namespace dtensor {
 
@@ -60,6 +64,29 @@ struct MeshPlan {
 
 namespace detail {
 
+template <int R>
+std::array<std::int64_t, R> to_array(const Extents& e) {
+  std::array<std::int64_t, R> a{};
+  for (int d = 0; d < R; ++d) {
+    a[d] = e[d];
+  }
+  return a;
+}
+
+template <std::size_t R>
+Extents to_extents(const std::array<std::int64_t, R>& a) {
+  Extents e;
+  for (std::int64_t v : a) {
+    e.push_back(v);
+  }
+  return e;
+}
+
+/// "(7, 5)".
+inline std::string shape_string(const Extents& e) {
+  return AnyTensor::to_string(e);
+}
+
 /// Mesh sizes the planner uses to place all_reduce: the static ones, 2 for dynamic axes.
 template <class Shape>
 constexpr MeshSizes nominal_sizes() {
@@ -72,6 +99,27 @@ constexpr MeshSizes nominal_sizes() {
 
 template <class Shape, int Rank, class Src, class Dst>
 inline constexpr Plan plan_v = make_plan(Src::value, Dst::value, Rank, nominal_sizes<Shape>());
+
+/// The plans of Src -> Dst when it depends on the size of a dynamic axis: all_reduce first, and last.
+template <class Shape, int Rank, class Src, class Dst>
+inline constexpr Plan plan_first_v = make_plan(Src::value, Dst::value, Rank, nominal_sizes<Shape>(),
+                                               AllReduceOrder::first);
+template <class Shape, int Rank, class Src, class Dst>
+inline constexpr Plan plan_last_v = make_plan(Src::value, Dst::value, Rank, nominal_sizes<Shape>(),
+                                              AllReduceOrder::last);
+
+/// The plan Src -> Dst for a mesh of `sizes`: fixed at compile time, or, where a dynamic axis size decides
+/// the order of its steps, one of the two compiled plans picked by the real sizes.
+template <class Shape, int Rank, class Src, class Dst>
+const Plan& select_plan(const MeshSizes& sizes) {
+  constexpr const Plan& plan = plan_v<Shape, Rank, Src, Dst>;
+  if constexpr (Shape::is_static || !plan.order_depends_on_sizes) {
+    return plan;
+  } else {
+    return all_reduce_first(plan, sizes) ? plan_first_v<Shape, Rank, Src, Dst>
+                                         : plan_last_v<Shape, Rank, Src, Dst>;
+  }
+}
 
 template <class Shape, int Rank, class Src, class Dst>
 consteval bool check_plan() {
@@ -135,18 +183,9 @@ public:
   /// shape times the number of shards of each dim); it is required when shards are uneven.
   static DTensor from_local(const mesh_type& mesh, local_type local,
                             std::optional<shape_type> global_shape = {}, FromLocalOptions options = {}) {
-    shape_type global = global_shape ? *global_shape : infer_global(mesh, local.shape());
-    if (options.verify) {
-      verify_layout(mesh, local.shape(), global, local.device());
-    } else {
-      const Block b = spec_block(detail::to_extents(global), spec, mesh.sizes(), mesh.coordinate());
-      DTENSOR_CHECK(detail::to_extents(local.shape()) == b.shape,
-                    "DTensor::from_local on mesh rank " + std::to_string(mesh.rank()) + ": the local shape " +
-                        detail::shape_string(detail::to_extents(local.shape())) + " is not the shard " +
-                        detail::shape_string(b.shape) + " that " + dtensor::to_string(placements) +
-                        " of global shape " + detail::shape_string(detail::to_extents(global)) +
-                        " gives mesh coordinate " + coord_string(mesh.coordinate()));
-    }
+    const shape_type global = global_shape ? *global_shape : infer_global(mesh, local.shape());
+    exec::verify_layout(mesh, detail::to_extents(local.shape()), detail::to_extents(global), spec, placements,
+                        local.device(), options.verify);
     return DTensor(mesh, local.contiguous(), global);
   }
 
@@ -167,22 +206,17 @@ public:
   /// The same global tensor with placements Q...; the plan is fixed at compile time.
   template <class... Q>
   DTensor<T, Rank, Shape, Q...> redistribute() const& {
-    static_assert(validate_placements<Shape, Rank, Q...>());
-    static_assert(detail::check_plan<Shape, Rank, Placements<P...>, Placements<Q...>>());
-    constexpr const Plan& plan = detail::plan_v<Shape, Rank, Placements<P...>, Placements<Q...>>;
-    auto out = detail::run_steps(plan, 0, local_, detail::to_extents(global_), mesh_);
-    return DTensor<T, Rank, Shape, Q...>(mesh_, std::move(out), global_);
+    return DTensor(*this).template redistribute<Q...>();
   }
 
   /// As above, consuming this DTensor: a step that can work in place (an all_reduce, Partial -> Replicate)
   /// reuses its memory when nothing else holds it, e.g. `x.redistribute<Partial<>>().redistribute<R>()`.
   template <class... Q>
   DTensor<T, Rank, Shape, Q...> redistribute() && {
-    static_assert(validate_placements<Shape, Rank, Q...>());
-    static_assert(detail::check_plan<Shape, Rank, Placements<P...>, Placements<Q...>>());
-    constexpr const Plan& plan = detail::plan_v<Shape, Rank, Placements<P...>, Placements<Q...>>;
-    auto out = detail::run_steps(plan, 0, std::move(local_), detail::to_extents(global_), mesh_);
-    return DTensor<T, Rank, Shape, Q...>(mesh_, std::move(out), global_);
+    const Plan& plan = plan_to_run<Q...>();
+    AnyTensor out =
+        exec::run_steps(plan, 0, AnyTensor(std::move(local_)), detail::to_extents(global_), mesh_);
+    return DTensor<T, Rank, Shape, Q...>(mesh_, std::move(out).template as<T, Rank>(), global_);
   }
 
   /// Asynchronous redistribute: the first communicating step is in flight when this returns; wait() on
@@ -190,21 +224,10 @@ public:
   /// same calls on the mesh's groups in the same order, as for any collective.
   template <class... Q>
   PendingRedistribute<T, Rank, Shape, Q...> redistribute(AsyncOp) const {
-    static_assert(validate_placements<Shape, Rank, Q...>());
-    static_assert(detail::check_plan<Shape, Rank, Placements<P...>, Placements<Q...>>());
-    constexpr const Plan& plan = detail::plan_v<Shape, Rank, Placements<P...>, Placements<Q...>>;
+    const Plan& plan = plan_to_run<Q...>();
     const Extents global = detail::to_extents(global_);
-    local_type local = local_;
-    int i = 0;
-    for (; i < plan.size() && !plan.steps[i].communicates(); ++i) {
-      auto s = detail::submit_step(plan.steps[i], local, global, mesh_, false);
-      local = std::move(s.out);
-    }
-    if (i == plan.size()) {
-      return PendingRedistribute<T, Rank, Shape, Q...>(mesh_, global_, &plan, i, {local, Work()});
-    }
     return PendingRedistribute<T, Rank, Shape, Q...>(
-        mesh_, global_, &plan, i + 1, detail::submit_step(plan.steps[i], local, global, mesh_, true));
+        mesh_, global_, &plan, exec::start_steps(plan, AnyTensor(local_), global, mesh_));
   }
 
   /// The same result as redistribute<Q...>() through the always-exact fallback: one point-to-point
@@ -212,18 +235,23 @@ public:
   template <class... Q>
   DTensor<T, Rank, Shape, Q...> redistribute_by_exchange() const {
     static_assert(validate_placements<Shape, Rank, Q...>());
-    constexpr Plan plan = make_exchange_plan(placement_list_v<P...>, placement_list_v<Q...>, Rank);
+    static constexpr Plan plan = make_exchange_plan(placement_list_v<P...>, placement_list_v<Q...>, Rank);
     static_assert(
         plan.error == PlanError::none,
         "redistribute_by_exchange: only Shard/Replicate changes (Partial axes must stay as they are)");
-    auto out = detail::run_steps(plan, 0, local_, detail::to_extents(global_), mesh_);
-    return DTensor<T, Rank, Shape, Q...>(mesh_, std::move(out), global_);
+    AnyTensor out = exec::run_steps(plan, 0, AnyTensor(local_), detail::to_extents(global_), mesh_);
+    return DTensor<T, Rank, Shape, Q...>(mesh_, std::move(out).template as<T, Rank>(), global_);
   }
 
-  /// The plan of redistribute<Q...>().
+  /// The plan of redistribute<Q...>() with the mesh sizes known at compile time (2 for dynamic axes).
   template <class... Q>
   static constexpr MeshPlan<Shape> plan_to() {
     return plan_of<Shape, Rank, Placements<P...>, Placements<Q...>>();
+  }
+  /// The plan redistribute<Q...>() runs on this tensor's mesh.
+  template <class... Q>
+  MeshPlan<Shape> plan_for() const {
+    return {plan_to_run<Q...>()};
   }
 
   /// "DTensor<float32, 2> on (dp=2, tp=2) [S(0),R], global (8, 6), local (4, 6)".
@@ -245,16 +273,15 @@ public:
 
 private:
   template <class... Q>
-  local_type local_of(Placements<Q...>) const {
-    return redistribute<Q...>().local();
+  const Plan& plan_to_run() const {
+    static_assert(validate_placements<Shape, Rank, Q...>());
+    static_assert(detail::check_plan<Shape, Rank, Placements<P...>, Placements<Q...>>());
+    return detail::select_plan<Shape, Rank, Placements<P...>, Placements<Q...>>(mesh_.sizes());
   }
 
-  static std::string coord_string(const MeshCoord& c) {
-    std::string s = "(";
-    for (int a = 0; a < c.size(); ++a) {
-      s += (a ? ", " : "") + std::to_string(c[a]);
-    }
-    return s + ")";
+  template <class... Q>
+  local_type local_of(Placements<Q...>) const {
+    return redistribute<Q...>().local();
   }
 
   static shape_type infer_global(const mesh_type& mesh, const shape_type& local) {
@@ -265,42 +292,6 @@ private:
       }
     }
     return g;
-  }
-
-  // One all_gather of every rank's (local shape, global shape), on the tensors' device (NCCL takes
-  // device memory only), read back on the host.
-  static void verify_layout(const mesh_type& mesh, const shape_type& local, const shape_type& global,
-                            Device dev) {
-    const ProcessGroup g = mesh.group_over(static_cast<AxisMask>((1u << Shape::rank) - 1));
-    const int n = g.size();
-    auto mine = Tensor<std::int64_t, 1>({2 * Rank});
-    for (int d = 0; d < Rank; ++d) {
-      mine(d) = local[d];
-      mine(Rank + d) = global[d];
-    }
-    auto gathered = Tensor<std::int64_t, 1>({2 * Rank * n}, dev);
-    all_gather_into_tensor(gathered, mine.to(dev), g);
-    const auto all = gathered.to(Device::cpu());
-    for (int q = 0; q < n; ++q) {
-      Extents their_local;
-      Extents their_global;
-      for (int d = 0; d < Rank; ++d) {
-        their_local.push_back(all(2 * Rank * q + d));
-        their_global.push_back(all(2 * Rank * q + Rank + d));
-      }
-      DTENSOR_CHECK(their_global == detail::to_extents(global),
-                    "DTensor::from_local: mesh rank " + std::to_string(q) + " passed global shape " +
-                        detail::shape_string(their_global) + " but mesh rank " + std::to_string(mesh.rank()) +
-                        " passed " + detail::shape_string(detail::to_extents(global)));
-      const MeshCoord c = rank_to_coord(q, mesh.sizes());
-      const Block want = spec_block(their_global, spec, mesh.sizes(), c);
-      DTENSOR_CHECK(their_local == want.shape,
-                    "DTensor::from_local: mesh rank " + std::to_string(q) + " (coordinate " +
-                        coord_string(c) + ") holds a local tensor of shape " +
-                        detail::shape_string(their_local) + " but " + dtensor::to_string(placements) +
-                        " of global shape " + detail::shape_string(their_global) + " gives it " +
-                        detail::shape_string(want.shape) + " (torch.chunk sizes)");
-    }
   }
 
   mesh_type mesh_;
@@ -315,25 +306,23 @@ public:
   using result_type = DTensor<T, Rank, Shape, P...>;
 
   PendingRedistribute(DeviceMesh<Shape> mesh, std::array<std::int64_t, Rank> global, const Plan* plan,
-                      int next, detail::StepRun<T, Rank> run)
-      : mesh_(std::move(mesh)), global_(global), plan_(plan), next_(next), run_(std::move(run)) {}
+                      exec::Started started)
+      : mesh_(std::move(mesh)), global_(global), plan_(plan), started_(std::move(started)) {}
 
   /// Non-blocking: true once the step in flight finished (later steps, if any, run in wait()).
-  bool is_completed() const { return run_.work.is_completed(); }
+  bool is_completed() const { return started_.run.work.is_completed(); }
 
   /// Waits for the step in flight, runs the remaining steps, and returns the redistributed tensor.
   result_type wait() {
-    run_.work.wait();
-    auto local = detail::run_steps(*plan_, next_, std::move(run_.out), detail::to_extents(global_), mesh_);
-    return result_type(mesh_, std::move(local), global_);
+    AnyTensor local = exec::finish_steps(*plan_, std::move(started_), detail::to_extents(global_), mesh_);
+    return result_type(mesh_, std::move(local).template as<T, Rank>(), global_);
   }
 
 private:
   DeviceMesh<Shape> mesh_;
   std::array<std::int64_t, Rank> global_;
   const Plan* plan_;
-  int next_;
-  detail::StepRun<T, Rank> run_;
+  exec::Started started_;
 };
 
 } // namespace dtensor

@@ -18,7 +18,7 @@
 
 #include "dtensor/core/layout.hpp"
 #include "dtensor/plan/shard_spec.hpp"
-#include "dtensor/tensor/execute.hpp"
+#include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {
 

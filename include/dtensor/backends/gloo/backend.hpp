@@ -139,6 +139,9 @@ struct GlooRankState {
   std::mutex m;
   std::vector<std::weak_ptr<GlooBackendImpl>> groups;
   std::optional<std::string> aborted;
+  /// Groups this rank made with new_group, per member list (global ranks, in group order): the members
+  /// of a list make its groups in the same order, so the count names the rendezvous of the next one.
+  std::map<std::vector<int>, int> generations;
 };
 
 inline std::string join_ints(std::span<const int> v) {
@@ -517,6 +520,9 @@ public:
 
   // ---- groups -----------------------------------------------------------------------------------------
 
+  /// Only the members take part (torch's use_local_synchronization): they rendezvous under a store key
+  /// made of their global ranks and how many groups over that list this rank made before, so ranks
+  /// outside the list need not call, and never wait.
   std::shared_ptr<Backend> new_group(std::span<const int> ranks) override {
     std::vector<int> sorted(ranks.begin(), ranks.end());
     std::sort(sorted.begin(), sorted.end());
@@ -525,7 +531,6 @@ public:
                   describe() + ": new_group: ranks " + join_ints(ranks) +
                       " must be distinct group ranks in [0, " + std::to_string(size()) + ")");
     check_not_aborted("new_group");
-    const int n = next_creation();
     auto it = std::find(ranks.begin(), ranks.end(), rank_);
     if (it == ranks.end()) {
       return nullptr;
@@ -534,8 +539,14 @@ public:
     for (int r : ranks) {
       global.push_back(global_ranks_[r]);
     }
-    return make_child(prefix_ + "/g" + std::to_string(n), std::move(global),
-                      static_cast<int>(it - ranks.begin()));
+    int generation = 0;
+    {
+      std::lock_guard lock(state_->m);
+      generation = state_->generations[global]++;
+    }
+    std::string prefix =
+        state_->options.prefix + "/members" + join_ints(global) + "#" + std::to_string(generation);
+    return make_child(std::move(prefix), std::move(global), static_cast<int>(it - ranks.begin()));
   }
 
   std::shared_ptr<Backend> split(int color, int key) override {

@@ -22,33 +22,6 @@
 #include <type_traits>
 
 namespace dtensor::detail {
-
-/// Calls f(T{}) with T the C++ type of `dtype`.
-template <class F>
-decltype(auto) visit_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-  case DType::float32:
-    return f(float{});
-  case DType::float64:
-    return f(double{});
-  case DType::bfloat16:
-    return f(bfloat16{});
-  case DType::float16:
-    return f(half{});
-  case DType::float8_e4m3:
-    return f(float8_e4m3{});
-  case DType::float8_e5m2:
-    return f(float8_e5m2{});
-  case DType::int32:
-    return f(std::int32_t{});
-  case DType::int64:
-    return f(std::int64_t{});
-  case DType::uint8:
-    return f(std::uint8_t{});
-  }
-  throw Error("unknown dtype " + std::to_string(static_cast<int>(dtype)));
-}
-
 /// One element of `op` (avg reduces like sum).
 template <class T>
 T reduce_one(ReduceOp op, T a, T b) {

@@ -1,15 +1,20 @@
 #pragma once
-// CommDebugMode: counts the collectives DTensor operations run, and their bytes, per mesh axis.
+// CommDebugMode: counts the communication of everything dtensor runs (collectives, point-to-point,
+// redistribute, distribute_tensor, full_tensor), with its bytes, per op and group label.
 //
 //   dtensor::CommDebugMode comm;                 // active on this thread until it goes out of scope
 //   auto y = x.redistribute<Replicate, Shard<1>>();
 //   comm.count("all_gather");                    // 1
 //   comm.count("all_gather", "dp");              // 1
-//   std::puts(comm.to_string().c_str());         // a table: op, axes, count, bytes
+//   std::puts(comm.to_string().c_str());         // a table: op, group, count, bytes
 //
-// A mode is per thread (each in-process rank of run_ranks counts its own); modes nest, and every active
-// one records. Bytes are what this rank receives from other ranks in the op, from the sizes actually
-// passed to the backend (all_reduce counts the 2(n-1)/n of a ring, the least any all_reduce moves).
+// Every op passes the ProcessGroup front end (comm/process_group.hpp), which records it here: the op's
+// name (a redistribution's point-to-point exchange is "permute") and the group's label (a mesh axis group
+// is labelled with its axis name, "dp"; a flattened one "dp*tp"; other groups ""). A mode is per thread
+// (each in-process rank of run_ranks counts its own); modes nest, and every active one records. Bytes are
+// what this rank receives from other ranks in the op, from the sizes passed to the backend (all_reduce
+// counts the 2(n-1)/n of a ring, the least any all_reduce moves; reduce and reduce_scatter the n-1
+// partial copies of the result).
 
 #include <cstdint>
 #include <cstdio>
