@@ -14,6 +14,7 @@
 // gloo at 4 B in the collectives sweep (same run, 2 processes), is in BENCHMARKS.md.
 // Writes bench/results/overhead.json.
 
+#include "../../tests/support/exchange_reference.hpp"
 #include "../common/alloc_counter.hpp"
 #include "../common/harness.hpp"
 
@@ -190,6 +191,27 @@ int main(int argc, char** argv) {
       [&] { auto y = s01.redistribute<Replicate, Replicate>(); });
   row(c, "redistribute", "3-axis [S(0),S(1),R]->[S(1),S(0),R]",
       [&] { auto y = s010.redistribute<Shard<1>, Shard<0>, Replicate>(); });
+
+  // Exchange geometry on simulated meshes (no communication): the pieces one rank sends and receives in
+  // the permute of [R,S(1),S(2)] -> [S(0),S(2),S(1)], next to the brute force over every group member.
+  for (const MeshSizes& sizes : {MeshSizes{4, 4, 4}, MeshSizes{16, 8, 8}, MeshSizes{16, 16, 16}}) {
+    const Plan plan =
+        make_plan(PlacementList{Placement::replicate(), Placement::shard(1), Placement::shard(2)},
+                  PlacementList{Placement::shard(0), Placement::shard(2), Placement::shard(1)}, 3);
+    const Step& st = plan.steps[plan.size() - 1];
+    const Extents global{4096, 4096, 4096};
+    const MeshCoord me = rank_to_coord(mesh_numel(sizes) / 2 + 1, sizes);
+    std::vector<Piece> sends, recvs;
+    const int saved = c.calls;
+    c.calls = c.opt.smoke ? 1 : 50;
+    row_vs(
+        c, "exchange_geometry",
+        "exchange geometry, group of " + std::to_string(group_size(st.axes, sizes)) + " (" +
+            std::string(to_string(st.kind)) + ")",
+        "brute force over the group", [&] { exchange_pieces(st, global, sizes, me, sends, recvs); },
+        [&] { test_support::reference_pieces(st, global, sizes, me, sends, recvs); });
+    c.calls = saved;
+  }
 
   std::printf("host overhead per call (1-rank gloo group / 1-rank meshes: no communication; float32, 16 "
               "elements)\n");

@@ -213,7 +213,7 @@ TEST_CASE("torch.chunk sizes and offsets", "[layout]") {
         if (!pieces[i].empty()) {
           REQUIRE(chunk_offset(n, k, i) == pieces[i].front());
         } else {
-          REQUIRE(chunk_offset(n, k, i) == std::min<std::int64_t>(n, chunk_stride(n, k) * i));
+          REQUIRE(chunk_offset(n, k, i) == std::min<std::int64_t>(n, full_chunk_size(n, k) * i));
         }
       }
     }

@@ -1,12 +1,17 @@
 // Exchange geometry (plan/exchange.hpp): every member's pieces tile what it must receive, sends and
-// receives agree pairwise, and copies of a replicated source share the sending.
+// receives agree pairwise, copies of a replicated source share the sending, and the O(pieces) geometry
+// equals a brute-force one that looks at every member of the group.
 
 #include <catch2/catch.hpp>
 
 #include <dtensor/plan/exchange.hpp>
 #include <dtensor/plan/planner.hpp>
 
+#include "../support/enumerate.hpp"
+#include "../support/exchange_reference.hpp"
+
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 using namespace dtensor;
@@ -59,7 +64,74 @@ Traffic traffic(std::initializer_list<Placement> src, std::initializer_list<Plac
   return t;
 }
 
+bool same_pieces(const std::vector<Piece>& a, const std::vector<Piece>& b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].peer != b[i].peer || !(a[i].block == b[i].block)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 } // namespace
+
+TEST_CASE("exchange geometry equals the brute-force one and tiles every target block", "[plan][exchange]") {
+  using test_support::all_placement_lists;
+  const std::vector<MeshSizes> meshes{{1}, {3}, {4}, {2, 2}, {2, 3}, {3, 1}, {2, 2, 2}, {1, 2, 3}};
+  std::int64_t checked = 0;
+  for (const MeshSizes& sizes : meshes) {
+    const auto lists = all_placement_lists(sizes.size(), {R, S(0), S(1)});
+    for (const PlacementList& src : lists) {
+      for (const PlacementList& dst : lists) {
+        // The exact fallback (one permute over every axis) and the planner's exchange steps.
+        std::vector<Step> steps;
+        const Plan fallback = make_exchange_plan(src, dst, 2);
+        const Plan planned = make_plan(src, dst, 2);
+        for (const Plan* p : {&fallback, &planned}) {
+          for (const Step& st : p->steps) {
+            if (st.kind == StepKind::permute || st.kind == StepKind::all_to_all) {
+              steps.push_back(st);
+            }
+          }
+        }
+        for (const Step& st : steps) {
+          for (std::int64_t rows : {0, 1, 3, 5}) {
+            for (std::int64_t cols : {2, 7}) {
+              const Extents global{rows, cols};
+              for (int r = 0; r < mesh_numel(sizes); ++r) {
+                const MeshCoord me = rank_to_coord(r, sizes);
+                std::vector<Piece> sends, recvs, ref_sends, ref_recvs;
+                exchange_pieces(st, global, sizes, me, sends, recvs);
+                test_support::reference_pieces(st, global, sizes, me, ref_sends, ref_recvs);
+                INFO(to_string(src) << " -> " << to_string(dst) << " step " << to_string(st.kind)
+                                    << " on rank " << r << " of a mesh of " << mesh_numel(sizes)
+                                    << ", global " << rows << "x" << cols);
+                REQUIRE(same_pieces(sends, ref_sends));
+                REQUIRE(same_pieces(recvs, ref_recvs));
+                // The pieces received tile this rank's target block: disjoint, inside it, all of it.
+                const Block target = spec_block(global, st.after, sizes, me);
+                std::int64_t covered = 0;
+                for (std::size_t i = 0; i < recvs.size(); ++i) {
+                  REQUIRE(intersect(recvs[i].block, target) == recvs[i].block);
+                  for (std::size_t j = 0; j < i; ++j) {
+                    REQUIRE(numel(intersect(recvs[i].block, recvs[j].block).shape) == 0);
+                  }
+                  covered += numel(recvs[i].block.shape);
+                }
+                REQUIRE(covered == numel(target.shape));
+                ++checked;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(checked > 10000);
+}
 
 TEST_CASE("copies of a replicated source share the sending", "[plan][exchange]") {
   // (pp, dp, tp) = (2, 2, 2): rows are split over pp and dp, each block held by both tp ranks; the target

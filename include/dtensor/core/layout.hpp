@@ -112,15 +112,15 @@ constexpr int axis_key(int rank, int axis, const MeshSizes& sizes) {
   return rank_to_coord(rank, sizes)[axis];
 }
 
-/// torch.chunk's chunk length: ceil(n / k).
-constexpr std::int64_t chunk_stride(std::int64_t n, int k) noexcept {
+/// The size of torch.chunk's full chunks: ceil(n / k) (the last chunks may be shorter or empty).
+constexpr std::int64_t full_chunk_size(std::int64_t n, int k) noexcept {
   return (n + k - 1) / k;
 }
 
 /// Length of chunk `i` of `n` items split into `k` chunks the torch.chunk way (trailing chunks may be
 /// short or empty).
 constexpr std::int64_t chunk_size(std::int64_t n, int k, int i) noexcept {
-  const std::int64_t c = chunk_stride(n, k);
+  const std::int64_t c = full_chunk_size(n, k);
   const std::int64_t begin = c * i;
   const std::int64_t end = c * (i + 1) < n ? c * (i + 1) : n;
   return end > begin ? end - begin : 0;
@@ -128,7 +128,7 @@ constexpr std::int64_t chunk_size(std::int64_t n, int k, int i) noexcept {
 
 /// Offset of chunk `i`: i * ceil(n / k), clamped to n for empty chunks.
 constexpr std::int64_t chunk_offset(std::int64_t n, int k, int i) noexcept {
-  const std::int64_t o = chunk_stride(n, k) * i;
+  const std::int64_t o = full_chunk_size(n, k) * i;
   return o < n ? o : n;
 }
 

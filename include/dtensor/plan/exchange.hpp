@@ -4,9 +4,9 @@
 //
 // Blocks of a layout tile the tensor: two ranks' blocks are identical (replicas) or disjoint. An exchange
 // over a group of axes sends every rank the intersection of its target block with each distinct source
-// block of its group, from exactly one holder: itself when it holds that block, else the holder q that
-// follows it most closely in group order ((q - me) mod k smallest), which spreads the sending.
+// block of its group, from exactly one holder (see exchange_pieces).
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -69,66 +69,162 @@ struct Piece {
   Block block;
 };
 
+namespace detail {
+
+/// Finds the coordinates whose block under `spec` meets `box`: the axes in `free` vary, the others keep
+/// their value in `coord`. Walks the nested torch.chunk splits of each dim, outermost first, visiting only
+/// chunks that meet `box`, so the cost is proportional to the number of blocks found, not to the mesh.
+template <class F>
+struct MeetingBlocks {
+  const Extents& global;
+  const ShardSpec& spec;
+  const MeshSizes& sizes;
+  AxisMask free;
+  const Block& box;
+  MeshCoord& coord;
+  F& f;
+
+  /// Dim d, its i-th splitting axis next, the current chunk of dim d being [off, off + len).
+  void visit(int d, int i, std::int64_t off, std::int64_t len) {
+    if (d == global.size()) {
+      f();
+      return;
+    }
+    if (i == spec.order[d].size()) {
+      if (d + 1 < global.size()) {
+        visit(d + 1, 0, 0, global[d + 1]);
+      } else {
+        f();
+      }
+      return;
+    }
+    const int a = spec.order[d][i];
+    const int k = sizes[a];
+    const std::int64_t lo = box.offset[d];
+    const std::int64_t hi = box.offset[d] + box.shape[d];
+    auto descend = [&](int c) {
+      const std::int64_t o = off + chunk_offset(len, k, c);
+      const std::int64_t n = chunk_size(len, k, c);
+      if (n > 0 && o < hi && lo < o + n) {
+        coord[a] = c;
+        visit(d, i + 1, o, n);
+      }
+    };
+    if (!(free & axis_bit(a))) {
+      descend(coord[a]);
+      return;
+    }
+    const std::int64_t full = full_chunk_size(len, k);
+    if (full == 0 || hi <= off || off + len <= lo) {
+      return;
+    }
+    const int first = lo <= off ? 0 : static_cast<int>((lo - off) / full);
+    const int last = static_cast<int>(std::min<std::int64_t>(k - 1, (hi - 1 - off) / full));
+    const int saved = coord[a];
+    for (int c = first; c <= last; ++c) {
+      descend(c);
+    }
+    coord[a] = saved;
+  }
+};
+
+/// Calls f() for every coordinate (written into `coord`; restored afterwards) whose block under `spec`
+/// meets `box`, the axes in `free` varying and the others fixed. A free axis that splits no dim of `spec`
+/// takes every value.
+template <class F>
+void for_each_meeting(const Extents& global, const ShardSpec& spec, const MeshSizes& sizes, AxisMask free,
+                      const Block& box, MeshCoord& coord, F&& f) {
+  for (int d = 0; d < global.size(); ++d) {
+    if (box.shape[d] == 0) {
+      return;
+    }
+  }
+  AxisMask splitting = 0;
+  for (int d = 0; d < spec.tensor_rank(); ++d) {
+    for (std::int8_t a : spec.order[d]) {
+      splitting |= axis_bit(a);
+    }
+  }
+  const AxisMask loose = free & static_cast<AxisMask>(~splitting); // every value
+  auto inner = [&] {
+    MeetingBlocks<decltype(f)> walk{global, spec, sizes, free, box, coord, f};
+    if (global.size() == 0) {
+      f();
+    } else {
+      walk.visit(0, 0, 0, global[0]);
+    }
+  };
+  // Loop over the loose axes (row-major), then walk the splitting ones.
+  int loose_axes[max_mesh_rank];
+  int count = 0;
+  for (int a = 0; a < sizes.size(); ++a) {
+    if (loose & axis_bit(a)) {
+      loose_axes[count++] = a;
+    }
+  }
+  const MeshCoord saved = coord;
+  for (int a = 0; a < count; ++a) {
+    coord[loose_axes[a]] = 0;
+  }
+  for (;;) {
+    inner();
+    int a = count - 1;
+    for (; a >= 0; --a) {
+      if (++coord[loose_axes[a]] < sizes[loose_axes[a]]) {
+        break;
+      }
+      coord[loose_axes[a]] = 0;
+    }
+    if (a < 0) {
+      break;
+    }
+  }
+  coord = saved;
+}
+
+/// The axes of `mask` that split some dim under `spec`.
+constexpr AxisMask splitting_axes(const ShardSpec& spec, AxisMask mask) {
+  AxisMask m = 0;
+  for (int d = 0; d < spec.tensor_rank(); ++d) {
+    for (std::int8_t a : spec.order[d]) {
+      m |= axis_bit(a);
+    }
+  }
+  return m & mask;
+}
+
+} // namespace detail
+
 /// The pieces the rank at `me` sends and receives in the exchange step `st` (all_to_all or permute),
 /// ordered by peer; a piece with peer == its own group rank is a local copy.
+///
+/// Which copy sends a replicated block: a target receives each source block from the holder that shares
+/// its coordinates on every group axis the source does not split (itself, if it holds the block), so
+/// copies of a replicated source share the sending. The cost is proportional to the pieces found: the
+/// source blocks meeting this rank's target block, and the target blocks meeting its source block.
 inline void exchange_pieces(const Step& st, const Extents& global, const MeshSizes& sizes,
                             const MeshCoord& me, std::vector<Piece>& sends, std::vector<Piece>& recvs) {
   sends.clear();
   recvs.clear();
-  const int k = group_size(st.axes, sizes);
-  const int my_q = group_rank(me, st.axes, sizes);
-  std::vector<Block> before(k);
-  std::vector<Block> after(k);
-  std::vector<MeshCoord> coords(k);
-  for (int q = 0; q < k; ++q) {
-    coords[q] = group_member(me, st.axes, sizes, q);
-    before[q] = spec_block(global, st.before, sizes, coords[q]);
-    after[q] = spec_block(global, st.after, sizes, coords[q]);
-  }
-  // The member that sends the source block held by `holder` to `target`: the target itself if it holds
-  // it, else the holder that shares the most mesh coordinates with the target (so copies of a replicated
-  // block share the sending: a target on tp = 1 receives from the copy on tp = 1), then the nearest after
-  // the target in group order.
-  auto source_for = [&](int target, int holder) {
-    if (before[target] == before[holder]) {
-      return target;
-    }
-    auto differing = [&](int q) {
-      int d = 0;
-      for (int a = 0; a < coords[q].size(); ++a) {
-        d += coords[q][a] != coords[target][a];
-      }
-      return d;
-    };
-    int best = holder;
-    int best_differing = differing(holder);
-    int best_distance = ((holder - target) % k + k) % k;
-    for (int q = 0; q < k; ++q) {
-      if (!(before[q] == before[holder])) {
-        continue;
-      }
-      const int d = differing(q);
-      const int distance = ((q - target) % k + k) % k;
-      if (d < best_differing || (d == best_differing && distance < best_distance)) {
-        best = q;
-        best_differing = d;
-        best_distance = distance;
-      }
-    }
-    return best;
-  };
-  for (int t = 0; t < k; ++t) { // what I send to t
-    const Block piece = intersect(before[my_q], after[t]);
-    if (numel(piece.shape) > 0 && source_for(t, my_q) == my_q) {
-      sends.push_back({t, piece});
-    }
-  }
-  for (int q = 0; q < k; ++q) { // what I receive from q
-    const Block piece = intersect(before[q], after[my_q]);
-    if (numel(piece.shape) > 0 && source_for(my_q, q) == q) {
-      recvs.push_back({q, piece});
-    }
-  }
+  const Block mine_before = spec_block(global, st.before, sizes, me);
+  const Block mine_after = spec_block(global, st.after, sizes, me);
+  const AxisMask sharded = detail::splitting_axes(st.before, st.axes); // group axes that split the source
+  MeshCoord c = me;
+  // What I receive: the source blocks meeting my target block, each from the holder that has my
+  // coordinates on the group axes the source does not split.
+  detail::for_each_meeting(global, st.before, sizes, sharded, mine_after, c, [&] {
+    recvs.push_back(
+        {group_rank(c, st.axes, sizes), intersect(spec_block(global, st.before, sizes, c), mine_after)});
+  });
+  // What I send: to every target whose block meets mine and that has my coordinates on the group axes
+  // the source does not split (on group axes the source splits and the target does not, every value).
+  detail::for_each_meeting(global, st.after, sizes, sharded, mine_before, c, [&] {
+    sends.push_back(
+        {group_rank(c, st.axes, sizes), intersect(mine_before, spec_block(global, st.after, sizes, c))});
+  });
+  auto by_peer = [](const Piece& a, const Piece& b) { return a.peer < b.peer; };
+  std::sort(sends.begin(), sends.end(), by_peer);
+  std::sort(recvs.begin(), recvs.end(), by_peer);
 }
 
 /// Elements the rank at `coord` receives from other ranks in step `st` (an all_reduce counts the

@@ -104,7 +104,7 @@ inline std::int64_t torch_greedy_bytes(const PlacementList& src_list, const Plac
       const Block b = local_block(global, parent, sizes, r);
       const std::int64_t whole = numel(b.shape);
       auto padded_piece = [&](int d) { // one padded chunk of the block along d
-        return b.shape[d] == 0 ? 0 : whole / b.shape[d] * chunk_stride(b.shape[d], static_cast<int>(k));
+        return b.shape[d] == 0 ? 0 : whole / b.shape[d] * full_chunk_size(b.shape[d], static_cast<int>(k));
       };
       std::int64_t e = 0;
       if (t.from.is_shard() && t.to.is_replicate()) {
@@ -116,9 +116,9 @@ inline std::int64_t torch_greedy_bytes(const PlacementList& src_list, const Plac
         e = (k - 1) * padded_piece(t.to.dim);
       } else if (t.from.is_shard() && t.to.is_shard()) {
         const std::int64_t pi =
-            b.shape[t.from.dim] == 0 ? 0 : chunk_stride(b.shape[t.from.dim], static_cast<int>(k));
+            b.shape[t.from.dim] == 0 ? 0 : full_chunk_size(b.shape[t.from.dim], static_cast<int>(k));
         const std::int64_t pj =
-            b.shape[t.to.dim] == 0 ? 0 : chunk_stride(b.shape[t.to.dim], static_cast<int>(k));
+            b.shape[t.to.dim] == 0 ? 0 : full_chunk_size(b.shape[t.to.dim], static_cast<int>(k));
         const std::int64_t rest = b.shape[t.from.dim] * b.shape[t.to.dim] == 0
                                       ? 0
                                       : whole / (b.shape[t.from.dim] * b.shape[t.to.dim]);
