@@ -8,7 +8,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
+#include <dtensor/comm/p2p.hpp>
 #include <dtensor/core/tensor_io.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/plan/torch_reference.hpp>
@@ -175,9 +177,33 @@ void exhaustive_2d(int dp, int tp) {
           for_each_type(Targets{}, [&]<class B0>() {
             for_each_type(Targets{}, [&]<class B1>() {
               auto x = make_source<DTensor<float, 2, Mesh2, A0, A1>>(mesh, rows, cols);
+              CommDebugMode comm;
               auto y = x.template redistribute<B0, B1>();
-              check_matches_reference(y, decltype(x)::template plan_to<B0, B1>().to_string() + " of (" +
-                                             std::to_string(rows) + ", " + std::to_string(cols) + ")");
+              const auto plan = decltype(x)::template plan_to<B0, B1>();
+              const std::string what =
+                  plan.to_string() + " of (" + std::to_string(rows) + ", " + std::to_string(cols) + ")";
+              const std::int64_t counted = comm.total_count();
+              const std::int64_t counted_bytes = comm.total_bytes();
+              const std::string table = comm.to_string();
+              check_matches_reference(y, what);
+              // CommDebugMode saw every step, with the bytes the plan's geometry says this rank receives;
+              // the most any rank received is the plan's bytes_per_rank (one step) or at most it.
+              const Extents global{rows, cols};
+              std::int64_t expected = 0;
+              for (const Step& st : plan.plan.steps) {
+                expected += step_elements_received(st, global, mesh.sizes(), mesh.coordinate()) * 4;
+              }
+              expect(counted == plan.plan.num_collectives() && counted_bytes == expected,
+                     what + ": CommDebugMode counted " + std::to_string(counted) + " ops, " +
+                         std::to_string(counted_bytes) + " bytes; the plan says " +
+                         std::to_string(plan.plan.num_collectives()) + ", " + std::to_string(expected) +
+                         "\n" + table);
+              auto most = Tensor<std::int64_t, 1>::full({1}, counted_bytes);
+              all_reduce(most, ReduceOp::max, world);
+              const std::int64_t bound = plan.bytes_per_rank(global, mesh.sizes());
+              expect(plan.plan.num_collectives() > 1 ? most(0) <= bound : most(0) == bound,
+                     what + ": the most any rank received is " + std::to_string(most(0)) +
+                         " bytes, bytes_per_rank says " + std::to_string(bound));
             });
           });
         });
@@ -389,4 +415,131 @@ TEST_CASE("random chains of redistributions return to the original exactly", "[d
       }
     });
   }
+}
+
+TEST_CASE("CommDebugMode counts every path: distribute_tensor, full_tensor, collectives, point-to-point",
+          "[dtensor]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    testing::run_ranks(n, [n](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh1>(world);
+      const int r = world.rank();
+      const std::int64_t rows = 2 * n + 1;
+      const auto full = Tensor<float, 2>::full({rows, 3}, 1.0f);
+      CommDebugMode comm;
+      auto x = distribute_tensor<Shard<0>>(mesh, full, 0);
+      // One broadcast of the shape (2 int64 received off the source), one scatter of the blocks.
+      const std::int64_t mine = chunk_size(rows, n, r) * 3 * 4;
+      expect(comm.count("broadcast", "x") == 1 && comm.bytes("broadcast") == (r == 0 ? 0 : 16),
+             "distribute_tensor's shape broadcast\n" + comm.to_string());
+      expect(comm.count("scatter", "x") == 1 && comm.bytes("scatter") == (r == 0 ? 0 : mine),
+             "distribute_tensor's scatter\n" + comm.to_string());
+      comm.reset();
+      auto f = x.full_tensor();
+      expect(comm.total_count() == 1 && comm.bytes("all_gather", "x") == rows * 3 * 4 - mine,
+             "full_tensor is one all_gather\n" + comm.to_string());
+      comm.reset();
+      auto t = Tensor<float, 1>::full({10}, 1.0f);
+      all_reduce(t, ReduceOp::sum, mesh.group<"x">());
+      all_reduce(t, ReduceOp::sum, world);
+      expect(comm.count("all_reduce", "x") == 1 && comm.count("all_reduce") == 2 &&
+                 comm.bytes("all_reduce", "x") == (n == 1 ? 0 : (2 * (n - 1) * 10 + n - 1) / n * 4),
+             "plain collectives are counted under their group's label\n" + comm.to_string());
+      comm.reset();
+      if (n > 1) {
+        const int next = (r + 1) % n;
+        const int prev = (r + n - 1) % n;
+        auto out = Tensor<float, 1>::full({10}, 2.0f);
+        auto in = Tensor<float, 1>({10});
+        std::vector<P2POp> ops{{P2POp::isend, out, next, world}, {P2POp::irecv, in, prev, world}};
+        for (auto& w : batch_isend_irecv(ops)) {
+          w.wait();
+        }
+        expect(comm.count("batch_isend_irecv") == 1 && comm.bytes("batch_isend_irecv") == 40,
+               "batch_isend_irecv counts what it receives\n" + comm.to_string());
+      }
+    });
+  }
+}
+
+TEST_CASE("a redistribution on a sub-mesh never waits on ranks outside it", "[dtensor]") {
+  // Mesh (pp=2, dp=1, tp=2) on 4 ranks; stage 0 = ranks {0,1}, stage 1 = {2,3}. Stage 0 permutes on its
+  // slice (its dp*tp group is made on first use) and then sends to stage 1, which meanwhile blocks in a
+  // point-to-point exchange that needs those sends. If making the group took stage 1's ranks, this
+  // would deadlock (and fail with a TimeoutError after 5 s).
+  using Pipe = MeshShape<Axis<"pp", 2>, Axis<"dp">, Axis<"tp">>;
+  testing::RunRanksOptions options;
+  options.timeout = std::chrono::seconds(5);
+  testing::run_ranks(
+      4,
+      [](ProcessGroup& world) {
+        const int r = world.rank();
+        for (int round = 0; round < 20; ++round) {
+          auto mesh = init_device_mesh<Pipe>(world, 1, 2);
+          auto stage = mesh.slice<"dp", "tp">();
+          auto permute_on_stage = [&] {
+            auto x = make_source<DTensor<float, 2, MeshShape<Axis<"dp">, Axis<"tp">>, Shard<0>, Shard<1>>>(
+                stage, 7, 5);
+            CommDebugMode comm;
+            auto y = x.redistribute<Shard<1>, Shard<0>>();
+            expect(comm.count("permute", "dp*tp") == 1, "a permute over the stage\n" + comm.to_string());
+            check_matches_reference(y, "[S(0),S(1)] -> [S(1),S(0)] on stage " + std::to_string(r / 2));
+          };
+          auto msg = Tensor<float, 1>::full({4}, static_cast<float>(round));
+          auto got = Tensor<float, 1>::full({4}, -1.0f);
+          if (r < 2) {
+            permute_on_stage();
+            send(msg, r + 2, world);
+          } else if (r == 2) {
+            recv(got, 0, world);
+            send(got, 3, world);
+          } else {
+            recv(got, 1, world);
+            expect(got(0) == static_cast<float>(round), "rank 3 got rank 1's message");
+            recv(got, 2, world);
+          }
+          if (r >= 2) {
+            expect(got(3) == static_cast<float>(round), "stage 1 got stage 0's message");
+            permute_on_stage();
+          }
+        }
+      },
+      options);
+}
+
+TEST_CASE("a dynamic axis size picks the plan its static size would", "[dtensor]") {
+  // [P,S(0),R] -> [R,R,S(1)]: the all_reduce goes before the all_to_all-like change when dp > tp (the data
+  // grows), after it otherwise. With dp dynamic the nominal size (2) would pick "after".
+  using Src = Placements<Partial<>, Shard<0>, Replicate>;
+  using Dst = Placements<Replicate, Replicate, Shard<1>>;
+  {
+    using Dynamic = MeshShape<Axis<"x", 2>, Axis<"dp">, Axis<"tp", 4>>;
+    using Static = MeshShape<Axis<"x", 2>, Axis<"dp", 8>, Axis<"tp", 4>>;
+    const MeshSizes sizes{2, 8, 4};
+    const Extents global{256, 64};
+    const Plan& chosen = detail::select_plan<Dynamic, 2, Src, Dst>(sizes);
+    const auto fixed = plan_of<Static, 2, Src, Dst>();
+    const std::int64_t nominal = bytes_per_rank(detail::plan_v<Dynamic, 2, Src, Dst>, global, sizes, 4);
+    INFO(to_string(chosen, Dynamic::names) << " vs " << fixed.to_string());
+    CHECK(bytes_per_rank(chosen, global, sizes, 4) == fixed.bytes_per_rank(global, sizes));
+    CHECK(bytes_per_rank(chosen, global, sizes, 4) < nominal);
+  }
+  Poison poison;
+  testing::run_ranks(4, [](ProcessGroup& world) {
+    using Dynamic = MeshShape<Axis<"x", 2>, Axis<"dp", 2>, Axis<"tp">>; // tp = 1 here, 2 nominally
+    using Static = MeshShape<Axis<"x", 2>, Axis<"dp", 2>, Axis<"tp", 1>>;
+    auto mesh = init_device_mesh<Dynamic>(world);
+    for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{7, 5}, {8, 6}}) {
+      auto x = make_source<DTensor<float, 2, Dynamic, Partial<>, Shard<0>, Replicate>>(mesh, rows, cols);
+      CommDebugMode comm;
+      auto y = x.redistribute<Replicate, Replicate, Shard<1>>();
+      const auto fixed = plan_of<Static, 2, Src, Dst>();
+      const auto used = x.plan_for<Replicate, Replicate, Shard<1>>();
+      expect(used.to_string() == fixed.to_string(),
+             "the plan run on tp = 1 is " + used.to_string() + ", the static one " + fixed.to_string());
+      expect(comm.total_count() == fixed.plan.num_collectives(),
+             "the static plan's steps ran\n" + comm.to_string());
+      check_matches_reference(y, used.to_string());
+    }
+  });
 }
