@@ -2,6 +2,9 @@
 // concurrent traffic on overlapping groups, timeouts and identity.
 
 #include "common.hpp"
+#include "dtensor/backends/gloo/backend.hpp"
+#include "dtensor/rendezvous/in_process_store.hpp"
+#include "dtensor/rendezvous/store.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -127,22 +130,31 @@ TEST_CASE("split: one group per color ordered by key, nested splits, concurrent 
 namespace {
 
 /// Forwards to a shared store, each get() `delay` late: a member that is slow to read its peers' addresses.
-class SlowStore final : public ::gloo::rendezvous::Store {
+class SlowStore final : public Store {
 public:
-  SlowStore(std::shared_ptr<::gloo::rendezvous::Store> base, std::chrono::milliseconds delay)
-      : base_(std::move(base)), delay_(delay) {}
+  SlowStore(std::shared_ptr<Store> base, std::chrono::milliseconds delay)
+      : Store(base->timeout()), base_(std::move(base)), delay_(delay) {}
+  using Store::set;
+  using Store::wait;
   void set(const std::string& key, const std::vector<char>& data) override { base_->set(key, data); }
   std::vector<char> get(const std::string& key) override {
     std::this_thread::sleep_for(delay_);
     return base_->get(key);
   }
-  void wait(const std::vector<std::string>& keys) override { base_->wait(keys); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+  std::int64_t add(const std::string& key, std::int64_t delta) override { return base_->add(key, delta); }
+  std::vector<char> compare_set(const std::string& key, const std::vector<char>& expected,
+                                const std::vector<char>& desired) override {
+    return base_->compare_set(key, expected, desired);
+  }
+  bool delete_key(const std::string& key) override { return base_->delete_key(key); }
+  bool check(const std::vector<std::string>& keys) override { return base_->check(keys); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
     base_->wait(keys, timeout);
   }
+  std::int64_t num_keys() override { return base_->num_keys(); }
 
 private:
-  std::shared_ptr<::gloo::rendezvous::Store> base_;
+  std::shared_ptr<Store> base_;
   std::chrono::milliseconds delay_;
 };
 

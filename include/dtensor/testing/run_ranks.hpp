@@ -1,6 +1,6 @@
 #pragma once
-// run_ranks: n ranks as n threads of this process, over gloo on 127.0.0.1 with an in-process store, so
-// every multi-rank test runs under plain ctest.
+// run_ranks: n ranks as n threads of this process, over gloo on 127.0.0.1, meeting through one
+// InProcessStore, so every multi-rank test runs under plain ctest.
 //
 //   dtensor::testing::run_ranks(4, [](dtensor::ProcessGroup& world) {
 //     auto t = dtensor::Tensor<float, 1>::full({8}, float(world.rank()));
@@ -21,9 +21,10 @@
 #endif
 
 #include "dtensor/backends/gloo/backend.hpp"
-#include "dtensor/backends/gloo/store.hpp"
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/in_process_store.hpp"
+#include "dtensor/rendezvous/store.hpp"
 
 #include <atomic>
 #include <chrono>

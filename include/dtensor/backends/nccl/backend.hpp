@@ -9,9 +9,9 @@
 //
 // Design (see also backends/backend.hpp and work.hpp):
 //  - The world communicator comes from ncclCommInitRankConfig with the unique id rank 0 publishes in the
-//    store. Sub-groups come from ncclCommSplit (new_group: colour 0 for members, NCCL_SPLIT_NOCOLOR for the
-//    others, key = position in the list; DeviceMesh splits with colour = the other coordinates, key = the
-//    coordinate on the axis).
+//    store (any dtensor::Store). Sub-groups come from ncclCommSplit (new_group: colour 0 for members,
+//    NCCL_SPLIT_NOCOLOR for the others, key = position in the list; DeviceMesh splits with colour = the other
+//    coordinates, key = the coordinate on the axis).
 //  - Communicators are nonblocking by default (NcclOptions::nonblocking, DTENSOR_NCCL_NONBLOCKING=0 turns it
 //    off): every call returns at once, the backend polls ncclCommGetAsyncError until the op is enqueued,
 //    and the watchdog thread aborts a communicator whose op runs past its timeout or that reports an
@@ -31,11 +31,12 @@
 //    NCCL has no tags, so tags are checked for range and otherwise ignored (as in torch's NCCL backend).
 
 #include "dtensor/backends/backend.hpp"
-#include "dtensor/backends/nccl/store.hpp"
+#include "dtensor/backends/nccl/rendezvous.hpp"
 #include "dtensor/backends/nccl/types.hpp"
 #include "dtensor/backends/nccl/work.hpp"
-#include "dtensor/comm/tcp_store.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/prefix_store.hpp"
+#include "dtensor/rendezvous/store.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -61,7 +62,7 @@ struct NcclOptions {
   /// This rank's CUDA device; taken modulo the number of visible devices (several ranks may share one GPU
   /// for testing, each process with its own NCCL_HOSTID). It becomes the calling thread's current device.
   int device = 0;
-  /// Key prefix in the store.
+  /// Key prefix in the store (the world communicator's keys live under "<prefix>/world").
   std::string prefix = "dtensor/nccl";
   /// Nonblocking communicators + watchdog (the environment variable DTENSOR_NCCL_NONBLOCKING=0 turns it off).
   bool nonblocking = true;
@@ -608,10 +609,11 @@ private:
 } // namespace detail
 
 /// An NCCL communicator over all `size` ranks of the job; this process is `rank`. Rank 0 publishes the
-/// unique id in `store` (may be null for size 1). Blocks until every rank joined or options.timeout passed
+/// unique id in `store` under options.prefix (the store may be null for size 1). Blocks until every rank
+/// joined or options.timeout passed
 /// (dtensor::TimeoutError; the half-built communicator is aborted). Throws dtensor::Error when no CUDA
 /// device is visible. Wrap it in a ProcessGroup: `ProcessGroup world(make_nccl_backend(store, r, n));`.
-inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<TcpStore> store, int rank, int size,
+inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Store> store, int rank, int size,
                                                   NcclOptions options = {}) {
   DTENSOR_CHECK(size > 0 && rank >= 0 && rank < size, "make_nccl_backend: rank " + std::to_string(rank) +
                                                           " is out of range for size " +
@@ -627,8 +629,10 @@ inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<TcpStore> stor
   detail::check_cuda(cudaSetDevice(device), "cudaSetDevice",
                      "make_nccl_backend (rank " + std::to_string(rank) + ")");
 
-  const ncclUniqueId id = detail::exchange_nccl_unique_id(store.get(), options.prefix + "/world/unique_id",
-                                                          rank, size, options.timeout);
+  std::shared_ptr<Store> world =
+      store != nullptr ? std::make_shared<PrefixStore>(options.prefix + "/world", std::move(store)) : nullptr;
+  const ncclUniqueId id =
+      detail::exchange_nccl_unique_id(world.get(), "unique_id", rank, size, options.timeout);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = options.nonblocking ? 0 : 1;
   ncclComm_t comm = nullptr;
