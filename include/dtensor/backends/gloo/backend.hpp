@@ -45,6 +45,7 @@
 #include "dtensor/backends/gloo/executor.hpp"
 #include "dtensor/backends/gloo/reduce.hpp"
 #include "dtensor/backends/gloo/rendezvous.hpp"
+#include "dtensor/backends/split.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
@@ -546,43 +547,20 @@ public:
   std::shared_ptr<Backend> split(int color, int key) override {
     check_not_aborted("split");
     const int n = next_creation();
-    const std::string base = "split" + std::to_string(n) + "/";
-    std::string mine = std::to_string(color) + " " + std::to_string(key);
-    store_->set(base + std::to_string(rank_), std::string_view(mine));
-    std::vector<std::string> keys;
-    for (int r = 0; r < size(); ++r) {
-      keys.push_back(base + std::to_string(r));
-    }
-    try {
-      store_->wait(keys, timeout());
-    } catch (const std::exception& e) {
-      throw TimeoutError(describe() + ": split(color " + std::to_string(color) + ", key " +
-                         std::to_string(key) + ") #" + std::to_string(n) +
-                         ": not every member called split in time: " + e.what());
-    }
+    const auto all =
+        exchange_split_colors(*store_, "split" + std::to_string(n), rank_, size(), color, key, timeout(),
+                              describe() + ": split(color " + std::to_string(color) + ", key " +
+                                  std::to_string(key) + ") #" + std::to_string(n));
     if (color < 0) {
       return nullptr;
     }
-    std::vector<std::tuple<int, int>> members; // (key, rank)
-    for (int r = 0; r < size(); ++r) {
-      auto v = store_->get(keys[r]);
-      int c = 0, k = 0;
-      std::sscanf(std::string(v.begin(), v.end()).c_str(), "%d %d", &c, &k);
-      if (c == color) {
-        members.emplace_back(k, r);
-      }
-    }
-    std::sort(members.begin(), members.end());
+    const SplitMembers members = split_members(all, color, rank_);
     std::vector<int> global;
-    int me = -1;
-    for (auto [k, r] : members) {
-      if (r == rank_) {
-        me = static_cast<int>(global.size());
-      }
+    for (int r : members.ranks) {
       global.push_back(global_ranks_[r]);
     }
     return make_child(prefix_ + "/s" + std::to_string(n) + "c" + std::to_string(color), std::move(global),
-                      me);
+                      members.me);
   }
 
   void abort(std::string_view reason) override {
