@@ -4,10 +4,12 @@
 #include "common.hpp"
 #include "dtensor/backends/gloo/backend.hpp"
 #include "dtensor/rendezvous/in_process_store.hpp"
+#include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <thread>
 
 using namespace comm_test;
@@ -184,4 +186,30 @@ TEST_CASE("a member that drops a new group at once does not break a slow peer's 
     INFO("round " << round << ": " << failure);
     REQUIRE(failure.empty());
   }
+}
+
+TEST_CASE("run_ranks takes any backend that rendezvouses through a Store", "[comm][groups]") {
+  // Each rank sees the shared store through its own PrefixStore view; nothing in the harness or the
+  // backend may depend on the store's concrete type.
+  std::atomic<int> made{0};
+  testing::RunRanksOptions options;
+  options.make_backend = [&](std::shared_ptr<Store> store, int rank, int size,
+                             std::chrono::milliseconds timeout) {
+    ++made;
+    GlooOptions go;
+    go.timeout = timeout;
+    return make_gloo_backend(std::make_shared<PrefixStore>("custom", std::move(store)), rank, size, go);
+  };
+  testing::run_ranks(
+      3,
+      [](ProcessGroup& world) {
+        auto t = Tensor<int, 1>::full({2}, world.rank());
+        all_reduce(t, ReduceOp::sum, world);
+        expect_values<int>(
+            t, [](auto) { return 3; }, "all_reduce over the custom backend");
+        auto pair = world.split(world.rank() == 2 ? -1 : 0, world.rank());
+        DTENSOR_CHECK(pair.is_member() == (world.rank() != 2), "split through the prefixed store");
+      },
+      options);
+  CHECK(made == 3);
 }
