@@ -14,9 +14,12 @@
 // them per call, as gloo's own collectives and torch's ProcessGroupGloo send/recv do.
 // Writes bench/results/collectives_gloo_n<ranks>.json.
 
+#include <dtensor/backends/gloo/rendezvous.hpp>
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/comm/p2p.hpp>
+#include <dtensor/rendezvous/prefix_store.hpp>
+#include <dtensor/rendezvous/tcp_store.hpp>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -27,7 +30,6 @@
 #include <gloo/reduce.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/device.h>
 
@@ -49,11 +51,10 @@ namespace {
 std::shared_ptr<::gloo::rendezvous::Context> raw_context(const std::shared_ptr<TcpStore>& store,
                                                          std::shared_ptr<::gloo::transport::Device> dev,
                                                          int rank, int size, const std::string& prefix) {
-  auto gs = std::make_shared<GlooTcpStore>(store);
-  ::gloo::rendezvous::PrefixStore ps(prefix, *gs);
+  GlooStoreAdapter gs(std::make_shared<PrefixStore>(prefix, store));
   auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(std::chrono::seconds(300));
-  ctx->connectFullMesh(ps, dev);
+  ctx->connectFullMesh(gs, dev);
   return ctx;
 }
 

@@ -19,6 +19,12 @@
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/mesh/mesh_shape.hpp"
 #include "dtensor/mesh/placement_check.hpp"
+#include "dtensor/rendezvous/barrier.hpp"
+#include "dtensor/rendezvous/in_process_store.hpp"
+#include "dtensor/rendezvous/prefix_store.hpp"
+#include "dtensor/rendezvous/store.hpp"
+#include "dtensor/rendezvous/tcp_store.hpp"
+#include "dtensor/rendezvous/tcp_store_server.hpp"
 
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/comm_debug.hpp"

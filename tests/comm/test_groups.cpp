@@ -2,9 +2,14 @@
 // concurrent traffic on overlapping groups, timeouts and identity.
 
 #include "common.hpp"
+#include "dtensor/backends/gloo/backend.hpp"
+#include "dtensor/rendezvous/in_process_store.hpp"
+#include "dtensor/rendezvous/prefix_store.hpp"
+#include "dtensor/rendezvous/store.hpp"
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <thread>
 
 using namespace comm_test;
@@ -127,22 +132,31 @@ TEST_CASE("split: one group per color ordered by key, nested splits, concurrent 
 namespace {
 
 /// Forwards to a shared store, each get() `delay` late: a member that is slow to read its peers' addresses.
-class SlowStore final : public ::gloo::rendezvous::Store {
+class SlowStore final : public Store {
 public:
-  SlowStore(std::shared_ptr<::gloo::rendezvous::Store> base, std::chrono::milliseconds delay)
-      : base_(std::move(base)), delay_(delay) {}
+  SlowStore(std::shared_ptr<Store> base, std::chrono::milliseconds delay)
+      : Store(base->timeout()), base_(std::move(base)), delay_(delay) {}
+  using Store::set;
+  using Store::wait;
   void set(const std::string& key, const std::vector<char>& data) override { base_->set(key, data); }
   std::vector<char> get(const std::string& key) override {
     std::this_thread::sleep_for(delay_);
     return base_->get(key);
   }
-  void wait(const std::vector<std::string>& keys) override { base_->wait(keys); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+  std::int64_t add(const std::string& key, std::int64_t delta) override { return base_->add(key, delta); }
+  std::vector<char> compare_set(const std::string& key, const std::vector<char>& expected,
+                                const std::vector<char>& desired) override {
+    return base_->compare_set(key, expected, desired);
+  }
+  bool delete_key(const std::string& key) override { return base_->delete_key(key); }
+  bool check(const std::vector<std::string>& keys) override { return base_->check(keys); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
     base_->wait(keys, timeout);
   }
+  std::int64_t num_keys() override { return base_->num_keys(); }
 
 private:
-  std::shared_ptr<::gloo::rendezvous::Store> base_;
+  std::shared_ptr<Store> base_;
   std::chrono::milliseconds delay_;
 };
 
@@ -172,4 +186,30 @@ TEST_CASE("a member that drops a new group at once does not break a slow peer's 
     INFO("round " << round << ": " << failure);
     REQUIRE(failure.empty());
   }
+}
+
+TEST_CASE("run_ranks takes any backend that rendezvouses through a Store", "[comm][groups]") {
+  // Each rank sees the shared store through its own PrefixStore view; nothing in the harness or the
+  // backend may depend on the store's concrete type.
+  std::atomic<int> made{0};
+  testing::RunRanksOptions options;
+  options.make_backend = [&](std::shared_ptr<Store> store, int rank, int size,
+                             std::chrono::milliseconds timeout) {
+    ++made;
+    GlooOptions go;
+    go.timeout = timeout;
+    return make_gloo_backend(std::make_shared<PrefixStore>("custom", std::move(store)), rank, size, go);
+  };
+  testing::run_ranks(
+      3,
+      [](ProcessGroup& world) {
+        auto t = Tensor<int, 1>::full({2}, world.rank());
+        all_reduce(t, ReduceOp::sum, world);
+        expect_values<int>(
+            t, [](auto) { return 3; }, "all_reduce over the custom backend");
+        auto pair = world.split(world.rank() == 2 ? -1 : 0, world.rank());
+        DTENSOR_CHECK(pair.is_member() == (world.rank() != 2), "split through the prefixed store");
+      },
+      options);
+  CHECK(made == 3);
 }

@@ -7,7 +7,7 @@
 //   rank0_store   --rank0-store: rank 0 hosts the store, ranks started in any order still meet
 //   launcherless  ranks started as mpirun / srun start them (OpenMPI, Slurm variables), in reverse order
 // Plain C++ (no Catch2): prints what it checks, exits 0 on success, 1 on the first failed check.
-#include "dtensor/comm/tcp_store.hpp"
+#include "dtensor/rendezvous/tcp_store_server.hpp"
 
 #include <fcntl.h>
 #include <netinet/in.h>

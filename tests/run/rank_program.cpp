@@ -6,7 +6,7 @@
 //   rank_program sleep          prints "ready <pid>" and sleeps (for the signal tests)
 // Errors are printed as "rank_program error: <message>" with exit code 1.
 #include "dtensor/comm/init.hpp"
-#include "dtensor/comm/tcp_store.hpp"
+#include "dtensor/rendezvous/tcp_store.hpp"
 
 #include <unistd.h>
 

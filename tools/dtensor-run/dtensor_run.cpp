@@ -12,7 +12,8 @@
 // the launchers share failures through that store: a failed rank anywhere stops every node.
 // Run `dtensor-run --help` for every flag.
 
-#include "dtensor/comm/tcp_store.hpp"
+#include "dtensor/rendezvous/tcp_store.hpp"
+#include "dtensor/rendezvous/tcp_store_server.hpp"
 
 #include <algorithm>
 #include <atomic>

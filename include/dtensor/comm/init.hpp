@@ -27,12 +27,14 @@
 // address that routes to MASTER_ADDR (127.0.0.1 when the master is local).
 
 #include "dtensor/comm/process_group.hpp"
-#include "dtensor/comm/tcp_store.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/barrier.hpp"
+#include "dtensor/rendezvous/detail/tcp.hpp"
+#include "dtensor/rendezvous/store.hpp"
+#include "dtensor/rendezvous/tcp_store.hpp"
 
 #if DTENSOR_HAS_GLOO
 #include "dtensor/backends/gloo/backend.hpp"
-#include "dtensor/backends/gloo/tcp_store_adapter.hpp"
 #endif
 #if DTENSOR_HAS_NCCL
 #include "dtensor/backends/nccl/backend.hpp"
@@ -222,8 +224,9 @@ struct InitOptions {
   std::chrono::milliseconds timeout{0};
   /// The job layout; nullopt: read_dist_env().
   std::optional<DistEnv> env;
-  /// An existing store to rendezvous through instead of connecting to MASTER_ADDR:MASTER_PORT.
-  std::shared_ptr<TcpStore> store;
+  /// An existing store (any dtensor::Store) to rendezvous through instead of connecting to
+  /// MASTER_ADDR:MASTER_PORT.
+  std::shared_ptr<Store> store;
   /// NCCL: the CUDA device of this rank; -1: LOCAL_RANK modulo the number of visible devices.
   int device = -1;
 };
@@ -306,7 +309,8 @@ inline ProcessGroup init_process_group(InitOptions options = {}) {
   const std::chrono::milliseconds timeout = detail::init_timeout(options.timeout);
   const std::string backend = detail::resolve_backend(options.backend);
 
-  std::shared_ptr<TcpStore> store = options.store ? options.store : connect_store(env, timeout);
+  std::shared_ptr<TcpStore> own_store = options.store ? nullptr : connect_store(env, timeout);
+  std::shared_ptr<Store> store = options.store ? options.store : own_store;
   // Successive init_process_group calls of one job use fresh keys.
   const std::int64_t generation = store->add("dtensor/init_count/" + std::to_string(env.rank), 1);
   const std::string prefix = "dtensor/init" + std::to_string(generation);
@@ -325,7 +329,7 @@ inline ProcessGroup init_process_group(InitOptions options = {}) {
         go.hostname = local;
       }
     }
-    impl = make_gloo_backend(std::make_shared<GlooTcpStore>(store), env.rank, env.world_size, go);
+    impl = make_gloo_backend(store, env.rank, env.world_size, go);
 #endif
   } else {
 #if DTENSOR_HAS_NCCL
@@ -337,8 +341,10 @@ inline ProcessGroup init_process_group(InitOptions options = {}) {
 #endif
   }
   DTENSOR_CHECK(impl != nullptr, "init_process_group: no backend was created");
-  // Nobody leaves (and a store-hosting rank 0 cannot exit) before every rank finished its rendezvous.
-  store->barrier(prefix + "/ready", env.world_size, timeout);
+  // Nobody leaves (and a store-hosting rank 0 cannot exit) before every rank finished its rendezvous. A
+  // store passed in may be hosted by any rank: then every rank waits until all were released.
+  store_barrier(*store, prefix + "/ready", env.world_size, timeout,
+                own_store != nullptr ? own_store->is_server() : true);
   return ProcessGroup(std::move(impl));
 }
 

@@ -1,6 +1,7 @@
 #pragma once
-// run_ranks: n ranks as n threads of this process, over gloo on 127.0.0.1 with an in-process store, so
-// every multi-rank test runs under plain ctest.
+// run_ranks: n ranks as n threads of this process, meeting through one InProcessStore, so every multi-rank
+// test runs under plain ctest. The backend is gloo on 127.0.0.1 unless RunRanksOptions::make_backend
+// names another (any backend that rendezvouses through a dtensor::Store).
 //
 //   dtensor::testing::run_ranks(4, [](dtensor::ProcessGroup& world) {
 //     auto t = dtensor::Tensor<float, 1>::full({8}, float(world.rank()));
@@ -14,16 +15,18 @@
 // followed by the other ranks' errors. Catch2's assertions are not thread-safe: inside `fn`, throw
 // (DTENSOR_CHECK) instead of REQUIRE.
 //
-// Needs the gloo backend (target dtensor::gloo).
+// Needs the gloo backend (target dtensor::gloo), the default.
 
 #if !DTENSOR_HAS_GLOO
 #error "dtensor/testing/run_ranks.hpp needs the gloo backend: link the target dtensor::gloo"
 #endif
 
+#include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/gloo/backend.hpp"
-#include "dtensor/backends/gloo/store.hpp"
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/in_process_store.hpp"
+#include "dtensor/rendezvous/store.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -37,17 +40,32 @@
 
 namespace dtensor::testing {
 
+/// Makes rank `rank` of a world of `size` that rendezvouses through `store`, with `timeout` as its
+/// default op timeout (e.g. make_gloo_backend or make_nccl_backend).
+using BackendFactory = std::function<std::shared_ptr<Backend>(std::shared_ptr<Store> store, int rank,
+                                                              int size, std::chrono::milliseconds timeout)>;
+
 struct RunRanksOptions {
   /// Default timeout of every op and of the rendezvous.
   std::chrono::milliseconds timeout = std::chrono::seconds(20);
   /// After the first failure, ranks still running this long are aborted.
   std::chrono::milliseconds grace = std::chrono::seconds(3);
+  /// The backend of every rank; empty: gloo on 127.0.0.1.
+  BackendFactory make_backend;
 };
 
-/// Runs fn(world) on `n` ranks (threads), world being a gloo group over all of them. Throws dtensor::Error
-/// when any rank throws (see above).
+/// Runs fn(world) on `n` ranks (threads), world being a group over all of them (gloo unless
+/// options.make_backend says otherwise). Throws dtensor::Error when any rank throws (see above).
 inline void run_ranks(int n, const std::function<void(ProcessGroup&)>& fn, RunRanksOptions options = {}) {
   DTENSOR_CHECK(n >= 1, "run_ranks: the number of ranks must be >= 1, got " + std::to_string(n));
+  if (!options.make_backend) {
+    options.make_backend = [](std::shared_ptr<Store> store, int rank, int size,
+                              std::chrono::milliseconds timeout) {
+      GlooOptions go;
+      go.timeout = timeout;
+      return make_gloo_backend(std::move(store), rank, size, go);
+    };
+  }
   auto store = std::make_shared<InProcessStore>(options.timeout);
   std::vector<ProcessGroup> worlds(n);
   std::mutex m;
@@ -78,9 +96,7 @@ inline void run_ranks(int n, const std::function<void(ProcessGroup&)>& fn, RunRa
       std::string error;
       bool failed = false;
       try {
-        GlooOptions go;
-        go.timeout = options.timeout;
-        ProcessGroup world(make_gloo_backend(store, r, n, go));
+        ProcessGroup world(options.make_backend(store, r, n, options.timeout));
         {
           std::lock_guard lock(m);
           worlds[r] = world;

@@ -1,7 +1,7 @@
 #pragma once
 // The gloo backend: dtensor::Backend over a gloo context (TCP transport).
 //
-//   auto store = std::make_shared<dtensor::InProcessStore>();   // or any gloo::rendezvous::Store
+//   auto store = std::make_shared<dtensor::InProcessStore>();   // or a TcpStore: any dtensor::Store
 //   dtensor::ProcessGroup world(dtensor::make_gloo_backend(store, rank, size, {.timeout = 10s}));
 //
 // Design (see also backends/backend.hpp):
@@ -44,8 +44,11 @@
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/gloo/executor.hpp"
 #include "dtensor/backends/gloo/reduce.hpp"
-#include "dtensor/backends/gloo/store.hpp"
+#include "dtensor/backends/gloo/rendezvous.hpp"
+#include "dtensor/backends/split.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/prefix_store.hpp"
+#include "dtensor/rendezvous/store.hpp"
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -73,6 +76,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <typeinfo>
@@ -133,7 +137,7 @@ class GlooBackendImpl;
 /// aborting them all).
 struct GlooRankState {
   std::shared_ptr<::gloo::transport::Device> device;
-  std::shared_ptr<::gloo::rendezvous::Store> store;
+  std::shared_ptr<Store> store;
   int global_rank = 0;
   GlooOptions options;
   std::mutex m;
@@ -198,15 +202,17 @@ public:
   GlooBackendImpl(std::shared_ptr<GlooRankState> state, std::string prefix, std::vector<int> global_ranks,
                   int rank, std::chrono::milliseconds timeout)
       : state_(std::move(state)), prefix_(std::move(prefix)),
-        store_(std::make_shared<PrefixedStore>(prefix_, state_->store)),
-        global_ranks_(std::move(global_ranks)), rank_(rank), timeout_(timeout) {
+        store_(std::make_shared<PrefixStore>(prefix_, state_->store)), global_ranks_(std::move(global_ranks)),
+        rank_(rank), timeout_(timeout) {
+    store_->set_timeout(timeout_);
     ints_.resize(2 * global_ranks_.size());
     context_ = std::make_shared<GlooContext>(rank_, size());
     context_->setTimeout(timeout_);
     std::string failure;
     bool is_timeout = false;
     try {
-      context_->connectFullMesh(*store_, state_->device);
+      GlooStoreAdapter gloo_store(store_);
+      context_->connectFullMesh(gloo_store, state_->device);
     } catch (const std::exception& e) {
       is_timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr;
       failure = e.what();
@@ -552,43 +558,20 @@ public:
   std::shared_ptr<Backend> split(int color, int key) override {
     check_not_aborted("split");
     const int n = next_creation();
-    const std::string base = "split" + std::to_string(n) + "/";
-    std::string mine = std::to_string(color) + " " + std::to_string(key);
-    store_->set(base + std::to_string(rank_), std::vector<char>(mine.begin(), mine.end()));
-    std::vector<std::string> keys;
-    for (int r = 0; r < size(); ++r) {
-      keys.push_back(base + std::to_string(r));
-    }
-    try {
-      store_->wait(keys, timeout());
-    } catch (const std::exception& e) {
-      throw TimeoutError(describe() + ": split(color " + std::to_string(color) + ", key " +
-                         std::to_string(key) + ") #" + std::to_string(n) +
-                         ": not every member called split in time: " + e.what());
-    }
+    const auto all =
+        exchange_split_colors(*store_, "split" + std::to_string(n), rank_, size(), color, key, timeout(),
+                              describe() + ": split(color " + std::to_string(color) + ", key " +
+                                  std::to_string(key) + ") #" + std::to_string(n));
     if (color < 0) {
       return nullptr;
     }
-    std::vector<std::tuple<int, int>> members; // (key, rank)
-    for (int r = 0; r < size(); ++r) {
-      auto v = store_->get(keys[r]);
-      int c = 0, k = 0;
-      std::sscanf(std::string(v.begin(), v.end()).c_str(), "%d %d", &c, &k);
-      if (c == color) {
-        members.emplace_back(k, r);
-      }
-    }
-    std::sort(members.begin(), members.end());
+    const SplitMembers members = split_members(all, color, rank_);
     std::vector<int> global;
-    int me = -1;
-    for (auto [k, r] : members) {
-      if (r == rank_) {
-        me = static_cast<int>(global.size());
-      }
+    for (int r : members.ranks) {
       global.push_back(global_ranks_[r]);
     }
     return make_child(prefix_ + "/s" + std::to_string(n) + "c" + std::to_string(color), std::move(global),
-                      me);
+                      members.me);
   }
 
   void abort(std::string_view reason) override {
@@ -648,7 +631,7 @@ private:
   /// says why, so the others fail at once with the cause instead of timing out.
   void wait_until_all_connected(const std::string& failure, bool is_timeout) {
     const std::string mine = failure.empty() ? "ok" : failure;
-    store_->set("connected/" + std::to_string(rank_), std::vector<char>(mine.begin(), mine.end()));
+    store_->set("connected/" + std::to_string(rank_), std::string_view(mine));
     const std::string what = describe() + ": connecting the group failed: ";
     if (!failure.empty()) {
       if (is_timeout) {
@@ -1139,7 +1122,7 @@ private:
     }
     std::string v = (is_timeout ? "T" : "E") + msg;
     try {
-      store_->set("err/" + std::to_string(rank_), std::vector<char>(v.begin(), v.end()));
+      store_->set("err/" + std::to_string(rank_), std::string_view(v));
     } catch (...) { // the store may be gone with the failing process: the peers still fail, less precisely
     }
   }
@@ -1153,7 +1136,11 @@ private:
         if (r == rank_) {
           continue;
         }
-        auto v = store_peek(*store_, "err/" + std::to_string(r), std::chrono::milliseconds(1));
+        std::optional<std::vector<char>> v;
+        try {
+          v = store_->try_get("err/" + std::to_string(r));
+        } catch (...) { // the store may be gone with a failed process: no reason to read
+        }
         if (v && !v->empty()) {
           bool t = (*v)[0] == 'T';
           if (!found || (t && !found->first)) {
@@ -1222,7 +1209,7 @@ private:
 
   std::shared_ptr<GlooRankState> state_;
   std::string prefix_;
-  std::shared_ptr<PrefixedStore> store_;
+  std::shared_ptr<PrefixStore> store_;
   std::vector<int> global_ranks_;
   int rank_;
   std::shared_ptr<GlooContext> context_;
@@ -1247,11 +1234,12 @@ private:
 
 } // namespace detail
 
-/// A gloo communicator over all `size` ranks that rendezvous through `store`; this process is `rank`.
-/// Blocks until every rank arrived (or options.timeout passed: dtensor::TimeoutError).
+/// A gloo communicator over all `size` ranks that rendezvous through `store` (under options.prefix; each
+/// sub-group under its own prefix below it); this process is `rank`. Blocks until every rank arrived (or
+/// options.timeout passed: dtensor::TimeoutError).
 /// Wrap it in a dtensor::ProcessGroup: `ProcessGroup world(make_gloo_backend(store, rank, size));`.
-inline std::shared_ptr<Backend> make_gloo_backend(std::shared_ptr<::gloo::rendezvous::Store> store, int rank,
-                                                  int size, GlooOptions options = {}) {
+inline std::shared_ptr<Backend> make_gloo_backend(std::shared_ptr<Store> store, int rank, int size,
+                                                  GlooOptions options = {}) {
   DTENSOR_CHECK(size > 0 && rank >= 0 && rank < size, "make_gloo_backend: rank " + std::to_string(rank) +
                                                           " is out of range for size " +
                                                           std::to_string(size));

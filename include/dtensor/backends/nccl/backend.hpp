@@ -9,9 +9,11 @@
 //
 // Design (see also backends/backend.hpp and work.hpp):
 //  - The world communicator comes from ncclCommInitRankConfig with the unique id rank 0 publishes in the
-//    store. Sub-groups come from ncclCommSplit (new_group: colour 0 for members, NCCL_SPLIT_NOCOLOR for the
-//    others, key = position in the list; DeviceMesh splits with colour = the other coordinates, key = the
-//    coordinate on the axis).
+//    store (any dtensor::Store). Sub-groups come from ncclCommSplit (new_group: colour 0 for members,
+//    NCCL_SPLIT_NOCOLOR for the others, key = position in the list; DeviceMesh splits with colour = the
+//    other coordinates, key = the coordinate on the axis). split() learns every member's colour and key
+//    through the store, under the communicator's prefix and its creation count (backends/split.hpp), so
+//    it needs no device memory and no collective besides ncclCommSplit itself.
 //  - Communicators are nonblocking by default (NcclOptions::nonblocking, DTENSOR_NCCL_NONBLOCKING=0 turns it
 //    off): every call returns at once, the backend polls ncclCommGetAsyncError until the op is enqueued,
 //    and the watchdog thread aborts a communicator whose op runs past its timeout or that reports an
@@ -31,16 +33,19 @@
 //    NCCL has no tags, so tags are checked for range and otherwise ignored (as in torch's NCCL backend).
 
 #include "dtensor/backends/backend.hpp"
-#include "dtensor/backends/nccl/store.hpp"
+#include "dtensor/backends/nccl/rendezvous.hpp"
 #include "dtensor/backends/nccl/types.hpp"
 #include "dtensor/backends/nccl/work.hpp"
-#include "dtensor/comm/tcp_store.hpp"
+#include "dtensor/backends/split.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/prefix_store.hpp"
+#include "dtensor/rendezvous/store.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -49,7 +54,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <tuple>
 #include <vector>
 
 namespace dtensor {
@@ -61,7 +65,7 @@ struct NcclOptions {
   /// This rank's CUDA device; taken modulo the number of visible devices (several ranks may share one GPU
   /// for testing, each process with its own NCCL_HOSTID). It becomes the calling thread's current device.
   int device = 0;
-  /// Key prefix in the store.
+  /// Key prefix in the store (the world communicator's keys live under "<prefix>/world").
   std::string prefix = "dtensor/nccl";
   /// Nonblocking communicators + watchdog (the environment variable DTENSOR_NCCL_NONBLOCKING=0 turns it off).
   bool nonblocking = true;
@@ -93,10 +97,11 @@ inline std::string nccl_join(std::span<const int> v) {
 
 class NcclBackendImpl final : public Backend, public std::enable_shared_from_this<NcclBackendImpl> {
 public:
+  /// `store`: this communicator's view of the job's store (may be null for a one-rank communicator).
   NcclBackendImpl(std::shared_ptr<NcclCommState> state, std::vector<int> global, int rank,
-                  std::chrono::milliseconds timeout, NcclOptions options)
+                  std::chrono::milliseconds timeout, NcclOptions options, std::shared_ptr<Store> store)
       : state_(std::move(state)), global_(std::move(global)), rank_(rank), timeout_(timeout),
-        options_(std::move(options)) {
+        options_(std::move(options)), store_(std::move(store)) {
     NcclWatchdog::instance().watch(state_);
   }
 
@@ -362,29 +367,30 @@ public:
     for (int r : ranks) {
       global.push_back(global_[r]);
     }
-    return split_to(mine >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, std::max(mine, 0), mine, std::move(global));
+    const int n = creations_++;
+    return split_to(mine >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, std::max(mine, 0), mine, std::move(global),
+                    child_store("g" + std::to_string(n)));
   }
 
   std::shared_ptr<Backend> split(int color, int key) override {
-    // Every member learns every (colour, key) to know the new group's members: an all_gather on the device.
-    const int n = size();
-    auto all = exchange_ints({color, key});
-    std::vector<std::tuple<int, int, int>> members; // (key, rank, global)
-    for (int r = 0; r < n; ++r) {
-      if (color >= 0 && all[2 * r] == color) {
-        members.emplace_back(all[2 * r + 1], r, global_[r]);
-      }
+    // Every member learns every (colour, key) through the store to know the new group's members.
+    state_->rethrow_if_failed();
+    const int n = creations_++;
+    const std::string what = describe() + ": split(color " + std::to_string(color) + ", key " +
+                             std::to_string(key) + ") #" + std::to_string(n);
+    std::vector<SplitEntry> all{{color, key}};
+    if (size() > 1) {
+      DTENSOR_CHECK(store_ != nullptr, what + ": no store to exchange the colours and keys through");
+      all = exchange_split_colors(*store_, "split" + std::to_string(n), rank_, size(), color, key, timeout_,
+                                  what);
     }
-    std::sort(members.begin(), members.end());
+    const SplitMembers members = split_members(all, color, rank_);
     std::vector<int> global;
-    int mine = -1;
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      global.push_back(std::get<2>(members[i]));
-      if (std::get<1>(members[i]) == rank_) {
-        mine = static_cast<int>(i);
-      }
+    for (int r : members.ranks) {
+      global.push_back(global_[r]);
     }
-    return split_to(color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, mine, std::move(global));
+    return split_to(color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, members.me, std::move(global),
+                    child_store("s" + std::to_string(n) + "c" + std::to_string(color)));
   }
 
   void abort(std::string_view reason) override {
@@ -540,36 +546,14 @@ private:
     return scratch_.get();
   }
 
-  /// All members' `mine` (same length everywhere), concatenated in rank order. Blocks the host.
-  std::vector<int> exchange_ints(const std::vector<int>& mine) {
-    const int n = size();
-    const std::size_t k = mine.size();
-    CudaDeviceGuard guard(state_->device());
-    int* dev = nullptr;
-    check_cuda(cudaMalloc(reinterpret_cast<void**>(&dev), sizeof(int) * k * (n + 1)), "cudaMalloc",
-               describe());
-    std::shared_ptr<int> owner(dev, [d = state_->device()](int* p) {
-      CudaDeviceGuard g(d);
-      (void)cudaFree(p);
-    });
-    int* send_buf = dev + k * n;
-    check_cuda(cudaMemcpy(send_buf, mine.data(), sizeof(int) * k, cudaMemcpyHostToDevice), "cudaMemcpy",
-               describe());
-    CommOptions o;
-    auto w = submit("split (exchanging colours and keys)", o, true, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllGather(send_buf, dev, k, ncclInt32, c, s);
-    });
-    w->wait(); // host wait with timeout
-    std::vector<int> all(k * n);
-    check_cuda(
-        cudaMemcpyAsync(all.data(), dev, sizeof(int) * k * n, cudaMemcpyDeviceToHost, state_->stream()),
-        "cudaMemcpyAsync", describe());
-    check_cuda(cudaStreamSynchronize(state_->stream()), "cudaStreamSynchronize", describe());
-    return all;
+  /// The store view of a child communicator: "<this communicator's prefix>/<name>" (null without a store).
+  std::shared_ptr<Store> child_store(const std::string& name) const {
+    return store_ != nullptr ? std::make_shared<PrefixStore>(name, store_) : nullptr;
   }
 
   /// ncclCommSplit into a new backend whose rank `mine` maps to `global` (nullptr when mine < 0).
-  std::shared_ptr<Backend> split_to(int color, int key, int mine, std::vector<int> global) {
+  std::shared_ptr<Backend> split_to(int color, int key, int mine, std::vector<int> global,
+                                    std::shared_ptr<Store> store) {
     state_->rethrow_if_failed();
     CudaDeviceGuard guard(state_->device());
     const auto deadline = NcclClock::now() + timeout_;
@@ -594,7 +578,7 @@ private:
     ncclResult_t cr = child_state->async_error();
     child_state->wait_ready(cr, deadline, "ncclCommSplit (new communicator)");
     return std::make_shared<NcclBackendImpl>(std::move(child_state), std::move(global), mine, timeout_,
-                                             options_);
+                                             options_, std::move(store));
   }
 
   std::shared_ptr<NcclCommState> state_;
@@ -602,16 +586,19 @@ private:
   int rank_;
   std::chrono::milliseconds timeout_;
   NcclOptions options_;
+  std::shared_ptr<Store> store_;
+  std::atomic<int> creations_{0}; // new_group and split calls, which every member makes in the same order
   std::shared_ptr<void> scratch_;
 };
 
 } // namespace detail
 
 /// An NCCL communicator over all `size` ranks of the job; this process is `rank`. Rank 0 publishes the
-/// unique id in `store` (may be null for size 1). Blocks until every rank joined or options.timeout passed
+/// unique id in `store` under options.prefix (the store may be null for size 1); sub-groups exchange their
+/// split colours there too. Blocks until every rank joined or options.timeout passed
 /// (dtensor::TimeoutError; the half-built communicator is aborted). Throws dtensor::Error when no CUDA
 /// device is visible. Wrap it in a ProcessGroup: `ProcessGroup world(make_nccl_backend(store, r, n));`.
-inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<TcpStore> store, int rank, int size,
+inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Store> store, int rank, int size,
                                                   NcclOptions options = {}) {
   DTENSOR_CHECK(size > 0 && rank >= 0 && rank < size, "make_nccl_backend: rank " + std::to_string(rank) +
                                                           " is out of range for size " +
@@ -627,8 +614,10 @@ inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<TcpStore> stor
   detail::check_cuda(cudaSetDevice(device), "cudaSetDevice",
                      "make_nccl_backend (rank " + std::to_string(rank) + ")");
 
-  const ncclUniqueId id = detail::exchange_nccl_unique_id(store.get(), options.prefix + "/world/unique_id",
-                                                          rank, size, options.timeout);
+  std::shared_ptr<Store> world =
+      store != nullptr ? std::make_shared<PrefixStore>(options.prefix + "/world", std::move(store)) : nullptr;
+  const ncclUniqueId id =
+      detail::exchange_nccl_unique_id(world.get(), "unique_id", rank, size, options.timeout);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = options.nonblocking ? 0 : 1;
   ncclComm_t comm = nullptr;
@@ -649,7 +638,7 @@ inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<TcpStore> stor
                       "ncclCommInitRankConfig");
   }
   return std::make_shared<detail::NcclBackendImpl>(std::move(state), std::move(all), rank, options.timeout,
-                                                   std::move(options));
+                                                   std::move(options), std::move(world));
 }
 
 } // namespace dtensor

@@ -1,24 +1,24 @@
 #pragma once
-// The NCCL unique id of a communicator, exchanged through the job's TcpStore (the counterpart of
-// backends/gloo/store.hpp, which carries gloo's rendezvous).
+// How the NCCL backend meets its peers: the unique id of the world communicator, exchanged through a
+// dtensor::Store (the counterpart of backends/gloo/rendezvous.hpp). Sub-communicators need no id
+// (ncclCommSplit); their colours and keys meet in the store too (backends/split.hpp).
 
 #include "dtensor/backends/nccl/types.hpp"
-#include "dtensor/comm/tcp_store.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/store.hpp"
 
 #include <nccl.h>
 
 #include <chrono>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
 namespace dtensor::detail {
 
 /// Rank 0 creates the id and publishes it under `key`; the others wait for it (TimeoutError after
-/// `timeout`, naming the key). With one rank and no store the id stays local.
-inline ncclUniqueId exchange_nccl_unique_id(TcpStore* store, const std::string& key, int rank, int size,
+/// `timeout`, naming the key). With one rank the store may be null: the id stays local.
+inline ncclUniqueId exchange_nccl_unique_id(Store* store, const std::string& key, int rank, int size,
                                             std::chrono::milliseconds timeout) {
   ncclUniqueId id{};
   if (rank == 0) {
@@ -27,7 +27,7 @@ inline ncclUniqueId exchange_nccl_unique_id(TcpStore* store, const std::string& 
     if (size > 1) {
       DTENSOR_CHECK(store != nullptr, "NCCL backend: a store is needed to share the unique id of " +
                                           std::to_string(size) + " ranks");
-      store->set_bytes(key, std::span<const char>(id.internal, sizeof(id.internal)));
+      store->set(key, std::vector<char>(id.internal, id.internal + sizeof(id.internal)));
     }
     return id;
   }

@@ -1,0 +1,99 @@
+#pragma once
+// Backend::split, written once for every backend: the members' colours and keys meet in the group's
+// store, and the new group's members follow from them.
+//
+//   auto all = detail::exchange_split_colors(*store, "split3", rank, size, color, key, timeout, what);
+//   auto [members, me] = detail::split_members(all, color, rank);   // members: old group ranks
+//
+// Contract: every member of the old group calls exchange_split_colors with the same `name` (unique per
+// split of that group) and gets every member's (colour, key), in old-group rank order. Members with one
+// colour >= 0 form a group ordered by (key, old rank), as ncclCommSplit orders it.
+
+#include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/store.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+namespace dtensor::detail {
+
+/// One member's arguments to split().
+struct SplitEntry {
+  int color = 0;
+  int key = 0;
+};
+
+/// The members of one colour: their old-group ranks in new-group order, and this member's new rank
+/// (-1 when it is not one of them).
+struct SplitMembers {
+  std::vector<int> ranks;
+  int me = -1;
+};
+
+/// Every member's (colour, key), in old-group rank order. Member `rank` of `size` sets
+/// "<name>/<rank>" to "<colour> <key>" and waits up to `timeout` for the others: TimeoutError starting
+/// with `what` ("rank 1 of gloo group [0,1]: split(color 0, key 1) #2") and naming the missing keys.
+inline std::vector<SplitEntry> exchange_split_colors(Store& store, const std::string& name, int rank,
+                                                     int size, int color, int key,
+                                                     std::chrono::milliseconds timeout,
+                                                     const std::string& what) {
+  const std::string mine = std::to_string(color) + " " + std::to_string(key);
+  store.set(name + "/" + std::to_string(rank), std::string_view(mine));
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    keys.push_back(name + "/" + std::to_string(r));
+  }
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(what + ": not every member called split in time: " + e.what());
+  }
+  const auto values = store.multi_get(keys);
+  std::vector<SplitEntry> out(values.size());
+  for (std::size_t r = 0; r < values.size(); ++r) {
+    const std::string_view text(values[r].data(), values[r].size());
+    const auto space = text.find(' ');
+    const char* end = text.data() + text.size();
+    bool ok = space != std::string_view::npos;
+    if (ok) {
+      const auto c = std::from_chars(text.data(), text.data() + space, out[r].color);
+      const auto k = std::from_chars(text.data() + space + 1, end, out[r].key);
+      ok = c.ec == std::errc() && c.ptr == text.data() + space && k.ec == std::errc() && k.ptr == end;
+    }
+    DTENSOR_CHECK(ok, what + ": member " + std::to_string(r) + " left a malformed entry '" +
+                          std::string(text) + "' under '" + keys[r] +
+                          "' (another job shares this store and prefix?)");
+  }
+  return out;
+}
+
+/// The members of colour `color` (see SplitMembers); empty with me = -1 when color < 0.
+inline SplitMembers split_members(std::span<const SplitEntry> all, int color, int rank) {
+  SplitMembers m;
+  if (color < 0) {
+    return m;
+  }
+  std::vector<std::tuple<int, int>> order; // (key, old rank)
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    if (all[static_cast<std::size_t>(r)].color == color) {
+      order.emplace_back(all[static_cast<std::size_t>(r)].key, r);
+    }
+  }
+  std::sort(order.begin(), order.end());
+  for (auto [k, r] : order) {
+    if (r == rank) {
+      m.me = static_cast<int>(m.ranks.size());
+    }
+    m.ranks.push_back(r);
+  }
+  return m;
+}
+
+} // namespace dtensor::detail

@@ -1,0 +1,352 @@
+#pragma once
+// TcpStore: the Store of a multi-process job, over TCP (torch.distributed.TCPStore for C++).
+//
+//   // rank 0 (or dtensor-run) hosts the server; everybody, the host included, is a client
+//   dtensor::TcpStore store("10.0.0.1", 29500, {.is_server = rank == 0, .timeout =
+//   std::chrono::seconds(60)}); store.set("addr/3", bytes); auto v = store.get("addr/0");            // waits
+//   (up to the timeout) until some rank set it std::int64_t n = store.add("joined", 1); // atomic counter:
+//   the new value
+//
+// Contract (besides Store's)
+//  - Clients may start before the server: connecting retries (with backoff) until the timeout; only then
+//    it throws TimeoutError naming the address, the last socket error and what to check. A peer that
+//    accepts the connection but never answers the handshake is reported the same way.
+//  - Every verb is one request to the server (get and multi_get: a wait, then the read), so add and
+//    compare_set are atomic across all clients.
+//  - Thread safe. Each concurrent call uses its own connection (a small pool), so a thread blocked in
+//    wait() never delays a set() from another thread of the same process.
+//  - With is_server, the server (rendezvous/tcp_store_server.hpp) runs on a background thread of this
+//    process and stops when this TcpStore is destroyed: clients then see "the store closed the
+//    connection".
+
+#include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/barrier.hpp"
+#include "dtensor/rendezvous/detail/tcp.hpp"
+#include "dtensor/rendezvous/store.hpp"
+#include "dtensor/rendezvous/tcp_store_server.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace dtensor {
+
+/// Options of a TcpStore.
+struct TcpStoreOptions {
+  /// Host the server in this process (on `port`, 0: a free one) and connect to it through loopback.
+  bool is_server = false;
+  /// Limit of every blocking call: connecting (including waiting for the server to come up), get and wait.
+  std::chrono::milliseconds timeout = std::chrono::seconds(300);
+  /// Interface address the server binds to; empty: all interfaces.
+  std::string bind_host;
+};
+
+/// Client of a TcpStoreServer (and, with is_server, its owner). See the top of this file.
+class TcpStore final : public Store {
+public:
+  using Clock = detail::tcp::Clock;
+
+  /// Connects to host:port, retrying until options.timeout; throws TimeoutError (with the address and
+  /// the last socket error) when nothing answers in time. With options.is_server, first starts a server
+  /// on `port`; port() then gives the port it got.
+  TcpStore(std::string host, int port, TcpStoreOptions options = {})
+      : Store(options.timeout), host_(std::move(host)), port_(port) {
+    if (options.is_server) {
+      server_ = std::make_shared<TcpStoreServer>(port, options.bind_host);
+      port_ = server_->port();
+      connect_host_ = "127.0.0.1";
+      if (!options.bind_host.empty()) {
+        connect_host_ = options.bind_host;
+      }
+    } else {
+      connect_host_ = host_;
+    }
+    release(connect(Clock::now() + timeout()));
+  }
+
+  const std::string& host() const noexcept { return host_; }
+  int port() const noexcept { return port_; }
+  bool is_server() const noexcept { return server_ != nullptr; }
+
+  using Store::set;
+  using Store::wait;
+
+  void set(const std::string& key, const std::vector<char>& value) override {
+    const std::string what = "set('" + key + "')";
+    expect_ok(call(std::move(detail::tcp::Writer().u8(cmd(Cmd::set)).str(key).bytes(value)).finish(),
+                   timeout(), what),
+              what);
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    wait({key});
+    auto v = try_get(key);
+    if (!v) {
+      throw Error(describe() + ": key '" + key + "' was deleted between wait and get");
+    }
+    return std::move(*v);
+  }
+
+  /// One request: the value of `key` if it is set now.
+  std::optional<std::vector<char>> try_get(const std::string& key) override {
+    const std::string what = "get('" + key + "')";
+    auto body = call(std::move(detail::tcp::Writer().u8(cmd(Cmd::get)).str(key)).finish(), timeout(), what);
+    detail::tcp::Reader r(body);
+    const auto s = static_cast<Status>(r.u8());
+    if (s == Status::missing) {
+      return std::nullopt;
+    }
+    check_status(s, r, what);
+    return r.bytes();
+  }
+
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    detail::tcp::Writer w;
+    w.u8(cmd(Cmd::wait)).u32(static_cast<std::uint32_t>(keys.size()));
+    for (const auto& k : keys) {
+      w.str(k);
+    }
+    w.i64(timeout.count());
+    const std::string what = "wait(" + detail::quoted_keys(keys) + ")";
+    // The server answers "timeout" itself; the client allows it a little longer before giving up.
+    auto body = call(std::move(w).finish(), timeout + std::chrono::seconds(10), what);
+    detail::tcp::Reader r(body);
+    const auto s = static_cast<Status>(r.u8());
+    if (s == Status::timeout) {
+      std::vector<std::string> missing;
+      for (const auto& k : keys) {
+        if (!check({k})) {
+          missing.push_back(k);
+        }
+      }
+      throw TimeoutError(
+          detail::store_timeout_message(describe(), timeout, missing.empty() ? keys : missing) +
+          " (a rank did not arrive, or arrived with another MASTER_ADDR/MASTER_PORT or "
+          "WORLD_SIZE)");
+    }
+    check_status(s, r, what);
+  }
+
+  bool check(const std::vector<std::string>& keys) override {
+    detail::tcp::Writer w;
+    w.u8(cmd(Cmd::check)).u32(static_cast<std::uint32_t>(keys.size()));
+    for (const auto& k : keys) {
+      w.str(k);
+    }
+    auto body = call(std::move(w).finish(), timeout(), "check");
+    detail::tcp::Reader r(body);
+    check_status(static_cast<Status>(r.u8()), r, "check");
+    return r.u8() != 0;
+  }
+
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    const std::string what = "add('" + key + "')";
+    auto body = call(std::move(detail::tcp::Writer().u8(cmd(Cmd::add)).str(key).i64(delta)).finish(),
+                     timeout(), what);
+    detail::tcp::Reader r(body);
+    check_status(static_cast<Status>(r.u8()), r, what);
+    return r.i64();
+  }
+
+  std::vector<char> compare_set(const std::string& key, const std::vector<char>& expected,
+                                const std::vector<char>& desired) override {
+    const std::string what = "compare_set('" + key + "')";
+    auto body = call(
+        std::move(detail::tcp::Writer().u8(cmd(Cmd::compare_set)).str(key).bytes(expected).bytes(desired))
+            .finish(),
+        timeout(), what);
+    detail::tcp::Reader r(body);
+    check_status(static_cast<Status>(r.u8()), r, what);
+    return r.bytes();
+  }
+
+  bool delete_key(const std::string& key) override {
+    const std::string what = "delete_key('" + key + "')";
+    auto body = call(std::move(detail::tcp::Writer().u8(cmd(Cmd::erase)).str(key)).finish(), timeout(), what);
+    detail::tcp::Reader r(body);
+    check_status(static_cast<Status>(r.u8()), r, what);
+    return r.u8() != 0;
+  }
+
+  std::int64_t num_keys() override {
+    auto body = call(std::move(detail::tcp::Writer().u8(cmd(Cmd::num_keys))).finish(), timeout(), "num_keys");
+    detail::tcp::Reader r(body);
+    check_status(static_cast<Status>(r.u8()), r, "num_keys");
+    return r.i64();
+  }
+
+  /// A wait, then one request for every value.
+  std::vector<std::vector<char>> multi_get(const std::vector<std::string>& keys) override {
+    wait(keys);
+    const std::string what = "multi_get(" + detail::quoted_keys(keys) + ")";
+    detail::tcp::Writer w;
+    w.u8(cmd(Cmd::multi_get)).u32(static_cast<std::uint32_t>(keys.size()));
+    for (const auto& k : keys) {
+      w.str(k);
+    }
+    auto body = call(std::move(w).finish(), timeout(), what);
+    detail::tcp::Reader r(body);
+    const auto s = static_cast<Status>(r.u8());
+    if (s == Status::missing) {
+      throw Error(describe() + ": " + what + ": a key was deleted between wait and get");
+    }
+    check_status(s, r, what);
+    const std::uint32_t n = r.u32();
+    std::vector<std::vector<char>> out;
+    out.reserve(n);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      out.push_back(r.bytes());
+    }
+    return out;
+  }
+
+  /// One request: every key is set before any waiter is woken.
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<std::vector<char>>& values) override {
+    check_same_size(keys, values, "multi_set");
+    const std::string what = "multi_set(" + detail::quoted_keys(keys) + ")";
+    detail::tcp::Writer w;
+    w.u8(cmd(Cmd::multi_set)).u32(static_cast<std::uint32_t>(keys.size()));
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      w.str(keys[i]).bytes(values[i]);
+    }
+    expect_ok(call(std::move(w).finish(), timeout(), what), what);
+  }
+
+  std::string describe() const override { return "dtensor TcpStore " + host_ + ":" + std::to_string(port_); }
+
+  /// store_barrier (rendezvous/barrier.hpp) through this store; the process hosting the server waits
+  /// until every caller has been released, so it may exit right after.
+  void barrier(const std::string& name, int world_size, std::chrono::milliseconds timeout) {
+    store_barrier(*this, name, world_size, timeout, is_server());
+  }
+
+private:
+  using Cmd = detail::tcp::Cmd;
+  using Status = detail::tcp::Status;
+
+  static std::uint8_t cmd(Cmd c) { return static_cast<std::uint8_t>(c); }
+
+  void check_status(Status s, detail::tcp::Reader& r, const std::string& what) const {
+    if (s == Status::ok) {
+      return;
+    }
+    if (s == Status::error) {
+      throw Error(describe() + ": " + what + ": " + r.str());
+    }
+    throw Error(describe() + ": " + what + ": unexpected reply status " +
+                std::to_string(static_cast<int>(s)));
+  }
+
+  void expect_ok(const std::vector<char>& body, const std::string& what) const {
+    detail::tcp::Reader r(body);
+    check_status(static_cast<Status>(r.u8()), r, what);
+  }
+
+  /// A connected, handshaken socket; retries until `deadline`.
+  detail::tcp::Fd connect(Clock::time_point deadline) {
+    using namespace std::chrono_literals;
+    std::string last = "no attempt made";
+    auto backoff = 10ms;
+    int attempts = 0;
+    for (;;) {
+      ++attempts;
+      detail::tcp::Fd fd = detail::tcp::try_connect(connect_host_, port_, deadline, last);
+      if (fd) {
+        std::vector<char> reply;
+        int err = 0;
+        const auto hello =
+            std::move(
+                detail::tcp::Writer().u8(cmd(Cmd::hello)).u32(detail::tcp::kMagic).u32(detail::tcp::kVersion))
+                .finish();
+        const auto hs_deadline = std::max(deadline, Clock::now() + 1s);
+        const auto r = detail::tcp::round_trip(fd.get(), hello, hs_deadline, reply, err);
+        if (r == detail::tcp::IoResult::ok) {
+          detail::tcp::Reader rd(reply);
+          const auto s = static_cast<Status>(rd.u8());
+          if (s == Status::error) {
+            throw Error(describe() + ": " + rd.str());
+          }
+          if (s == Status::ok && rd.u32() == detail::tcp::kMagic) {
+            return fd;
+          }
+          last = "the peer is not a dtensor store (unexpected handshake reply)";
+        } else if (r == detail::tcp::IoResult::timeout) {
+          last = "connected, but the peer did not answer the store handshake (is something else listening "
+                 "on this port?)";
+        } else {
+          last = "connection closed during the handshake" +
+                 (err != 0 ? ": " + detail::tcp::errno_text(err) : "");
+        }
+      }
+      if (Clock::now() >= deadline) {
+        throw TimeoutError(describe() + ": could not reach the store within " +
+                           std::to_string(timeout().count()) + " ms (" + std::to_string(attempts) +
+                           " attempts; last error: " + last +
+                           "). Check MASTER_ADDR and MASTER_PORT, that rank 0 (or dtensor-run on node 0) is "
+                           "running, and that no firewall blocks the port.");
+      }
+      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - Clock::now()));
+      backoff = std::min<std::chrono::milliseconds>(backoff * 2, 1000ms);
+    }
+  }
+
+  detail::tcp::Fd acquire() {
+    {
+      std::lock_guard lock(pool_mutex_);
+      if (!pool_.empty()) {
+        detail::tcp::Fd fd = std::move(pool_.back());
+        pool_.pop_back();
+        return fd;
+      }
+    }
+    return connect(Clock::now() + timeout());
+  }
+
+  void release(detail::tcp::Fd fd) {
+    std::lock_guard lock(pool_mutex_);
+    if (pool_.size() < 4) {
+      pool_.push_back(std::move(fd));
+    }
+  }
+
+  /// Sends one request on a pooled connection and returns the reply body.
+  std::vector<char> call(const std::vector<char>& request, std::chrono::milliseconds limit,
+                         const std::string& what) {
+    detail::tcp::Fd fd = acquire();
+    std::vector<char> reply;
+    int err = 0;
+    const auto r = detail::tcp::round_trip(fd.get(), request, Clock::now() + limit, reply, err);
+    switch (r) {
+    case detail::tcp::IoResult::ok:
+      release(std::move(fd));
+      return reply;
+    case detail::tcp::IoResult::timeout:
+      throw TimeoutError(describe() + ": " + what + ": no reply within " + std::to_string(limit.count()) +
+                         " ms");
+    case detail::tcp::IoResult::closed:
+      throw Error(describe() + ": " + what +
+                  ": the store closed the connection (the process hosting it, rank 0 or dtensor-run, "
+                  "probably exited)");
+    case detail::tcp::IoResult::failed:
+      break;
+    }
+    throw Error(describe() + ": " + what + ": " + detail::tcp::errno_text(err));
+  }
+
+  std::string host_;
+  std::string connect_host_;
+  int port_;
+  std::shared_ptr<TcpStoreServer> server_;
+  std::mutex pool_mutex_;
+  std::vector<detail::tcp::Fd> pool_;
+};
+
+} // namespace dtensor

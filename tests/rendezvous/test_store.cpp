@@ -1,0 +1,525 @@
+// The Store contract on every implementation (InProcessStore, PrefixStore, TcpStore): one template of
+// cases over the three, then what only one of them promises: InProcessStore's abort, PrefixStore's key
+// mapping, TcpStore's connection handling (arrival order, unreachable and silent masters, port reuse, a
+// server going away), and store_barrier.
+#include "dtensor/rendezvous/barrier.hpp"
+#include "dtensor/rendezvous/in_process_store.hpp"
+#include "dtensor/rendezvous/prefix_store.hpp"
+#include "dtensor/rendezvous/store.hpp"
+#include "dtensor/rendezvous/tcp_store.hpp"
+#include "dtensor/rendezvous/tcp_store_server.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using dtensor::InProcessStore;
+using dtensor::PrefixStore;
+using dtensor::Store;
+using dtensor::TcpStore;
+using dtensor::TcpStoreOptions;
+
+namespace {
+
+using Bytes = std::vector<char>;
+
+TcpStoreOptions server(std::chrono::milliseconds timeout = 5s) {
+  TcpStoreOptions o;
+  o.is_server = true;
+  o.timeout = timeout;
+  return o;
+}
+
+TcpStoreOptions client(std::chrono::milliseconds timeout = 5s) {
+  TcpStoreOptions o;
+  o.timeout = timeout;
+  return o;
+}
+
+std::string str(const Bytes& v) {
+  return std::string(v.begin(), v.end());
+}
+
+Bytes bytes(std::string_view s) {
+  return Bytes(s.begin(), s.end());
+}
+
+/// A port nothing listens on (bound, then released).
+int free_port() {
+  dtensor::TcpStoreServer s(0);
+  return s.port();
+}
+
+/// What the template cases run on: two clients of one store (`a`, `b`; the same object where the store
+/// has no notion of clients).
+struct InProcessCase {
+  static constexpr const char* name = "InProcessStore";
+  explicit InProcessCase(std::chrono::milliseconds timeout)
+      : a(std::make_shared<InProcessStore>(timeout)), b(a) {}
+  std::shared_ptr<Store> a;
+  std::shared_ptr<Store> b;
+};
+
+struct TcpCase {
+  static constexpr const char* name = "TcpStore";
+  explicit TcpCase(std::chrono::milliseconds timeout)
+      : master(std::make_shared<TcpStore>("127.0.0.1", 0, server(timeout))),
+        other(std::make_shared<TcpStore>("127.0.0.1", master->port(), client(timeout))), a(master), b(other) {
+  }
+  std::shared_ptr<TcpStore> master;
+  std::shared_ptr<TcpStore> other;
+  std::shared_ptr<Store> a;
+  std::shared_ptr<Store> b;
+};
+
+/// Two views with one prefix, each over its own client of one TcpStore.
+struct PrefixCase {
+  static constexpr const char* name = "PrefixStore";
+  explicit PrefixCase(std::chrono::milliseconds timeout)
+      : tcp(timeout), a(std::make_shared<PrefixStore>("job/g0", tcp.a)),
+        b(std::make_shared<PrefixStore>("job/g0", tcp.b)) {}
+  TcpCase tcp;
+  std::shared_ptr<Store> a;
+  std::shared_ptr<Store> b;
+};
+
+} // namespace
+
+// ---- the contract, on every implementation ---------------------------------------------------------------
+
+TEMPLATE_TEST_CASE("store: set, get, overwrite, binary, empty and large values", "[store]", InProcessCase,
+                   PrefixCase, TcpCase) {
+  TestType s(5s);
+  s.a->set("a", std::string_view("alpha"));
+  CHECK(str(s.b->get("a")) == "alpha");
+  s.b->set("a", Bytes{'b', '\0', 'c'});
+  CHECK(s.a->get("a") == Bytes{'b', '\0', 'c'});
+  s.b->set("empty", std::string_view(""));
+  CHECK(s.a->get("empty").empty());
+  CHECK(s.a->check({"empty"}));
+  Bytes big(3 << 20, 'x');
+  s.a->set("big", big);
+  CHECK(s.b->get("big") == big);
+  CHECK(s.a->describe().size() > 0);
+}
+
+TEMPLATE_TEST_CASE("store: add, check, try_get, delete_key, num_keys", "[store]", InProcessCase, PrefixCase,
+                   TcpCase) {
+  TestType s(5s);
+  CHECK(s.a->add("n", 5) == 5);
+  CHECK(s.b->add("n", -2) == 3);
+  CHECK(s.a->add("n", 0) == 3);
+  CHECK(str(s.a->get("n")) == "3");
+  s.a->set("a", std::string_view("1"));
+  CHECK(s.b->check({"a", "n"}));
+  CHECK_FALSE(s.b->check({"a", "zzz"}));
+  CHECK(s.b->check({}));
+  CHECK_FALSE(s.b->try_get("zzz").has_value());
+  CHECK(str(s.b->try_get("a").value()) == "1");
+  CHECK(s.a->num_keys() == 2);
+  CHECK(s.b->delete_key("a"));
+  CHECK_FALSE(s.b->delete_key("a"));
+  CHECK_FALSE(s.a->check({"a"}));
+  CHECK(s.a->num_keys() == 1);
+  s.a->set("text", std::string_view("abc"));
+  try {
+    s.b->add("text", 1);
+    FAIL("add on a non-integer value");
+  } catch (const dtensor::Error& e) {
+    CHECK(std::string(e.what()).find("text") != std::string::npos);
+    CHECK(std::string(e.what()).find("not an integer") != std::string::npos);
+  }
+}
+
+TEMPLATE_TEST_CASE("store: compare_set follows c10d", "[store]", InProcessCase, PrefixCase, TcpCase) {
+  TestType s(5s);
+  // Missing key, expected not empty: nothing stored, `expected` returned.
+  CHECK(str(s.a->compare_set("k", bytes("x"), bytes("y"))) == "x");
+  CHECK_FALSE(s.a->check({"k"}));
+  // Missing key, expected empty: `desired` stored and returned.
+  CHECK(str(s.a->compare_set("k", {}, bytes("first"))) == "first");
+  CHECK(str(s.b->get("k")) == "first");
+  // Present, expected matches: swapped.
+  CHECK(str(s.b->compare_set("k", bytes("first"), bytes("second"))) == "second");
+  CHECK(str(s.a->get("k")) == "second");
+  // Present, expected differs: the current value, unchanged.
+  CHECK(str(s.a->compare_set("k", bytes("first"), bytes("third"))) == "second");
+  CHECK(str(s.b->get("k")) == "second");
+  // Present and empty: matched by an empty expected.
+  s.a->set("e", std::string_view(""));
+  CHECK(str(s.b->compare_set("e", {}, bytes("filled"))) == "filled");
+  CHECK(str(s.a->get("e")) == "filled");
+}
+
+TEMPLATE_TEST_CASE("store: compare_set is atomic and wakes waiters", "[store]", InProcessCase, PrefixCase,
+                   TcpCase) {
+  TestType s(5s);
+  std::thread waiter([&] { CHECK(str(s.b->get("lock")) != ""); });
+  constexpr int n = 6;
+  std::atomic<int> winners{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < n; ++t) {
+    threads.emplace_back([&, t] {
+      const Bytes mine = bytes("owner" + std::to_string(t));
+      if ((t % 2 == 0 ? s.a : s.b)->compare_set("lock", {}, mine) == mine) {
+        ++winners;
+      }
+    });
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+  waiter.join();
+  CHECK(winners == 1);
+}
+
+TEMPLATE_TEST_CASE("store: multi_set and multi_get", "[store]", InProcessCase, PrefixCase, TcpCase) {
+  TestType s(5s);
+  s.a->multi_set({"m/0", "m/1", "m/2"}, {bytes("zero"), Bytes{}, bytes("two")});
+  const auto v = s.b->multi_get({"m/2", "m/0", "m/1"});
+  REQUIRE(v.size() == 3);
+  CHECK(str(v[0]) == "two");
+  CHECK(str(v[1]) == "zero");
+  CHECK(v[2].empty());
+  CHECK(s.b->multi_get({}).empty());
+  // multi_get waits for keys set later.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(150ms);
+    s.a->set("late", std::string_view("here"));
+  });
+  const auto w = s.b->multi_get({"m/0", "late"});
+  setter.join();
+  CHECK(str(w[1]) == "here");
+  try {
+    s.a->multi_set({"x", "y"}, {bytes("1")});
+    FAIL("multi_set with fewer values than keys");
+  } catch (const dtensor::Error& e) {
+    CHECK(std::string(e.what()).find("2 keys but 1 values") != std::string::npos);
+  }
+}
+
+TEMPLATE_TEST_CASE("store: get waits for a later set from another client", "[store]", InProcessCase,
+                   PrefixCase, TcpCase) {
+  TestType s(5s);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(200ms);
+    s.b->set("late", std::string_view("here"));
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(str(s.a->get("late")) == "here");
+  CHECK(std::chrono::steady_clock::now() - t0 >= 150ms);
+  setter.join();
+}
+
+TEMPLATE_TEST_CASE("store: wait times out naming the missing keys", "[store]", InProcessCase, PrefixCase,
+                   TcpCase) {
+  TestType s(5s);
+  s.a->set("present", std::string_view("1"));
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    s.a->wait({"present", "absent"}, 300ms);
+    FAIL("wait returned");
+  } catch (const dtensor::TimeoutError& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("absent'") != std::string::npos);
+    CHECK(msg.find("present'") == std::string::npos);
+    CHECK(msg.find("300 ms") != std::string::npos);
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(took >= 280ms);
+  CHECK(took < 3s);
+  // The store stays usable after a timed-out wait.
+  CHECK(str(s.a->get("present")) == "1");
+  s.b->wait({"present"});
+}
+
+TEMPLATE_TEST_CASE("store: get and multi_get time out after timeout(), naming the key", "[store]",
+                   InProcessCase, PrefixCase, TcpCase) {
+  TestType s(5s);
+  CHECK(s.a->timeout() == 5s);
+  s.a->set_timeout(250ms);
+  CHECK(s.a->timeout() == 250ms);
+  auto expect_timeout = [&](auto&& call, const std::string& key) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      call();
+      FAIL("returned without the key");
+    } catch (const dtensor::TimeoutError& e) {
+      const std::string msg = e.what();
+      INFO(msg);
+      CHECK(msg.find(key + "'") != std::string::npos);
+      CHECK(msg.find("250 ms") != std::string::npos);
+    }
+    const auto took = std::chrono::steady_clock::now() - t0;
+    CHECK(took >= 230ms);
+    CHECK(took < 3s);
+  };
+  expect_timeout([&] { s.a->get("nothing"); }, "nothing");
+  s.a->set("one", std::string_view("1"));
+  expect_timeout([&] { s.a->multi_get({"one", "two"}); }, "two");
+  expect_timeout([&] { s.a->wait({"three"}); }, "three");
+  CHECK_THROWS_AS(s.a->set_timeout(0ms), dtensor::Error);
+}
+
+TEMPLATE_TEST_CASE("store: concurrent clients, adds and a barrier", "[store]", InProcessCase, PrefixCase,
+                   TcpCase) {
+  TestType s(5s);
+  constexpr int n = 8;
+  std::vector<std::thread> threads;
+  std::atomic<int> errors{0};
+  for (int t = 0; t < n; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        Store& c = t % 2 == 0 ? *s.a : *s.b;
+        for (int i = 0; i < 50; ++i) {
+          c.add("counter", 1);
+        }
+        c.set("key/" + std::to_string(t), std::to_string(t));
+        for (int o = 0; o < n; ++o) {
+          if (str(c.get("key/" + std::to_string(o))) != std::to_string(o)) {
+            ++errors;
+          }
+        }
+        dtensor::store_barrier(c, "b", n, 5s, t == 0);
+      } catch (...) {
+        ++errors;
+      }
+    });
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+  CHECK(errors == 0);
+  CHECK(s.a->add("counter", 0) == n * 50);
+}
+
+TEMPLATE_TEST_CASE("store: one client shared by threads, a blocked wait does not block a set", "[store]",
+                   InProcessCase, PrefixCase, TcpCase) {
+  TestType s(5s);
+  std::thread waiter([&] { CHECK(str(s.b->get("go")) == "1"); });
+  std::this_thread::sleep_for(100ms);
+  s.b->set("go", std::string_view("1")); // would deadlock with a single connection
+  waiter.join();
+}
+
+TEMPLATE_TEST_CASE("store: barrier timeout says how many arrived", "[store]", InProcessCase, PrefixCase,
+                   TcpCase) {
+  TestType s(5s);
+  try {
+    dtensor::store_barrier(*s.a, "lonely", 3, 200ms);
+    FAIL("barrier passed alone");
+  } catch (const dtensor::TimeoutError& e) {
+    CHECK(std::string(e.what()).find("barrier 'lonely'") != std::string::npos);
+    CHECK(std::string(e.what()).find("1 of 3 processes arrived") != std::string::npos);
+  }
+}
+
+// ---- InProcessStore -------------------------------------------------------------------------------------
+
+TEST_CASE("InProcessStore: abort wakes every waiter, reads and writes keep working", "[store]") {
+  auto store = std::make_shared<InProcessStore>(10s);
+  store->set("kept", std::string_view("v"));
+  std::vector<std::thread> waiters;
+  std::atomic<int> woken{0};
+  for (int i = 0; i < 3; ++i) {
+    waiters.emplace_back([&, i] {
+      try {
+        if (i == 0) {
+          store->get("never");
+        } else if (i == 1) {
+          store->wait({"kept", "never"});
+        } else {
+          store->multi_get({"never"});
+        }
+      } catch (const dtensor::TimeoutError&) {
+      } catch (const dtensor::Error& e) {
+        if (std::string(e.what()) == "store aborted: rank 2 failed: boom") {
+          ++woken;
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(100ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  store->abort("rank 2 failed: boom");
+  store->abort("a later reason is ignored");
+  for (auto& t : waiters) {
+    t.join();
+  }
+  CHECK(woken == 3);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  // Future waits for missing keys fail at once; existing keys, set and try_get still work.
+  CHECK_THROWS_WITH(store->wait({"never"}), "store aborted: rank 2 failed: boom");
+  CHECK(str(store->get("kept")) == "v");
+  store->set("reason/1", std::string_view("why"));
+  CHECK(str(store->try_get("reason/1").value()) == "why");
+  CHECK_FALSE(store->try_get("never").has_value());
+}
+
+TEST_CASE("InProcessStore: abort releases a waiter seen through a PrefixStore", "[store]") {
+  auto store = std::make_shared<InProcessStore>(10s);
+  PrefixStore view("g", store);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(100ms);
+    store->abort("stop");
+  });
+  CHECK_THROWS_WITH(view.get("x"), "store aborted: stop");
+  aborter.join();
+}
+
+// ---- PrefixStore ----------------------------------------------------------------------------------------
+
+TEST_CASE("PrefixStore: keys live under the prefix in the base, views nest, each has its own timeout",
+          "[store]") {
+  auto base = std::make_shared<InProcessStore>(5s);
+  auto group = std::make_shared<PrefixStore>("dtensor/world", base);
+  PrefixStore sub("g1", group);
+  CHECK(group->prefix() == "dtensor/world");
+  CHECK(group->base() == base);
+  CHECK(group->timeout() == 5s);
+  sub.set("k", std::string_view("v"));
+  CHECK(str(base->get("dtensor/world/g1/k")) == "v");
+  CHECK(str(group->get("g1/k")) == "v");
+  base->set("dtensor/world/other", std::string_view("w"));
+  CHECK(str(group->try_get("other").value()) == "w");
+  CHECK(sub.add("count", 2) == 2);
+  CHECK(str(base->get("dtensor/world/g1/count")) == "2");
+  CHECK(sub.num_keys() == base->num_keys()); // c10d: the whole store
+  CHECK(base->delete_key("dtensor/world/g1/k"));
+  CHECK_FALSE(sub.check({"k"}));
+  // A view's timeout is its own; messages name the full key.
+  sub.set_timeout(200ms);
+  CHECK(base->timeout() == 5s);
+  try {
+    sub.get("missing");
+    FAIL("get returned");
+  } catch (const dtensor::TimeoutError& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("'dtensor/world/g1/missing'") != std::string::npos);
+    CHECK(msg.find("200 ms") != std::string::npos);
+  }
+  CHECK_THROWS_AS(PrefixStore("p", nullptr), dtensor::Error);
+}
+
+// ---- TcpStore: connections ------------------------------------------------------------------------------
+
+TEST_CASE("TcpStore: clients may start before the server", "[store]") {
+  const int port = free_port();
+  std::atomic<bool> ok{false};
+  std::thread early([&] {
+    TcpStore c("127.0.0.1", port, client(10s)); // retries until the server is up
+    c.set("early", std::string_view("1"));
+    ok = str(c.get("from-master")) == "2";
+  });
+  std::this_thread::sleep_for(300ms);
+  TcpStore master("127.0.0.1", port, server());
+  CHECK(str(master.get("early")) == "1");
+  master.set("from-master", std::string_view("2"));
+  early.join();
+  CHECK(ok);
+}
+
+TEST_CASE("TcpStore: an unreachable master gives a timeout error with the address", "[store]") {
+  const int port = free_port();
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    TcpStore c("127.0.0.1", port, client(500ms));
+    FAIL("connected to nothing");
+  } catch (const dtensor::TimeoutError& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("127.0.0.1:" + std::to_string(port)) != std::string::npos);
+    CHECK(msg.find("could not reach the store") != std::string::npos);
+    CHECK(msg.find("MASTER_ADDR") != std::string::npos);
+    CHECK(msg.find("refused") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+}
+
+TEST_CASE("TcpStore: a master that accepts but never answers is reported", "[store]") {
+  // A listening socket nobody accepts on: the kernel completes the TCP handshake, nothing replies.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(fd, 16) == 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  try {
+    TcpStore c("127.0.0.1", port, client(1500ms));
+    FAIL("handshake with a silent peer succeeded");
+  } catch (const dtensor::TimeoutError& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("did not answer the store handshake") != std::string::npos);
+  }
+  ::close(fd);
+}
+
+TEST_CASE("TcpStore: a port is reusable at once after the server stopped", "[store]") {
+  int port = 0;
+  {
+    TcpStore master("127.0.0.1", 0, server());
+    port = master.port();
+    TcpStore c("127.0.0.1", port, client());
+    c.set("k", std::string_view("v"));
+    CHECK(str(master.get("k")) == "v");
+  } // the server closes its connections first: its side of them sits in TIME_WAIT
+  for (int round = 0; round < 3; ++round) {
+    TcpStore master("127.0.0.1", port, server());
+    TcpStore c("127.0.0.1", port, client());
+    CHECK_FALSE(c.check({"k"})); // a fresh store
+    c.set("k", std::string_view("v"));
+  }
+}
+
+TEST_CASE("TcpStore: a client sees the server going away", "[store]") {
+  auto master = std::make_unique<TcpStore>("127.0.0.1", 0, server());
+  TcpStore c("127.0.0.1", master->port(), client());
+  c.set("x", std::string_view("1"));
+  std::thread killer([&] {
+    std::this_thread::sleep_for(200ms);
+    master.reset();
+  });
+  try {
+    c.wait({"never"}, 5s);
+    FAIL("wait survived the server");
+  } catch (const dtensor::TimeoutError&) {
+    FAIL("expected a connection error, not a timeout");
+  } catch (const dtensor::Error& e) {
+    CHECK(std::string(e.what()).find("closed the connection") != std::string::npos);
+  }
+  killer.join();
+}
+
+TEST_CASE("TcpStore: barrier through the member, the host waits for everyone to leave", "[store]") {
+  TcpStore master("127.0.0.1", 0, server());
+  std::thread other([port = master.port()] {
+    TcpStore c("127.0.0.1", port, client());
+    c.barrier("both", 2, 5s);
+  });
+  master.barrier("both", 2, 5s);
+  CHECK(master.add("both/left", 0) == 2); // the host returned only after the other was released
+  other.join();
+  try {
+    master.barrier("lonely", 3, 200ms);
+    FAIL("barrier passed alone");
+  } catch (const dtensor::TimeoutError& e) {
+    CHECK(std::string(e.what()).find("1 of 3 processes arrived") != std::string::npos);
+  }
+}

@@ -1,0 +1,129 @@
+// init_process_group's pieces that need no backend: read_dist_env's parsing of the torchrun / OpenMPI /
+// MPICH / Slurm variables, backend names, and connect_store. (The Store contract is tested in
+// tests/rendezvous/test_store.cpp.)
+#include "dtensor/comm/init.hpp"
+#include "dtensor/rendezvous/tcp_store.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+
+using namespace std::chrono_literals;
+
+// ---- environment parsing --------------------------------------------------------------------------------
+
+namespace {
+dtensor::EnvLookup env_of(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) {
+      return std::nullopt;
+    }
+    return it->second;
+  };
+}
+} // namespace
+
+TEST_CASE("env: torchrun variables", "[env]") {
+  auto e = dtensor::read_dist_env(env_of({{"RANK", "5"},
+                                          {"WORLD_SIZE", "8"},
+                                          {"LOCAL_RANK", "1"},
+                                          {"LOCAL_WORLD_SIZE", "4"},
+                                          {"MASTER_ADDR", "node0"},
+                                          {"MASTER_PORT", "1234"},
+                                          {"DTENSOR_USE_AGENT_STORE", "1"},
+                                          {"OMPI_COMM_WORLD_RANK", "7"}}));
+  CHECK(e.source == "torchrun");
+  CHECK(e.rank == 5);
+  CHECK(e.world_size == 8);
+  CHECK(e.local_rank == 1);
+  CHECK(e.local_world_size == 4);
+  CHECK(e.master_addr == "node0");
+  CHECK(e.master_port == 1234);
+  CHECK(e.agent_store);
+}
+
+TEST_CASE("env: OpenMPI, MPICH and Slurm fallbacks", "[env]") {
+  auto o = dtensor::read_dist_env(env_of({{"OMPI_COMM_WORLD_RANK", "3"},
+                                          {"OMPI_COMM_WORLD_SIZE", "4"},
+                                          {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                                          {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}));
+  CHECK(o.source == "openmpi");
+  CHECK(o.rank == 3);
+  CHECK(o.world_size == 4);
+  CHECK(o.local_rank == 3);
+  CHECK(o.master_addr == "127.0.0.1"); // all ranks on this machine
+  CHECK(o.master_port == 29500);
+  CHECK_FALSE(o.agent_store);
+
+  auto m = dtensor::read_dist_env(
+      env_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "9"}}));
+  CHECK(m.source == "mpich");
+  CHECK(m.rank == 1);
+  CHECK(m.local_rank == 1);
+
+  auto s = dtensor::read_dist_env(env_of({{"SLURM_PROCID", "6"},
+                                          {"SLURM_NTASKS", "8"},
+                                          {"SLURM_LOCALID", "2"},
+                                          {"SLURM_JOB_NODELIST", "gpu[07-08],cpu1"},
+                                          {"MASTER_PORT", "4000"}}));
+  CHECK(s.source == "slurm");
+  CHECK(s.rank == 6);
+  CHECK(s.world_size == 8);
+  CHECK(s.local_rank == 2);
+  CHECK(s.master_addr == "gpu07");
+  CHECK(s.master_port == 4000);
+  CHECK(dtensor::detail::first_slurm_host("a,b") == "a");
+  CHECK(dtensor::detail::first_slurm_host("n[1,3-4]") == "n1");
+}
+
+TEST_CASE("env: no launcher means one process, bad values are named", "[env]") {
+  auto e = dtensor::read_dist_env(env_of({}));
+  CHECK(e.source == "default");
+  CHECK(e.rank == 0);
+  CHECK(e.world_size == 1);
+
+  auto message = [](std::map<std::string, std::string> vars) {
+    try {
+      dtensor::read_dist_env(env_of(std::move(vars)));
+    } catch (const dtensor::Error& err) {
+      return std::string(err.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message({{"RANK", "x"}, {"WORLD_SIZE", "2"}}).find("RANK='x'") != std::string::npos);
+  CHECK(message({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}).find("out of range") !=
+        std::string::npos);
+  CHECK(message({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "1"}})
+            .find("MASTER_ADDR is not set") != std::string::npos);
+  CHECK(message({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}}).find("MASTER_PORT") !=
+        std::string::npos);
+}
+
+TEST_CASE("init: a backend missing from this build is named, unknown names are rejected", "[env]") {
+  // This test binary links neither dtensor::gloo nor dtensor::nccl.
+  auto message = [](std::string backend) {
+    dtensor::InitOptions o;
+    o.backend = std::move(backend);
+    o.env = dtensor::DistEnv{};
+    try {
+      dtensor::init_process_group(o);
+    } catch (const dtensor::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message("gloo").find("gloo backend is not part of this build") != std::string::npos);
+  CHECK(message("NCCL").find("NCCL backend is not part of this build") != std::string::npos);
+  CHECK(message("mpi").find("unknown backend 'mpi'") != std::string::npos);
+}
+
+TEST_CASE("init: connect_store hosts a private store for a lone process", "[env]") {
+  auto store = dtensor::connect_store(dtensor::DistEnv{}, 5s);
+  CHECK(store->is_server());
+  CHECK(store->port() > 0);
+  store->barrier("alone", 1, 1s);
+}
