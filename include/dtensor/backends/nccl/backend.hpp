@@ -9,11 +9,13 @@
 //
 // Design (see also backends/backend.hpp and work.hpp):
 //  - The world communicator comes from ncclCommInitRankConfig with the unique id rank 0 publishes in the
-//    store (any dtensor::Store). Sub-groups come from ncclCommSplit (new_group: colour 0 for members,
-//    NCCL_SPLIT_NOCOLOR for the others, key = position in the list; DeviceMesh splits with colour = the
-//    other coordinates, key = the coordinate on the axis). split() learns every member's colour and key
-//    through the store, under the communicator's prefix and its creation count (backends/split.hpp), so
-//    it needs no device memory and no collective besides ncclCommSplit itself.
+//    store (any dtensor::Store). new_group is made by its members only (torch's use_local_synchronization):
+//    its first member publishes a unique id under a key made of the members' global ranks and how many
+//    groups over that list this rank made before, and the members ncclCommInitRankConfig with it, so ranks
+//    outside the group never take part. split() is ncclCommSplit (collective on the parent; DeviceMesh
+//    splits with colour = the other coordinates, key = the coordinate on the axis); it learns every
+//    member's colour and key through the store, under the communicator's prefix and its split count
+//    (backends/split.hpp), so it needs no device memory and no collective besides ncclCommSplit itself.
 //  - Communicators are nonblocking by default (NcclOptions::nonblocking, DTENSOR_NCCL_NONBLOCKING=0 turns it
 //    off): every call returns at once, the backend polls ncclCommGetAsyncError until the op is enqueued,
 //    and the watchdog thread aborts a communicator whose op runs past its timeout or that reports an
@@ -49,7 +51,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <span>
 #include <string>
@@ -95,13 +99,47 @@ inline std::string nccl_join(std::span<const int> v) {
   return s + "]";
 }
 
+/// What the communicators of one rank share: the job's store (under NcclOptions::prefix; null for a
+/// one-rank job without one) and, per member list (global ranks in group order), how many groups
+/// new_group made over it. The members of a list make its groups in the same order, so the count names the
+/// rendezvous of the next one.
+struct NcclRankShared {
+  std::shared_ptr<Store> root;
+  std::mutex m;
+  std::map<std::vector<int>, int> generations;
+};
+
+/// A new communicator of `size` ranks, this one `rank`, on `device`: the unique id of rank 0 through
+/// `store` (under "unique_id"), ncclCommInitRankConfig, a stream of its own. `what` names it in messages.
+inline std::shared_ptr<NcclCommState> init_nccl_comm(Store* store, int rank, int size, int device,
+                                                     const NcclOptions& options,
+                                                     std::chrono::milliseconds timeout,
+                                                     const std::string& what) {
+  const ncclUniqueId id = exchange_nccl_unique_id(store, "unique_id", rank, size, timeout);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = options.nonblocking ? 0 : 1;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  DTENSOR_CHECK(r == ncclSuccess || r == ncclInProgress,
+                what + ": ncclCommInitRankConfig failed on rank " + std::to_string(rank) + " of " +
+                    std::to_string(size) + ": " + nccl_error_text(r));
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", what);
+  auto state = std::make_shared<NcclCommState>(comm, device, stream, what, options.nonblocking);
+  if (r == ncclInProgress) {
+    state->wait_ready(state->async_error(), NcclClock::now() + timeout, "ncclCommInitRankConfig");
+  }
+  return state;
+}
+
 class NcclBackendImpl final : public Backend, public std::enable_shared_from_this<NcclBackendImpl> {
 public:
   /// `store`: this communicator's view of the job's store (may be null for a one-rank communicator).
   NcclBackendImpl(std::shared_ptr<NcclCommState> state, std::vector<int> global, int rank,
-                  std::chrono::milliseconds timeout, NcclOptions options, std::shared_ptr<Store> store)
+                  std::chrono::milliseconds timeout, NcclOptions options, std::shared_ptr<Store> store,
+                  std::shared_ptr<NcclRankShared> shared)
       : state_(std::move(state)), global_(std::move(global)), rank_(rank), timeout_(timeout),
-        options_(std::move(options)), store_(std::move(store)) {
+        options_(std::move(options)), store_(std::move(store)), shared_(std::move(shared)) {
     NcclWatchdog::instance().watch(state_);
   }
 
@@ -363,13 +401,28 @@ public:
         mine = static_cast<int>(i);
       }
     }
+    if (mine < 0) {
+      return nullptr;
+    }
+    state_->rethrow_if_failed();
     std::vector<int> global;
     for (int r : ranks) {
       global.push_back(global_[r]);
     }
-    const int n = creations_++;
-    return split_to(mine >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, std::max(mine, 0), mine, std::move(global),
-                    child_store("g" + std::to_string(n)));
+    int generation = 0;
+    {
+      std::lock_guard lock(shared_->m);
+      generation = shared_->generations[global]++;
+    }
+    const std::string name = "members" + nccl_join(global) + "#" + std::to_string(generation);
+    std::shared_ptr<Store> store =
+        shared_->root != nullptr ? std::make_shared<PrefixStore>(name, shared_->root) : nullptr;
+    CudaDeviceGuard guard(state_->device());
+    auto child =
+        init_nccl_comm(store.get(), mine, static_cast<int>(global.size()), state_->device(), options_,
+                       timeout_, "nccl group " + nccl_join(global) + " (rank " + std::to_string(mine) + ")");
+    return std::make_shared<NcclBackendImpl>(std::move(child), std::move(global), mine, timeout_, options_,
+                                             std::move(store), shared_);
   }
 
   std::shared_ptr<Backend> split(int color, int key) override {
@@ -578,7 +631,7 @@ private:
     ncclResult_t cr = child_state->async_error();
     child_state->wait_ready(cr, deadline, "ncclCommSplit (new communicator)");
     return std::make_shared<NcclBackendImpl>(std::move(child_state), std::move(global), mine, timeout_,
-                                             options_, std::move(store));
+                                             options_, std::move(store), shared_);
   }
 
   std::shared_ptr<NcclCommState> state_;
@@ -587,7 +640,8 @@ private:
   std::chrono::milliseconds timeout_;
   NcclOptions options_;
   std::shared_ptr<Store> store_;
-  std::atomic<int> creations_{0}; // new_group and split calls, which every member makes in the same order
+  std::shared_ptr<NcclRankShared> shared_;
+  std::atomic<int> creations_{0}; // split calls, which every member makes in the same order
   std::shared_ptr<void> scratch_;
 };
 
@@ -614,31 +668,17 @@ inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Store> store, 
   detail::check_cuda(cudaSetDevice(device), "cudaSetDevice",
                      "make_nccl_backend (rank " + std::to_string(rank) + ")");
 
+  auto shared = std::make_shared<detail::NcclRankShared>();
+  shared->root = store != nullptr ? std::make_shared<PrefixStore>(options.prefix, std::move(store)) : nullptr;
   std::shared_ptr<Store> world =
-      store != nullptr ? std::make_shared<PrefixStore>(options.prefix + "/world", std::move(store)) : nullptr;
-  const ncclUniqueId id =
-      detail::exchange_nccl_unique_id(world.get(), "unique_id", rank, size, options.timeout);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = options.nonblocking ? 0 : 1;
-  ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  DTENSOR_CHECK(r == ncclSuccess || r == ncclInProgress,
-                "make_nccl_backend: ncclCommInitRankConfig failed on rank " + std::to_string(rank) + " of " +
-                    std::to_string(size) + ": " + detail::nccl_error_text(r));
-  cudaStream_t stream = nullptr;
-  detail::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
-                     "make_nccl_backend");
+      shared->root != nullptr ? std::make_shared<PrefixStore>("world", shared->root) : nullptr;
+  auto state = detail::init_nccl_comm(world.get(), rank, size, device, options, options.timeout,
+                                      "nccl world of " + std::to_string(size) + " (rank " +
+                                          std::to_string(rank) + ")");
   std::vector<int> all(size);
   std::iota(all.begin(), all.end(), 0);
-  auto state = std::make_shared<detail::NcclCommState>(
-      comm, device, stream, "nccl world of " + std::to_string(size) + " (rank " + std::to_string(rank) + ")",
-      options.nonblocking);
-  if (r == ncclInProgress) {
-    state->wait_ready(state->async_error(), detail::NcclClock::now() + options.timeout,
-                      "ncclCommInitRankConfig");
-  }
   return std::make_shared<detail::NcclBackendImpl>(std::move(state), std::move(all), rank, options.timeout,
-                                                   std::move(options), std::move(world));
+                                                   std::move(options), std::move(world), std::move(shared));
 }
 
 } // namespace dtensor
