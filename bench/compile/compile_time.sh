@@ -5,7 +5,10 @@
 #    headers the dtensor headers it reaches include (the README's numbers);
 #  - redistributions_20: bench/compile/redistributions_tu.cpp -- the umbrella plus DTensor and 20 different
 #    redistributions instantiated on 1-, 2- and 3-axis meshes -- next to a TU with only the standard
-#    headers that TU reaches through dtensor.
+#    headers that TU reaches through dtensor;
+#  - new_combination: the cost of a second (element type, rank, mesh) combination, i.e.
+#    bench/compile/combination_new.cpp (two combinations, each distributed, redistributed twice and
+#    gathered) next to combination_first.cpp (the first one alone).
 # Prints a table and writes bench/results/compile_time.json (the harness schema: ours_us / ref_us are the
 # median compile times in microseconds; seconds and peak_kib fields as well).
 #
@@ -22,6 +25,7 @@ cat > "$tmp/umbrella.cpp" <<'CPP'
 int main() { return 0; }
 CPP
 cp bench/compile/redistributions_tu.cpp "$tmp/redistributions.cpp"
+cp bench/compile/combination_first.cpp bench/compile/combination_new.cpp "$tmp/"
 
 # A TU with the standard headers that the dtensor headers reachable from $1 include.
 std_only() {
@@ -50,11 +54,17 @@ read -r u_s u_kib < <(measure "$tmp/umbrella.cpp")
 read -r s_s s_kib < <(measure "$tmp/std_only.cpp")
 read -r r_s r_kib < <(measure "$tmp/redistributions.cpp")
 read -r rs_s rs_kib < <(measure "$tmp/std_only_redist.cpp")
+read -r c1_s c1_kib < <(measure "$tmp/combination_first.cpp")
+read -r c2_s c2_kib < <(measure "$tmp/combination_new.cpp")
+delta=$(awk -v a="$c2_s" -v b="$c1_s" 'BEGIN { printf "%.2f", a - b }')
 printf '%-52s %10s %12s\n' "translation unit" "median s" "peak MiB"
 printf '%-52s %10s %12d\n' "#include <dtensor/dtensor.hpp>" "$u_s" $((u_kib / 1024))
 printf '%-52s %10s %12d\n' "std headers dtensor uses" "$s_s" $((s_kib / 1024))
 printf '%-52s %10s %12d\n' "dtensor + DTensor + 20 redistributions" "$r_s" $((r_kib / 1024))
 printf '%-52s %10s %12d\n' "std headers that TU reaches" "$rs_s" $((rs_kib / 1024))
+printf '%-52s %10s %12d\n' "one (T, Rank, Mesh) combination" "$c1_s" $((c1_kib / 1024))
+printf '%-52s %10s %12d\n' "two combinations" "$c2_s" $((c2_kib / 1024))
+printf '%-52s %10s\n' "cost of the new combination (difference)" "$delta"
 mkdir -p bench/results
 compiler=$($cxx --version | head -1)
 date=$(date -u +%Y-%m-%d)
@@ -69,7 +79,11 @@ cat > bench/results/compile_time.json <<JSON
   {"suite": "compile", "name": "redistributions_20", "backend": "none", "ranks": 1, "bytes": 0,
    "ours_us": $(us "$r_s"), "ref_name": "std_headers_only", "ref_us": $(us "$rs_s"), "ratio": $(ratio "$r_s" "$rs_s"),
    "compiler": "$compiler", "reps": $reps,
-   "seconds": $r_s, "peak_kib": $r_kib, "ref_seconds": $rs_s, "ref_peak_kib": $rs_kib, "date": "$date"}
+   "seconds": $r_s, "peak_kib": $r_kib, "ref_seconds": $rs_s, "ref_peak_kib": $rs_kib, "date": "$date"},
+  {"suite": "compile", "name": "new_combination", "backend": "none", "ranks": 1, "bytes": 0,
+   "ours_us": $(us "$c2_s"), "ref_name": "first_combination_only", "ref_us": $(us "$c1_s"), "ratio": $(ratio "$c2_s" "$c1_s"),
+   "compiler": "$compiler", "reps": $reps, "delta_seconds": $delta,
+   "seconds": $c2_s, "peak_kib": $c2_kib, "ref_seconds": $c1_s, "ref_peak_kib": $c1_kib, "date": "$date"}
 ]
 JSON
 echo "wrote bench/results/compile_time.json"

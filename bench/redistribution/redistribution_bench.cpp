@@ -353,9 +353,8 @@ struct Runner<Shape, Placements<Ps...>, Placements<Qs...>> {
       full.data()[i] = static_cast<float>(i % 1000);
     }
     auto x = distribute_tensor<Ps...>(mesh, c.cuda() ? full.to(c.dev) : full, replicated_source);
-    using X = decltype(x);
     const Extents global{rows, cols};
-    const auto plan = X::template plan_to<Qs...>();
+    const auto plan = x.template plan_for<Qs...>(); // the plan run on this mesh's sizes
     const PlacementList src = placement_list_v<Ps...>;
     const PlacementList dst = placement_list_v<Qs...>;
     const std::int64_t plan_b = plan.bytes_per_rank(global, mesh.sizes(), 4);
@@ -685,6 +684,37 @@ int run(Ctx& c) {
   }
   if (w == 8) {
     cases_3d(c, init_device_mesh<Mesh3>(c.world, 2, 2), er, ec, ur, uc);
+  }
+  if (w == 4) {
+    // A plan that depends on a dynamic axis size (whether the all_reduce goes before the Shard/Replicate
+    // change): the same transition on a mesh whose tp is dynamic (1 here, 2 nominally) and on one where it
+    // is static; the rows must show the same plan and bytes.
+    using Dyn = MeshShape<Axis<"x", 2>, Axis<"dp", 2>, Axis<"tp">>;
+    using Fix = MeshShape<Axis<"x", 2>, Axis<"dp", 2>, Axis<"tp", 1>>;
+    Runner<Dyn, L<P, S<0>, R>, L<R, R, S<1>>>::run(c, init_device_mesh<Dyn>(c.world), er, ec, " tp dynamic");
+    Runner<Fix, L<P, S<0>, R>, L<R, R, S<1>>>::run(c, init_device_mesh<Fix>(c.world), er, ec, " tp static");
+  }
+  {
+    // The same choice on a simulated (x=2, dp=8, tp=4) mesh (plan bytes only, no communication).
+    using Dyn = MeshShape<Axis<"x", 2>, Axis<"dp">, Axis<"tp", 4>>;
+    using Fix = MeshShape<Axis<"x", 2>, Axis<"dp", 8>, Axis<"tp", 4>>;
+    using Src = L<P, S<0>, R>;
+    using Dst = L<R, R, S<1>>;
+    const MeshSizes sizes{2, 8, 4};
+    const Extents global{er, ec};
+    const auto nominal = plan_of<Dyn, 2, Src, Dst>();
+    const MeshPlan<Dyn> chosen{detail::select_plan<Dyn, 2, Src, Dst>(sizes)};
+    const auto fixed = plan_of<Fix, 2, Src, Dst>();
+    if (c.world.rank() == 0) {
+      std::printf(
+          "dynamic dp on a simulated (x=2, dp=8, tp=4) mesh, [P,S(0),R]->[R,R,S(1)] of %lldx%lld float: "
+          "bytes per rank %lld with the plan picked at run time (%s), %lld with dp static, %lld with "
+          "the nominal dp=2 plan\n",
+          static_cast<long long>(er), static_cast<long long>(ec),
+          static_cast<long long>(chosen.bytes_per_rank(global, sizes)), chosen.to_string().c_str(),
+          static_cast<long long>(fixed.bytes_per_rank(global, sizes)),
+          static_cast<long long>(nominal.bytes_per_rank(global, sizes)));
+    }
   }
   if (c.cuda() && w < 4) {
     // One GPU: the multi-axis case lists on (1, n) and (1, 1, n) meshes.

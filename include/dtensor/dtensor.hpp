@@ -1,6 +1,7 @@
 #pragma once
 // dtensor: distributed tensors for C++20. The umbrella header: includes every public header except the
-// backends' own (pulled in by comm/init.hpp when their targets are linked) and testing/.
+// backends' own (pulled in by comm/init.hpp when their targets are linked), testing/, and
+// plan/torch_reference.hpp (a model of PyTorch's planner, for comparisons).
 // Each header also compiles on its own; include the ones you use to keep compile times down.
 
 #include "dtensor/core/any_tensor.hpp"
@@ -37,7 +38,6 @@
 #include "dtensor/plan/exchange.hpp"
 #include "dtensor/plan/planner.hpp"
 #include "dtensor/plan/shard_spec.hpp"
-#include "dtensor/plan/torch_reference.hpp"
 
 #include "dtensor/exec/distribute.hpp"
 #include "dtensor/exec/execute.hpp"

@@ -41,6 +41,14 @@ struct Placement {
   }
 };
 
+/// Whether the rank at coordinate `coord` along an axis with placement `p` holds the value itself: a
+/// Partial<sum> / Partial<product> value made from a replicated one lives on coordinate 0 and the others
+/// hold the op's identity (0 / 1), which keeps it exact; every other placement holds it everywhere
+/// (Partial<avg/max/min> hold the value on every coordinate).
+constexpr bool holds_value(Placement p, int coord) noexcept {
+  return !(p.is_partial() && (p.op == ReduceOp::sum || p.op == ReduceOp::product) && coord != 0);
+}
+
 /// The placement list of a DTensor: one Placement per mesh axis, in mesh-axis order.
 using PlacementList = StaticVector<Placement, max_mesh_rank>;
 

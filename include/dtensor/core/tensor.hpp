@@ -144,7 +144,7 @@ constexpr void strided_for_each(const std::array<std::int64_t, Rank>& shape,
 /// How a strided copy splits into contiguous runs: for every index of `outer` (offsets from the two
 /// stride arrays), `rows` rows `pitch` elements apart, each `run` contiguous elements in both tensors.
 template <std::size_t Rank>
-struct CopyRuns {
+struct RunSplit {
   std::array<std::int64_t, Rank> outer{};
   std::int64_t run = 1;
   std::int64_t rows = 1;
@@ -153,10 +153,10 @@ struct CopyRuns {
 };
 
 template <std::size_t Rank>
-constexpr CopyRuns<Rank> plan_copy(const std::array<std::int64_t, Rank>& shape,
+constexpr RunSplit<Rank> plan_copy(const std::array<std::int64_t, Rank>& shape,
                                    const std::array<std::int64_t, Rank>& dst_strides,
                                    const std::array<std::int64_t, Rank>& src_strides) noexcept {
-  CopyRuns<Rank> p;
+  RunSplit<Rank> p;
   p.outer = shape;
   int d = static_cast<int>(Rank) - 1;
   for (; d >= 0; --d) { // merge trailing dims that are contiguous in both tensors into one run
@@ -182,7 +182,7 @@ template <std::size_t Rank>
 void copy_host(void* dst, const std::array<std::int64_t, Rank>& dst_strides, const void* src,
                const std::array<std::int64_t, Rank>& src_strides, const std::array<std::int64_t, Rank>& shape,
                std::size_t element_size) {
-  const CopyRuns<Rank> p = plan_copy(shape, dst_strides, src_strides);
+  const RunSplit<Rank> p = plan_copy(shape, dst_strides, src_strides);
   const auto es = static_cast<std::int64_t>(element_size);
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
@@ -196,12 +196,10 @@ void copy_host(void* dst, const std::array<std::int64_t, Rank>& dst_strides, con
                    });
 }
 
-/// 64-byte aligned host memory; zero bytes is allowed (a unique non-null pointer).
-/// Aligned by hand inside a plain operator new block of 63 more bytes, not with the aligned operator new:
-/// glibc 2.36 does not reuse a freed aligned block for the next aligned request of the same size (the
-/// heap grows instead), so each new tensor of a repeated size paid first-touch page faults on all of its
-/// memory: 16 MiB took 50-75 ms to fill on the dev VM instead of ~1 ms (bench/collectives: a scatter's
-/// staging made it 20x slower than gloo's).
+/// 64-byte aligned host memory; zero bytes is allowed (a unique non-null pointer). Aligned by hand inside
+/// a plain operator new block of 63 more bytes rather than with the aligned operator new, so that glibc
+/// reuses a freed block for the next request of the same size (it does not for aligned requests, and a
+/// fresh block pays first-touch page faults on all of its memory; BENCHMARKS.md has the measurement).
 inline std::shared_ptr<void> allocate_host(std::size_t nbytes) {
   constexpr std::size_t align = 64;
   void* raw = ::operator new(nbytes + align - 1);
@@ -273,7 +271,7 @@ template <std::size_t Rank>
 void copy_cuda(void* dst, const std::array<std::int64_t, Rank>& dst_strides, const void* src,
                const std::array<std::int64_t, Rank>& src_strides, const std::array<std::int64_t, Rank>& shape,
                std::size_t element_size, cudaStream_t stream) {
-  const CopyRuns<Rank> p = plan_copy(shape, dst_strides, src_strides);
+  const RunSplit<Rank> p = plan_copy(shape, dst_strides, src_strides);
   const auto es = static_cast<std::int64_t>(element_size);
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);

@@ -70,24 +70,22 @@ inline void partial_identity(DType dtype, ReduceOp op, unsigned char (&out)[8]) 
   }
 }
 
-/// True when the rank at `coord` holds the value itself under `placements`, not an identity: it is at
-/// coordinate 0 of every Partial<sum/product> axis (Partial<avg/max/min> axes hold the value everywhere).
+/// True when the rank at `coord` holds the value itself under `placements`, not an identity (holds_value
+/// on every axis).
 constexpr bool holds_partial_value(const PlacementList& placements, const MeshCoord& coord) {
   for (int a = 0; a < placements.size(); ++a) {
-    const Placement p = placements[a];
-    if (p.is_partial() && (p.op == ReduceOp::sum || p.op == ReduceOp::product) && coord[a] != 0) {
+    if (!holds_value(placements[a], coord[a])) {
       return false;
     }
   }
   return true;
 }
 
-/// The op whose identity a rank that does not hold the value fills its block with (see above).
+/// The op whose identity a rank that does not hold the value fills its block with.
 constexpr ReduceOp identity_op(const PlacementList& placements, const MeshCoord& coord) {
   for (int a = 0; a < placements.size(); ++a) {
-    const Placement p = placements[a];
-    if (p.is_partial() && (p.op == ReduceOp::sum || p.op == ReduceOp::product) && coord[a] != 0) {
-      return p.op;
+    if (!holds_value(placements[a], coord[a])) {
+      return placements[a].op;
     }
   }
   return ReduceOp::sum;
@@ -358,8 +356,7 @@ inline StepRun submit_step(const Plan& plan, int i, AnyTensor in, const Extents&
     opts.blocking = !async;
     switch (st.kind) {
     case StepKind::local_partial: {
-      const int a = st.axis();
-      if (mesh.coordinate()[a] != 0 && (st.op == ReduceOp::sum || st.op == ReduceOp::product)) {
+      if (!holds_value(Placement::partial(st.op), mesh.coordinate()[st.axis()])) {
         AnyTensor out = in.new_empty(after.shape);
         fill_identity(out, st.op);
         return {out, Work()};

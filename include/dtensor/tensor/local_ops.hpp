@@ -36,9 +36,8 @@
 // `half` ambiguous after `using namespace dtensor;`: write dtensor::half there, or add
 // `using dtensor::half;` in your own namespace.
 //
-// Cost on the host (2-core VM, g++ 12 -O3, float): packing columns of a (4096, 1024) tensor, runs of 2 to
-// 512 elements, and rank-3/4 packs of a non-leading dim take 0.9-1.1x the time of Tensor::copy_from (noise
-// level), Thrust's cpp system or the plain loop alike; a whole-tensor copy or fill is one memmove/loop.
+// On the host this costs what Tensor::copy_from's run-wise loop costs (BENCHMARKS.md, "local data
+// movement").
 
 #include <array>
 #include <cstddef>
