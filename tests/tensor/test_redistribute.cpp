@@ -18,9 +18,11 @@
 #include <dtensor/tensor/dtensor.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
 #include <variant>
 
 using namespace dtensor;
@@ -542,4 +544,31 @@ TEST_CASE("a dynamic axis size picks the plan its static size would", "[dtensor]
       check_matches_reference(y, used.to_string());
     }
   });
+}
+
+TEST_CASE("an error inside a redistribution names the plan, the step, the rank and the shapes", "[dtensor]") {
+  // Rank 1 never joins the permute; rank 2, which exchanges with it, times out inside step 1.
+  testing::RunRanksOptions options;
+  options.timeout = std::chrono::milliseconds(700);
+  std::string message;
+  try {
+    testing::run_ranks(
+        4,
+        [](ProcessGroup& world) {
+          auto mesh = init_device_mesh<Mesh2>(world, 2, 2);
+          auto x = make_source<DTensor<float, 2, Mesh2, Shard<0>, Shard<1>>>(mesh, 7, 5);
+          if (world.rank() == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+            return;
+          }
+          auto y = x.redistribute<Shard<1>, Shard<0>>();
+        },
+        options);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(
+      message.find("redistribute [S(0),S(1)] -> [S(1),S(0)], step 1 of 1: permute(dp*tp), on mesh rank 2 at "
+                   "(1, 0), global (7, 5), local (3, 3): ") != std::string::npos);
 }
