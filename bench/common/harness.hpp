@@ -307,7 +307,8 @@ public:
   const std::vector<Record>& rows() const noexcept { return rows_; }
 
   /// Writes `dir/file` (creating nothing but the file; the folder must exist). Adds date and host.
-  bool write(const Options& o, const std::string& file) const {
+  /// `quiet`: no "wrote" line (for a file rewritten after every row, so a run cut short keeps its rows).
+  bool write(const Options& o, const std::string& file, bool quiet = false) const {
     if (o.out.empty()) {
       return true;
     }
@@ -326,7 +327,9 @@ public:
       f << "  " << j << (i + 1 < rows_.size() ? ",\n" : "\n");
     }
     f << "]\n";
-    std::printf("wrote %s (%zu rows)\n", path.c_str(), rows_.size());
+    if (!quiet) {
+      std::printf("wrote %s (%zu rows)\n", path.c_str(), rows_.size());
+    }
     return true;
   }
 

@@ -164,6 +164,9 @@ int main(int argc, char** argv) {
       table.row({name, bench::size_string(bytes), bench::range(s_ours), bench::range(s_raw),
                  bench::fmt("%.3f", r.ratio()), bench::fmt("%.3f", busbw)});
       results.add(std::move(r));
+      if (rank == 0) { // every row as it finishes: a run cut short by its time limit keeps what it measured
+        results.write(opt, "collectives_nccl_n" + std::to_string(n) + ".json", true);
+      }
     }
   }
   if (rank == 0) {

@@ -82,6 +82,10 @@ void abort_fails_later_ops(const suite::Ctx& c) {
 
 int timeout_mode(const suite::Ctx& c) {
   auto t = suite::make<float>(c, 16, [](std::int64_t) { return 1.0; });
+  // NCCL 2.28 connects lazily on the first collective: warm up on both ranks, so the op below fails for
+  // its missing peer and not in connection set-up.
+  all_reduce(t, ReduceOp::sum, c.world);
+  cudaDeviceSynchronize();
   if (c.rank == 1) {
     std::this_thread::sleep_for(std::chrono::seconds(8)); // never joins the all_reduce
     std::printf("rank 1: skipped the collective\n");
@@ -90,8 +94,8 @@ int timeout_mode(const suite::Ctx& c) {
   const auto t0 = std::chrono::steady_clock::now();
   CommOptions o;
   o.timeout = std::chrono::seconds(2);
-  auto w = c.world.impl().all_reduce(suite::buf(t), ReduceOp::sum, o);
   try {
+    auto w = c.world.impl().all_reduce(suite::buf(t), ReduceOp::sum, o);
     while (!w->is_completed()) {
       if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) {
         std::printf("FAIL timeout: the op still hangs after 30 s\n");
