@@ -28,6 +28,7 @@
 #include "dtensor/core/tensor.hpp"
 
 namespace dtensor {
+inline namespace DTENSOR_CONFIG_NS {
 
 class AnyTensor {
 public:
@@ -311,4 +312,5 @@ private:
   bool defined_ = false;
 };
 
+} // namespace DTENSOR_CONFIG_NS
 } // namespace dtensor

@@ -42,7 +42,9 @@ struct CUstream_st;
 
 namespace dtensor {
 
+inline namespace DTENSOR_CONFIG_NS {
 class AnyTensor;
+} // namespace DTENSOR_CONFIG_NS
 
 namespace detail {
 
@@ -339,6 +341,8 @@ inline void fill_cuda(void* dst, const void* pattern, std::size_t element_size, 
 #endif // DTENSOR_HAS_CUDA
 
 } // namespace detail
+
+inline namespace DTENSOR_CONFIG_NS {
 
 /// A local n-d array of `T` (float, double, bfloat16, half, int32, int64, uint8) with `Rank` dims
 /// (Rank 0: a scalar with one element). See the top of this file for an example.
@@ -682,4 +686,5 @@ private:
   bool defined_ = false;
 };
 
+} // namespace DTENSOR_CONFIG_NS
 } // namespace dtensor

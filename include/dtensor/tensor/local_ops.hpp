@@ -82,7 +82,18 @@
 #define DTENSOR_LOCAL_OPS_CUDA 0
 #endif
 
+// The kernels differ with the compiler (Thrust on CUDA tensors in nvcc TUs) and with Thrust's presence:
+// an inline namespace per variant keeps each TU's functions its own (see core/config.hpp).
+#if DTENSOR_LOCAL_OPS_CUDA
+#define DTENSOR_LOCAL_OPS_NS thrust_cuda
+#elif DTENSOR_LOCAL_OPS_THRUST
+#define DTENSOR_LOCAL_OPS_NS thrust_host
+#else
+#define DTENSOR_LOCAL_OPS_NS loop_host
+#endif
+
 namespace dtensor::local_ops {
+inline namespace DTENSOR_LOCAL_OPS_NS {
 
 /// How much of a region one launch index handles: up to `rows` rows of the innermost outer dim, and up to
 /// `width` elements of a run.
@@ -418,4 +429,5 @@ void scale(const Tensor<T, R>& t, double factor) {
 #endif
 }
 
+} // namespace DTENSOR_LOCAL_OPS_NS
 } // namespace dtensor::local_ops
