@@ -37,6 +37,9 @@ struct BufferRef {
   std::int64_t count = 0;
   DType dtype = DType::float32;
   Device device = Device::cpu();
+  /// The CUDA stream (cudaStream_t) the memory is ordered on: work on it wrote the data, and its release
+  /// is enqueued there. nullptr: the legacy default stream, or host memory.
+  void* stream = nullptr;
 
   std::size_t nbytes() const noexcept { return static_cast<std::size_t>(count) * dtype_size(dtype); }
 };

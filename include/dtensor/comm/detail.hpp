@@ -32,7 +32,7 @@ BufferRef comm_buffer(const Tensor<T, Rank>& t, const ProcessGroup& group, const
   DTENSOR_CHECK(t.is_contiguous(), op_context(group, op) + ": " + name + " " + shape_to_string(t.shape()) +
                                        " (strides " + shape_to_string(t.strides()) +
                                        ") is not contiguous; pass t.contiguous() (and copy back)");
-  return BufferRef{t.data(), t.numel(), dtype_v<T>, t.device()};
+  return BufferRef{t.data(), t.numel(), dtype_v<T>, t.device(), t.stream_handle()};
 }
 
 /// Options of a synchronous op (the caller waits at once).

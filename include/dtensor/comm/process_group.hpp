@@ -10,11 +10,12 @@
 //
 // The untyped members (all_reduce(BufferRef, ...), p2p(...), ...) are the one entry through which every
 // byte dtensor moves passes: the typed collectives, redistribute, distribute_tensor. Each records the op
-// in the active CommDebugMode(s) and submits it to the backend, which checks its arguments before any
-// communication and returns the op's completion.
+// in the active CommDebugMode(s), orders it on its CUDA stream (comm/stream.hpp) and submits it to the
+// backend, which checks its arguments before any communication and returns the op's completion.
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/comm/comm_debug.hpp"
+#include "dtensor/comm/stream.hpp"
 #include "dtensor/core/error.hpp"
 
 #include <algorithm>
@@ -134,31 +135,38 @@ public:
     auto& b = impl(what);
     const std::int64_t n = b.size();
     record(what, n > 1 ? (2 * (n - 1) * buf.count + n - 1) / n : 0, buf.dtype);
-    return b.all_reduce(buf, op, opts);
+    const BufferRef bufs[] = {buf};
+    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.all_reduce(buf, op, o); });
   }
   WorkPtr reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) const {
     auto& b = impl("reduce");
     record("reduce", b.rank() == root ? (b.size() - 1) * buf.count : 0, buf.dtype);
-    return b.reduce(buf, root, op, opts);
+    const BufferRef bufs[] = {buf};
+    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.reduce(buf, root, op, o); });
   }
   WorkPtr broadcast(BufferRef buf, int root, const CommOptions& opts) const {
     auto& b = impl("broadcast");
     record("broadcast", b.rank() == root ? 0 : buf.count, buf.dtype);
-    return b.broadcast(buf, root, opts);
+    const BufferRef bufs[] = {buf};
+    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.broadcast(buf, root, o); });
   }
   WorkPtr all_gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
                      std::span<const std::int64_t> displs, const CommOptions& opts,
                      std::string_view what = "all_gather") const {
     auto& b = impl(what);
     record(what, sum_except(counts, b.rank()), out.dtype);
-    return b.all_gather(in, out, counts, displs, opts);
+    const BufferRef bufs[] = {in, out};
+    return on_stream(opts, bufs,
+                     [&](const CommOptions& o) { return b.all_gather(in, out, counts, displs, o); });
   }
   WorkPtr reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
                          std::span<const std::int64_t> displs, ReduceOp op, const CommOptions& opts,
                          std::string_view what = "reduce_scatter") const {
     auto& b = impl(what);
     record(what, (b.size() - 1) * out.count, out.dtype);
-    return b.reduce_scatter(in, out, counts, displs, op, opts);
+    const BufferRef bufs[] = {in, out};
+    return on_stream(opts, bufs,
+                     [&](const CommOptions& o) { return b.reduce_scatter(in, out, counts, displs, op, o); });
   }
   WorkPtr all_to_all(BufferRef in, std::span<const std::int64_t> send_counts,
                      std::span<const std::int64_t> send_displs, BufferRef out,
@@ -166,7 +174,10 @@ public:
                      const CommOptions& opts, std::string_view what = "all_to_all") const {
     auto& b = impl(what);
     record(what, sum_except(recv_counts, b.rank()), out.dtype);
-    return b.all_to_all(in, send_counts, send_displs, out, recv_counts, recv_displs, opts);
+    const BufferRef bufs[] = {in, out};
+    return on_stream(opts, bufs, [&](const CommOptions& o) {
+      return b.all_to_all(in, send_counts, send_displs, out, recv_counts, recv_displs, o);
+    });
   }
   WorkPtr gather(BufferRef in, std::span<const BufferRef> blocks, int root, const CommOptions& opts) const {
     auto& b = impl("gather");
@@ -175,18 +186,22 @@ public:
       received += static_cast<int>(i) == root ? 0 : blocks[i].count;
     }
     record("gather", received, in.dtype);
-    return b.gather(in, blocks, root, opts);
+    std::vector<BufferRef> bufs(blocks.begin(), blocks.end());
+    bufs.push_back(in);
+    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.gather(in, blocks, root, o); });
   }
   WorkPtr scatter(std::span<const BufferRef> blocks, BufferRef out, int root, const CommOptions& opts,
                   std::string_view what = "scatter") const {
     auto& b = impl(what);
     record(what, b.rank() == root ? 0 : out.count, out.dtype);
-    return b.scatter(blocks, out, root, opts);
+    std::vector<BufferRef> bufs(blocks.begin(), blocks.end());
+    bufs.push_back(out);
+    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.scatter(blocks, out, root, o); });
   }
   WorkPtr barrier(const CommOptions& opts) const {
     auto& b = impl("barrier");
     record("barrier", 0, DType::uint8);
-    return b.barrier(opts);
+    return on_stream(opts, {}, [&](const CommOptions& o) { return b.barrier(o); });
   }
   /// A batch of point-to-point ops (recorded as one op called `what`). An empty batch is recorded and
   /// completes at once (a rank with nothing to move in a redistribution's exchange).
@@ -207,10 +222,27 @@ public:
       };
       return std::make_shared<Done>();
     }
-    return b.p2p(requests, opts);
+    std::vector<BufferRef> bufs;
+    bufs.reserve(requests.size());
+    for (const P2PRequest& r : requests) {
+      bufs.push_back(r.buffer);
+    }
+    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.p2p(requests, o); });
   }
 
 private:
+  /// Submits on the op's stream (comm/stream.hpp).
+  template <class Submit>
+  static WorkPtr on_stream(const CommOptions& opts, std::span<const BufferRef> buffers, Submit&& submit) {
+    CommOptions o = opts;
+    const bool mixed = detail::choose_stream(o, buffers);
+    WorkPtr w = submit(o);
+    if (mixed) {
+      return std::make_shared<detail::StreamSyncedWork>(std::move(w), o.stream);
+    }
+    return w;
+  }
+
   void record(std::string_view op, std::int64_t elements, DType dtype) const {
     if (CommDebugMode::any_active()) {
       CommDebugMode::record(op, label_, elements * static_cast<std::int64_t>(dtype_size(dtype)));

@@ -404,7 +404,13 @@ public:
 
   /// Wraps memory the caller owns with explicit strides (in elements).
   static Tensor from_blob(T* data, Shape shape, Shape strides, Device device = Device::cpu()) {
+    return from_blob(data, shape, strides, device, nullptr);
+  }
+
+  /// As above, for device memory ordered on `stream` (work on it wrote the data).
+  static Tensor from_blob(T* data, Shape shape, Shape strides, Device device, CUstream_st* stream) {
     Tensor t;
+    t.stream_ = stream;
     t.numel_ = detail::checked_numel(shape, sizeof(T), "Tensor::from_blob");
     t.data_ = data;
     t.shape_ = shape;
@@ -460,6 +466,12 @@ public:
   }
   bool defined() const noexcept {
     return defined_;
+  }
+
+  /// The CUDA stream the memory is ordered on (cudaStream_t; nullptr: the legacy default stream or host
+  /// memory). Collectives on this tensor run after the work on it and before its release.
+  CUstream_st* stream_handle() const noexcept {
+    return stream_;
   }
 
   /// The owner of the memory (empty for from_blob tensors); hold a copy to keep the memory alive.

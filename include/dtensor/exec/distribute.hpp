@@ -100,24 +100,24 @@ inline AnyTensor scatter_blocks(const DeviceMeshBase& mesh, const AnyTensor& ful
       staged += regions[q].is_contiguous() ? 0 : counts[q];
     }
     packed = AnyTensor::empty(dtype, Extents{staged}, dev, full.stream());
-    pieces.resize(n, BufferRef{nullptr, 0, dtype, dev});
+    pieces.resize(n, BufferRef{nullptr, 0, dtype, dev, full.stream()});
     std::int64_t at = 0;
     for (int q = 0; q < n; ++q) {
       if (counts[q] == 0) {
         continue;
       }
       if (regions[q].is_contiguous()) {
-        pieces[q] = BufferRef{regions[q].data(), counts[q], dtype, dev};
+        pieces[q] = BufferRef{regions[q].data(), counts[q], dtype, dev, full.stream()};
         continue;
       }
       const AnyTensor dst = packed.narrow(0, at, counts[q]);
       dst.view(blocks[q].shape).copy_from(regions[q]);
-      pieces[q] = BufferRef{dst.data(), counts[q], dtype, dev};
+      pieces[q] = BufferRef{dst.data(), counts[q], dtype, dev, full.stream()};
       at += counts[q];
     }
   }
   AnyTensor local = AnyTensor::empty(dtype, blocks[me].shape, dev, full.defined() ? full.stream() : nullptr);
-  BufferRef recv{local.data(), local.numel(), dtype, dev};
+  BufferRef recv{local.data(), local.numel(), dtype, dev, local.stream()};
   if (counts[me] == 0) {
     fill_identity(local, identity_op(placements, mesh.coordinate()));
     recv.count = 0;

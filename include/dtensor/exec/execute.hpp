@@ -117,7 +117,7 @@ inline bool splits_contiguously(const Extents& shape, int d) {
 }
 
 inline BufferRef buffer_of(const AnyTensor& t) {
-  return BufferRef{t.data(), t.numel(), t.dtype(), t.device()};
+  return BufferRef{t.data(), t.numel(), t.dtype(), t.device(), t.stream()};
 }
 
 /// The flat (1-D) view of a contiguous tensor.
@@ -144,7 +144,7 @@ struct Staged {
 inline Staged stage(const std::vector<Piece>& pieces, int k, int me, const AnyTensor& t, const Block& whole,
                     bool one_buffer) {
   Staged s;
-  s.at.assign(k, BufferRef{nullptr, 0, t.dtype(), t.device()});
+  s.at.assign(k, BufferRef{nullptr, 0, t.dtype(), t.device(), t.stream()});
   std::int64_t staged = 0;
   for (const Piece& p : pieces) {
     if (p.peer == me) {
@@ -175,7 +175,8 @@ inline Staged stage(const std::vector<Piece>& pieces, int k, int me, const AnyTe
   std::int64_t at = 0;
   for (const Piece& p : s.packed) {
     const std::int64_t n = numel(p.block.shape);
-    s.at[p.peer] = BufferRef{static_cast<char*>(s.staging.data()) + at * es, n, t.dtype(), t.device()};
+    s.at[p.peer] =
+        BufferRef{static_cast<char*>(s.staging.data()) + at * es, n, t.dtype(), t.device(), t.stream()};
     at += n;
   }
   if (one_buffer) {

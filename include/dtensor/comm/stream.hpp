@@ -1,0 +1,115 @@
+#pragma once
+// Which CUDA stream an op is ordered on.
+//
+//   dtensor::all_reduce(t, dtensor::ReduceOp::sum, group);     // on t's stream
+//   {
+//     dtensor::StreamGuard on(my_stream);                      // like `with torch.cuda.stream(s):`
+//     dtensor::all_reduce(t, dtensor::ReduceOp::sum, group);   // on my_stream
+//   }
+//
+// An op runs after the work already enqueued on its stream and, once waited on (synchronously: when the
+// call returns), that stream waits for the op: memory released on it afterwards (cudaFreeAsync of a
+// Tensor) is ordered after the op. Its stream is, first found: CommOptions::stream, the stream of the
+// innermost StreamGuard of this thread, the stream of its buffers (a Tensor's own stream). When its buffers
+// are on different streams, the others are synchronised before the op and the op's stream after it, so
+// none of them can be written or released while the op uses it. Host backends ignore streams.
+
+#include <span>
+
+#include "dtensor/backends/backend.hpp"
+#include "dtensor/core/config.hpp"
+#include "dtensor/core/error.hpp"
+
+#if DTENSOR_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace dtensor {
+
+namespace detail {
+
+inline void*& current_stream_slot() noexcept {
+  thread_local void* stream = nullptr;
+  return stream;
+}
+
+} // namespace detail
+
+/// Makes `stream` (a cudaStream_t) the stream of this thread's ops until it goes out of scope. Guards nest.
+class StreamGuard {
+public:
+  explicit StreamGuard(void* stream) noexcept
+      : previous_(std::exchange(detail::current_stream_slot(), stream)) {}
+  ~StreamGuard() { detail::current_stream_slot() = previous_; }
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+private:
+  void* previous_;
+};
+
+/// The stream of this thread's innermost StreamGuard (nullptr when none).
+inline void* current_stream() noexcept {
+  return detail::current_stream_slot();
+}
+
+namespace detail {
+
+inline void sync_stream(void* stream, const char* what) {
+#if DTENSOR_HAS_CUDA
+  const cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  DTENSOR_CHECK(e == cudaSuccess,
+                std::string(what) + ": cudaStreamSynchronize failed: " + cudaGetErrorString(e));
+#else
+  (void)stream;
+  (void)what;
+#endif
+}
+
+/// Completion of an op whose buffers were on several streams: waiting also synchronises the op's stream,
+/// so the other streams may release or rewrite their buffers afterwards.
+class StreamSyncedWork final : public WorkImpl {
+public:
+  StreamSyncedWork(std::shared_ptr<WorkImpl> inner, void* stream)
+      : inner_(std::move(inner)), stream_(stream) {}
+  bool is_completed() override { return inner_->is_completed(); }
+  void wait() override {
+    inner_->wait();
+    sync_stream(stream_, "collective on several streams");
+  }
+
+private:
+  std::shared_ptr<WorkImpl> inner_;
+  void* stream_;
+};
+
+/// Sets opts.stream for an op on `buffers` (see the top of this file). Returns true when device buffers
+/// are on other streams than the op's (they were synchronised; the caller wraps the op's completion in a
+/// StreamSyncedWork).
+inline bool choose_stream(CommOptions& opts, std::span<const BufferRef> buffers) {
+  if (opts.stream == nullptr) {
+    opts.stream = current_stream();
+  }
+  bool chosen = opts.stream != nullptr;
+  bool mixed = false;
+  for (const BufferRef& b : buffers) {
+    if (!b.device.is_cuda()) {
+      continue;
+    }
+    if (!chosen) {
+      opts.stream = b.stream;
+      chosen = true;
+    } else if (b.stream != opts.stream) {
+      sync_stream(b.stream, "collective on several streams");
+      mixed = true;
+    }
+  }
+  return mixed;
+}
+
+} // namespace detail
+} // namespace dtensor
