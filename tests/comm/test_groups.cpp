@@ -16,7 +16,7 @@ using namespace comm_test;
 
 TEST_CASE("ProcessGroup identity, copies and timeouts", "[comm][groups]") {
   testing::run_ranks(3, [](ProcessGroup& world) {
-    DTENSOR_CHECK(world.is_member() && world.size() == 3 && world.backend() == "gloo", "world identity");
+    DTENSOR_CHECK(world.is_member() && world.size() == 3 && world.backend_name() == "gloo", "world identity");
     DTENSOR_CHECK(world.ranks().size() == 3 && world.ranks()[world.rank()] == world.rank(), "world ranks");
     ProcessGroup copy = world; // cheap handle: same communicator
     DTENSOR_CHECK(copy == world, "copies compare equal");

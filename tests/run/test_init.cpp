@@ -1,6 +1,6 @@
 // init_process_group's pieces that need no backend: read_dist_env's parsing of the torchrun / OpenMPI /
-// MPICH / Slurm variables, backend names, and connect_store. (The Store contract is tested in
-// tests/rendezvous/test_store.cpp.)
+// MPICH / Slurm variables and of flags, backend names (none is registered in this program), and
+// connect_store. (The Store contract is tested in tests/rendezvous/test_store.cpp.)
 #include "dtensor/comm/init.hpp"
 #include "dtensor/rendezvous/tcp_store.hpp"
 
@@ -101,6 +101,22 @@ TEST_CASE("env: no launcher means one process, bad values are named", "[env]") {
             .find("MASTER_ADDR is not set") != std::string::npos);
   CHECK(message({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}}).find("MASTER_PORT") !=
         std::string::npos);
+}
+
+TEST_CASE("env: one truth table for every flag", "[env]") {
+  using dtensor::detail::parse_flag;
+  for (const char* v : {"1", "true", "TRUE", "yes", "On"}) {
+    CHECK(parse_flag("X", v, false));
+  }
+  for (const char* v : {"0", "false", "No", "off"}) {
+    CHECK_FALSE(parse_flag("X", v, true));
+  }
+  CHECK(parse_flag("X", "", true));
+  CHECK_FALSE(parse_flag("X", "", false));
+  CHECK_THROWS_WITH(parse_flag("DTENSOR_X", "maybe", false), Catch::Matchers::Contains("DTENSOR_X='maybe'"));
+  CHECK(dtensor::read_dist_env(env_of({{"DTENSOR_USE_AGENT_STORE", "yes"}})).agent_store);
+  CHECK_THROWS_WITH(dtensor::read_dist_env(env_of({{"DTENSOR_USE_AGENT_STORE", "2"}})),
+                    Catch::Matchers::Contains("DTENSOR_USE_AGENT_STORE='2'"));
 }
 
 TEST_CASE("init: a backend missing from this build is named, unknown names are rejected", "[env]") {

@@ -1,7 +1,19 @@
 #pragma once
 // The narrow runtime interface between the collectives front end (comm/) and a communication backend
-// (backends/gloo/ now, backends/nccl/ next). Everything here is untyped: raw buffers described by
-// (pointer, element count, DType, Device), per-op options, and an asynchronous completion object.
+// (backends/gloo/, backends/nccl/, or any backend registered by name: backends/registry.hpp). Everything
+// here is untyped: raw buffers described by (pointer, element count, DType, Device), per-op options, and
+// an asynchronous completion object.
+//
+// Backend is a validating front over protected hooks (c10d's Backend; thrust's system/detail/generic):
+//  - The public ops (all_reduce ... split, abort) are not virtual. Each checks what every backend needs
+//    checked, once, with one set of messages naming describe(), the op and the sizes: element counts and
+//    data pointers, the backend's memory rule (check_memory), dtype agreement, counts against
+//    displacements against buffer sizes, roots and peers in range, tags in range, one block per member,
+//    no in-place all_to_all, and a communicator that was not aborted. Then it calls its do_* hook.
+//  - Every do_* hook has a default that throws Error("<name> does not support <op>"), so a backend that
+//    implements a subset of the ops is still a valid one.
+//  - A backend writes only what its engine does differently: the hooks, check_memory (gloo: host memory;
+//    NCCL: device memory on its GPU), do_abort, and split_store when split() should work.
 //
 // Contract shared by every backend:
 //  - Every op is asynchronous at this level: it is *submitted* and returns a WorkImpl. The synchronous
@@ -16,17 +28,26 @@
 //    displacements per rank, so a device backend can run them as grouped send/recv. gather and scatter take
 //    one buffer per member on the root, like torch's lists, so the root needs no staging copy.
 
+#include "dtensor/backends/split.hpp"
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/format.hpp"
 #include "dtensor/core/reduce_op.hpp"
+#include "dtensor/rendezvous/store.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace dtensor {
@@ -86,12 +107,25 @@ struct P2PRequest {
   enum class Kind : std::uint8_t { send, recv };
   Kind kind = Kind::send;
   BufferRef buffer;
-  int peer = 0; ///< rank in the group
+  int peer = 0; ///< rank in the group, not this rank
   int tag = 0;  ///< user tag, 0 <= tag < kMaxP2PTag
 };
 
 /// Largest user tag + 1 accepted by point-to-point ops.
 inline constexpr int kMaxP2PTag = 1 << 23;
+
+/// What split() hands its hook: the new group as every member computed it (backends/split.hpp).
+struct SplitGroup {
+  int color = 0;
+  int key = 0;
+  /// How many splits of this group came before (every member counts the same): names the new group's
+  /// rendezvous, e.g. under "s<index>c<color>".
+  int index = 0;
+  /// The new group's members as global ranks, in new-group order (empty when color < 0).
+  std::vector<int> global_ranks;
+  /// This member's rank in the new group; -1 when color < 0.
+  int rank = -1;
+};
 
 /// One communicator: the members of a group, as seen from one of them.
 class Backend {
@@ -99,70 +133,373 @@ public:
   using WorkPtr = std::shared_ptr<WorkImpl>;
 
   virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
 
-  /// "gloo" or "nccl".
+  // ---- identity ---------------------------------------------------------------------------------------
+
+  /// The name it is registered under, e.g. "gloo" or "nccl".
   virtual std::string_view name() const noexcept = 0;
   /// This member's rank in the group, in [0, size()).
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
   /// The global (world) rank of every member, indexed by group rank.
   virtual std::span<const int> global_ranks() const noexcept = 0;
-  /// Human-readable name for messages, e.g. "gloo group [0,2] (rank 1 of 2)".
+  /// Human-readable name for messages, e.g. "rank 1 (global 2) of gloo group [0,2]".
   virtual std::string describe() const = 0;
 
-  virtual std::chrono::milliseconds timeout() const = 0;
-  virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
+  /// Default limit of every op (and of groups created from this one).
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load()); }
+  void set_timeout(std::chrono::milliseconds timeout) {
+    DTENSOR_CHECK(timeout.count() > 0, where("set_timeout") + ": the timeout must be positive, got " +
+                                           std::to_string(timeout.count()) + " ms");
+    timeout_ms_.store(timeout.count());
+  }
 
   // ---- collectives (every member submits; root/ranks are group ranks) -----------------------------------
 
   /// In place: buf = op(buf of every member).
-  virtual WorkPtr all_reduce(BufferRef buf, ReduceOp op, const CommOptions& opts) = 0;
+  WorkPtr all_reduce(BufferRef buf, ReduceOp op, const CommOptions& opts) {
+    check_buffer("all_reduce", buf, "tensor");
+    check_not_aborted("all_reduce");
+    return do_all_reduce(buf, op, opts);
+  }
+
   /// In place on `root`; other members' buf is left unchanged.
-  virtual WorkPtr reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) = 0;
+  WorkPtr reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) {
+    check_buffer("reduce", buf, "tensor");
+    check_root("reduce", root, "dst");
+    check_not_aborted("reduce");
+    return do_reduce(buf, root, op, opts);
+  }
+
   /// In place: buf = buf of `root`.
-  virtual WorkPtr broadcast(BufferRef buf, int root, const CommOptions& opts) = 0;
+  WorkPtr broadcast(BufferRef buf, int root, const CommOptions& opts) {
+    check_buffer("broadcast", buf, "tensor");
+    check_root("broadcast", root, "src");
+    check_not_aborted("broadcast");
+    return do_broadcast(buf, root, opts);
+  }
+
   /// out[displs[i] .. + counts[i]) = in of member i; in.count == counts[rank()].
-  virtual WorkPtr all_gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
-                             std::span<const std::int64_t> displs, const CommOptions& opts) = 0;
+  WorkPtr all_gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
+                     std::span<const std::int64_t> displs, const CommOptions& opts) {
+    check_buffer("all_gather", in, "input");
+    check_buffer("all_gather", out, "output");
+    check_same_dtype("all_gather", in, out);
+    check_layout("all_gather", "counts", counts, displs, out);
+    check_own_count("all_gather", "input", in, counts);
+    check_not_aborted("all_gather");
+    return do_all_gather(in, out, counts, displs, opts);
+  }
+
   /// out = op over members m of in_m[displs[rank()] .. + counts[rank()]); out.count == counts[rank()].
-  virtual WorkPtr reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
-                                 std::span<const std::int64_t> displs, ReduceOp op,
-                                 const CommOptions& opts) = 0;
+  WorkPtr reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
+                         std::span<const std::int64_t> displs, ReduceOp op, const CommOptions& opts) {
+    check_buffer("reduce_scatter", in, "input");
+    check_buffer("reduce_scatter", out, "output");
+    check_same_dtype("reduce_scatter", in, out);
+    check_layout("reduce_scatter", "counts", counts, displs, in);
+    check_own_count("reduce_scatter", "output", out, counts);
+    check_not_aborted("reduce_scatter");
+    return do_reduce_scatter(in, out, counts, displs, op, opts);
+  }
+
   /// Member i receives in[send_displs[i] .. + send_counts[i]) into its out[recv_displs[me] .. + ...).
-  virtual WorkPtr all_to_all(BufferRef in, std::span<const std::int64_t> send_counts,
-                             std::span<const std::int64_t> send_displs, BufferRef out,
-                             std::span<const std::int64_t> recv_counts,
-                             std::span<const std::int64_t> recv_displs, const CommOptions& opts) = 0;
+  /// `in` and `out` must not overlap.
+  WorkPtr all_to_all(BufferRef in, std::span<const std::int64_t> send_counts,
+                     std::span<const std::int64_t> send_displs, BufferRef out,
+                     std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
+                     const CommOptions& opts) {
+    check_buffer("all_to_all", in, "input");
+    check_buffer("all_to_all", out, "output");
+    check_same_dtype("all_to_all", in, out);
+    check_layout("all_to_all", "input split sizes", send_counts, send_displs, in);
+    check_layout("all_to_all", "output split sizes", recv_counts, recv_displs, out);
+    const auto me = static_cast<std::size_t>(rank());
+    DTENSOR_CHECK(send_counts[me] == recv_counts[me],
+                  where("all_to_all") + ": this rank sends itself " + std::to_string(send_counts[me]) +
+                      " elements but expects " + std::to_string(recv_counts[me]));
+    const auto ib = reinterpret_cast<std::uintptr_t>(in.data);
+    const auto ob = reinterpret_cast<std::uintptr_t>(out.data);
+    DTENSOR_CHECK(in.nbytes() == 0 || out.nbytes() == 0 || ib + in.nbytes() <= ob || ob + out.nbytes() <= ib,
+                  where("all_to_all") + ": the input (" + std::to_string(in.count) +
+                      " elements) and the output (" + std::to_string(out.count) +
+                      " elements) overlap; all_to_all does not run in place: use separate buffers");
+    check_not_aborted("all_to_all");
+    return do_all_to_all(in, send_counts, send_displs, out, recv_counts, recv_displs, opts);
+  }
+
   /// On root: blocks[i] = in of member i (one block per member, blocks[i].count == that member's
   /// in.count; the blocks may be separate tensors or parts of one buffer, see split_buffer). blocks is
   /// ignored elsewhere.
-  virtual WorkPtr gather(BufferRef in, std::span<const BufferRef> blocks, int root,
-                         const CommOptions& opts) = 0;
+  WorkPtr gather(BufferRef in, std::span<const BufferRef> blocks, int root, const CommOptions& opts) {
+    check_buffer("gather", in, "input");
+    check_root("gather", root, "dst");
+    if (rank() == root) { // blocks only matter on the root
+      check_blocks("gather", blocks, in);
+    }
+    check_not_aborted("gather");
+    return do_gather(in, blocks, root, opts);
+  }
+
   /// Member i receives root's blocks[i] into out (out.count == blocks[i].count). blocks is ignored off
   /// root.
-  virtual WorkPtr scatter(std::span<const BufferRef> blocks, BufferRef out, int root,
-                          const CommOptions& opts) = 0;
-  virtual WorkPtr barrier(const CommOptions& opts) = 0;
+  WorkPtr scatter(std::span<const BufferRef> blocks, BufferRef out, int root, const CommOptions& opts) {
+    check_buffer("scatter", out, "output");
+    check_root("scatter", root, "src");
+    if (rank() == root) {
+      check_blocks("scatter", blocks, out);
+    }
+    check_not_aborted("scatter");
+    return do_scatter(blocks, out, root, opts);
+  }
+
+  WorkPtr barrier(const CommOptions& opts) {
+    check_not_aborted("barrier");
+    return do_barrier(opts);
+  }
 
   // ---- point to point ---------------------------------------------------------------------------------
 
   /// Posts every request of the batch before waiting on any (so opposite exchanges never deadlock);
   /// one WorkImpl completes when all of them did. Successive sends from a to b with one tag match
-  /// successive receives on b from a with that tag, in order.
-  virtual WorkPtr p2p(std::span<const P2PRequest> requests, const CommOptions& opts) = 0;
+  /// successive receives on b from a with that tag, in order. A rank never sends to itself.
+  WorkPtr p2p(std::span<const P2PRequest> requests, const CommOptions& opts) {
+    for (const P2PRequest& r : requests) {
+      const char* op = r.kind == P2PRequest::Kind::send ? "send" : "recv";
+      check_buffer(op, r.buffer, "tensor");
+      DTENSOR_CHECK(r.peer >= 0 && r.peer < size() && r.peer != rank(),
+                    where(op) + ": peer " + std::to_string(r.peer) +
+                        (r.peer == rank() ? " is this rank itself" : " is out of range") +
+                        " for a group of " + std::to_string(size()));
+      DTENSOR_CHECK(r.tag >= 0 && r.tag < kMaxP2PTag, where(op) + ": tag " + std::to_string(r.tag) +
+                                                          " is outside [0, " + std::to_string(kMaxP2PTag) +
+                                                          ")");
+    }
+    check_not_aborted("p2p");
+    return do_p2p(requests, opts);
+  }
 
   // ---- groups -----------------------------------------------------------------------------------------
 
-  /// Every member calls it with the same list of *group* ranks (distinct, in range). Members of the list
-  /// get a backend whose rank i is ranks[i]; the others get nullptr.
-  virtual std::shared_ptr<Backend> new_group(std::span<const int> ranks) = 0;
+  /// Every member of the new group calls it with the same list of *group* ranks (distinct, in range); the
+  /// others need not call. Members of the list get a backend whose rank i is ranks[i]; the others get
+  /// nullptr.
+  std::shared_ptr<Backend> new_group(std::span<const int> ranks) {
+    std::vector<int> sorted(ranks.begin(), ranks.end());
+    std::sort(sorted.begin(), sorted.end());
+    DTENSOR_CHECK(!ranks.empty() && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() &&
+                      sorted.front() >= 0 && sorted.back() < size(),
+                  where("new_group") + ": ranks " + detail::format_list(ranks) +
+                      " must be distinct group ranks in [0, " + std::to_string(size()) + ")");
+    check_not_aborted("new_group");
+    const auto it = std::find(ranks.begin(), ranks.end(), rank());
+    if (it == ranks.end()) {
+      return nullptr;
+    }
+    const auto all = global_ranks();
+    std::vector<int> global;
+    global.reserve(ranks.size());
+    for (int r : ranks) {
+      global.push_back(all[static_cast<std::size_t>(r)]);
+    }
+    return do_new_group(std::move(global), static_cast<int>(it - ranks.begin()));
+  }
+
   /// ncclCommSplit: every member calls it; members with equal color >= 0 form one group, ordered by
-  /// (key, rank); color < 0 gives nullptr.
-  virtual std::shared_ptr<Backend> split(int color, int key) = 0;
+  /// (key, rank); color < 0 gives nullptr. The members learn each other's colour and key through
+  /// split_store() (backends/split.hpp).
+  std::shared_ptr<Backend> split(int color, int key) {
+    check_not_aborted("split");
+    SplitGroup g;
+    g.color = color;
+    g.key = key;
+    g.index = splits_.fetch_add(1);
+    const std::string what = describe() + ": split(color " + std::to_string(color) + ", key " +
+                             std::to_string(key) + ") #" + std::to_string(g.index);
+    std::vector<detail::SplitEntry> all{{color, key}};
+    if (size() > 1) {
+      Store* store = split_store();
+      DTENSOR_CHECK(store != nullptr, what + ": no store to exchange the colours and keys through");
+      all = detail::exchange_split_colors(*store, "split" + std::to_string(g.index), rank(), size(), color,
+                                          key, timeout(), what);
+    }
+    const detail::SplitMembers members = detail::split_members(all, color, rank());
+    const auto ranks = global_ranks();
+    for (int r : members.ranks) {
+      g.global_ranks.push_back(ranks[static_cast<std::size_t>(r)]);
+    }
+    g.rank = members.me;
+    return do_split(g);
+  }
 
   /// Fails every pending and future op of this communicator with `reason`, and releases peers blocked
-  /// on this member within seconds (gloo: closes the connections; NCCL: ncclCommAbort).
-  virtual void abort(std::string_view reason) = 0;
+  /// on this member within seconds (do_abort: gloo closes the connections; NCCL: ncclCommAbort). Later
+  /// calls do nothing.
+  void abort(std::string_view reason) {
+    {
+      std::lock_guard lock(abort_m_);
+      if (aborted_) {
+        return;
+      }
+      aborted_ = std::string(reason);
+    }
+    do_abort(reason);
+  }
+
+  /// The reason abort() was given; nullopt while the communicator was not aborted.
+  std::optional<std::string> aborted() const {
+    std::lock_guard lock(abort_m_);
+    return aborted_;
+  }
+
+protected:
+  /// `timeout`: the default limit of every op (see timeout()).
+  explicit Backend(std::chrono::milliseconds timeout) : timeout_ms_(timeout.count()) {}
+
+  // ---- hooks: called with checked arguments; the defaults say the op is not supported ---------------------
+
+  virtual WorkPtr do_all_reduce(BufferRef, ReduceOp, const CommOptions&) { unsupported("all_reduce"); }
+  virtual WorkPtr do_reduce(BufferRef, int /*root*/, ReduceOp, const CommOptions&) { unsupported("reduce"); }
+  virtual WorkPtr do_broadcast(BufferRef, int /*root*/, const CommOptions&) { unsupported("broadcast"); }
+  virtual WorkPtr do_all_gather(BufferRef /*in*/, BufferRef /*out*/, std::span<const std::int64_t> /*counts*/,
+                                std::span<const std::int64_t> /*displs*/, const CommOptions&) {
+    unsupported("all_gather");
+  }
+  virtual WorkPtr do_reduce_scatter(BufferRef /*in*/, BufferRef /*out*/, std::span<const std::int64_t>,
+                                    std::span<const std::int64_t>, ReduceOp, const CommOptions&) {
+    unsupported("reduce_scatter");
+  }
+  virtual WorkPtr do_all_to_all(BufferRef /*in*/, std::span<const std::int64_t>,
+                                std::span<const std::int64_t>, BufferRef /*out*/,
+                                std::span<const std::int64_t>, std::span<const std::int64_t>,
+                                const CommOptions&) {
+    unsupported("all_to_all");
+  }
+  /// `blocks` is only meaningful (and checked) on the root.
+  virtual WorkPtr do_gather(BufferRef /*in*/, std::span<const BufferRef> /*blocks*/, int /*root*/,
+                            const CommOptions&) {
+    unsupported("gather");
+  }
+  virtual WorkPtr do_scatter(std::span<const BufferRef> /*blocks*/, BufferRef /*out*/, int /*root*/,
+                             const CommOptions&) {
+    unsupported("scatter");
+  }
+  virtual WorkPtr do_barrier(const CommOptions&) { unsupported("barrier"); }
+  virtual WorkPtr do_p2p(std::span<const P2PRequest>, const CommOptions&) { unsupported("p2p"); }
+  /// Called by the members only: `global` are the new group's members (global ranks, in group order),
+  /// `rank` this member's position among them.
+  virtual std::shared_ptr<Backend> do_new_group(std::vector<int> /*global*/, int /*rank*/) {
+    unsupported("new_group");
+  }
+  /// Called by every member, also those with colour < 0 (group.rank == -1; return nullptr for them).
+  virtual std::shared_ptr<Backend> do_split(const SplitGroup& /*group*/) { unsupported("split"); }
+  /// The communication side of abort(); the front already fails later ops. Default: nothing more.
+  virtual void do_abort(std::string_view /*reason*/) {}
+
+  /// The backend's rule for where buffers live (gloo: host memory; NCCL: its GPU). Throws Error with
+  /// where(op) + ": the " + what + ...; the default accepts any device.
+  virtual void check_memory(const char* /*op*/, const BufferRef& /*b*/, const char* /*what*/) const {}
+
+  /// A backend's own reason to refuse every op (e.g. NCCL: the watchdog failed the communicator): throws
+  /// it. Called after the abort check; the default accepts.
+  virtual void check_usable(const char* /*op*/) const {}
+
+  /// The store split() exchanges colours and keys through (this group's view, so keys of different groups
+  /// never meet); nullptr when there is none (then split() works only for one member).
+  virtual Store* split_store() { return nullptr; }
+
+  /// "<describe()>: <op>", the head of every message about an op.
+  std::string where(std::string_view op) const { return describe() + ": " + std::string(op); }
+
+  [[noreturn]] void unsupported(const char* op) const {
+    throw Error(where(op) + ": " + std::string(name()) + " does not support " + op);
+  }
+
+private:
+  /// An aborted communicator (or one the backend refuses, check_usable) takes no more ops.
+  void check_not_aborted(const char* op) const {
+    if (auto reason = aborted()) {
+      throw Error(where(op) + ": the group was aborted: " + *reason);
+    }
+    check_usable(op);
+  }
+
+  void check_buffer(const char* op, const BufferRef& b, const char* what) const {
+    check_memory(op, b, what);
+    DTENSOR_CHECK(b.count >= 0,
+                  where(op) + ": the " + what + " has a negative element count " + std::to_string(b.count));
+    DTENSOR_CHECK(b.count == 0 || b.data != nullptr, where(op) + ": the " + what + " has no data (" +
+                                                         std::to_string(b.count) + " elements at nullptr)");
+  }
+
+  void check_same_dtype(const char* op, const BufferRef& in, const BufferRef& out) const {
+    DTENSOR_CHECK(in.dtype == out.dtype, where(op) + ": input is " + std::string(dtype_name(in.dtype)) +
+                                             " but output is " + std::string(dtype_name(out.dtype)));
+  }
+
+  /// `what`: "dst" (reduce, gather) or "src" (broadcast, scatter), torch's names for the root.
+  void check_root(const char* op, int root, const char* what) const {
+    DTENSOR_CHECK(root >= 0 && root < size(), where(op) + ": " + what + " " + std::to_string(root) +
+                                                  " is out of range for a group of " +
+                                                  std::to_string(size()));
+  }
+
+  /// One count and displacement per member, each block inside `buf`.
+  void check_layout(const char* op, const char* what, std::span<const std::int64_t> counts,
+                    std::span<const std::int64_t> displs, const BufferRef& buf) const {
+    DTENSOR_CHECK(counts.size() == static_cast<std::size_t>(size()) && displs.size() == counts.size(),
+                  where(op) + ": " + what + " has " + std::to_string(counts.size()) +
+                      " entries (displacements " + std::to_string(displs.size()) + ") for a group of " +
+                      std::to_string(size()));
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      DTENSOR_CHECK(counts[i] >= 0 && displs[i] >= 0, where(op) + ": negative size in " + what + " " +
+                                                          detail::format_list(counts) + " / displacements " +
+                                                          detail::format_list(displs));
+      DTENSOR_CHECK(displs[i] <= buf.count && counts[i] <= buf.count - displs[i],
+                    where(op) + ": " + what + " " + detail::format_list(counts) + " at displacements " +
+                        detail::format_list(displs) + " do not fit a buffer of " + std::to_string(buf.count) +
+                        " elements");
+    }
+  }
+
+  /// all_gather's input / reduce_scatter's output holds this rank's block: counts[rank()] elements.
+  void check_own_count(const char* op, const char* what, const BufferRef& mine,
+                       std::span<const std::int64_t> counts) const {
+    const auto me = static_cast<std::size_t>(rank());
+    DTENSOR_CHECK(mine.count == counts[me],
+                  where(op) + ": the " + what + " has " + std::to_string(mine.count) +
+                      " elements but counts[" + std::to_string(rank()) + "] is " +
+                      std::to_string(counts[me]) + "; counts " + detail::format_list(counts));
+  }
+
+  /// gather's/scatter's blocks on the root: one per member; this rank's block matches `mine` (gather's
+  /// input, scatter's output).
+  void check_blocks(const char* op, std::span<const BufferRef> blocks, const BufferRef& mine) const {
+    const bool is_gather = std::string_view(op) == "gather";
+    DTENSOR_CHECK(blocks.size() == static_cast<std::size_t>(size()),
+                  where(op) + ": the root needs one block per member (" + std::to_string(size()) + "), got " +
+                      std::to_string(blocks.size()));
+    for (const BufferRef& b : blocks) {
+      check_buffer(op, b, "block");
+      if (is_gather) {
+        check_same_dtype(op, mine, b);
+      } else {
+        check_same_dtype(op, b, mine);
+      }
+    }
+    const BufferRef& own = blocks[static_cast<std::size_t>(rank())];
+    DTENSOR_CHECK(own.count == mine.count, where(op) + ": the root's own block has " +
+                                               std::to_string(own.count) + " elements but its " +
+                                               (is_gather ? "input" : "output") + " has " +
+                                               std::to_string(mine.count));
+  }
+
+  std::atomic<std::int64_t> timeout_ms_;
+  std::atomic<int> splits_{0}; // split() calls, which every member makes in the same order
+  mutable std::mutex abort_m_;
+  std::optional<std::string> aborted_;
 };
 
 } // namespace dtensor

@@ -1,20 +1,26 @@
 #pragma once
-// Backend::split, written once for every backend: the members' colours and keys meet in the group's
-// store, and the new group's members follow from them.
+// How new groups find their members, written once for every backend (Backend::split and the backends'
+// new_group hooks use it).
 //
 //   auto all = detail::exchange_split_colors(*store, "split3", rank, size, color, key, timeout, what);
 //   auto [members, me] = detail::split_members(all, color, rank);   // members: old group ranks
+//   std::string name = generations.next_name({0, 2});                 // "members[0,2]#0", then #1, ...
 //
 // Contract: every member of the old group calls exchange_split_colors with the same `name` (unique per
 // split of that group) and gets every member's (colour, key), in old-group rank order. Members with one
-// colour >= 0 form a group ordered by (key, old rank), as ncclCommSplit orders it.
+// colour >= 0 form a group ordered by (key, old rank), as ncclCommSplit orders it. new_group is made by
+// its members only: they meet under a name made of their global ranks and how many groups over that list
+// this rank made before (GroupGenerations), so ranks outside the list never take part.
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/format.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -95,5 +101,25 @@ inline SplitMembers split_members(std::span<const SplitEntry> all, int color, in
   }
   return m;
 }
+
+/// How many groups one rank made over each member list (global ranks, in group order). One per rank,
+/// shared by all its groups: the members of a list make its groups in the same order, so the count names
+/// the rendezvous of the next one.
+class GroupGenerations {
+public:
+  /// "members[0,2]#1": the rendezvous name of the next group over `global` (counts this call).
+  std::string next_name(const std::vector<int>& global) {
+    int generation = 0;
+    {
+      std::lock_guard lock(m_);
+      generation = counts_[global]++;
+    }
+    return "members" + format_list(global) + "#" + std::to_string(generation);
+  }
+
+private:
+  std::mutex m_;
+  std::map<std::vector<int>, int> counts_;
+};
 
 } // namespace dtensor::detail

@@ -274,17 +274,17 @@ inline std::vector<std::int64_t> split_counts(std::span<const std::int64_t> spli
   }
   DTENSOR_CHECK(splits.size() == static_cast<std::size_t>(n),
                 op_context(group, "all_to_all_single") + ": " + which + " split sizes " +
-                    counts_to_string(splits) + " have " + std::to_string(splits.size()) +
+                    format_list(splits, ", ") + " have " + std::to_string(splits.size()) +
                     " entries for a group of " + std::to_string(n));
   std::int64_t total = 0;
   for (std::size_t i = 0; i < splits.size(); ++i) {
     DTENSOR_CHECK(splits[i] >= 0, op_context(group, "all_to_all_single") + ": negative " + which +
-                                      " split size in " + counts_to_string(splits));
+                                      " split size in " + format_list(splits, ", "));
     total += splits[i];
     counts[i] = splits[i] * row;
   }
   DTENSOR_CHECK(total == rows, op_context(group, "all_to_all_single") + ": " + which + " split sizes " +
-                                   counts_to_string(splits) + " sum to " + std::to_string(total) +
+                                   format_list(splits, ", ") + " sum to " + std::to_string(total) +
                                    " but the " + which + " has " + std::to_string(rows) + " rows in dim 0");
   return counts;
 }

@@ -6,6 +6,7 @@
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/format.hpp"
 #include "dtensor/core/tensor.hpp"
 
 #include <cstdint>
@@ -73,14 +74,6 @@ inline std::vector<std::int64_t> displacements(std::span<const std::int64_t> cou
     at += counts[i];
   }
   return d;
-}
-
-inline std::string counts_to_string(std::span<const std::int64_t> v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    s += (i ? ", " : "") + std::to_string(v[i]);
-  }
-  return s + "]";
 }
 
 /// Elements per dim-0 row of `shape` (1 for rank 0).

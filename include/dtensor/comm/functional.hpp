@@ -87,7 +87,7 @@ all_to_all_single(const Tensor<T, Rank>& input, std::span<const std::int64_t> ou
   }
   DTENSOR_CHECK(shape[0] >= 0, dtensor::detail::op_context(group, "all_to_all_single") +
                                    ": negative output split sizes " +
-                                   dtensor::detail::counts_to_string(output_split_sizes));
+                                   dtensor::detail::format_list(output_split_sizes, ", "));
   Tensor<T, Rank> out(shape, input.device());
   dtensor::all_to_all_single(out, input.contiguous(), output_split_sizes, input_split_sizes, group);
   return out;

@@ -2,7 +2,8 @@
 // init_process_group: the world group of a multi-process job, from the environment (torch's env://).
 //
 //   auto world = dtensor::init_process_group();   // under dtensor-run, torchrun, mpirun or srun
-//   std::printf("rank %d of %d on %s\n", world.rank(), world.size(), std::string(world.backend()).c_str());
+//   std::printf("rank %d of %d on %s\n", world.rank(), world.size(),
+//   std::string(world.backend_name()).c_str());
 //
 // Where a process sits in the job (read_dist_env), first match wins:
 //   torchrun / dtensor-run   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
@@ -20,19 +21,23 @@
 // store (gloo: its pair addresses; NCCL: the unique id), and all ranks meet at a store barrier before
 // init_process_group returns.
 //
-// Backend: InitOptions::backend, else DTENSOR_BACKEND ("gloo", "nccl" or "auto"), else auto: NCCL when
-// dtensor was built with it (target dtensor::nccl) and a CUDA device is visible, else gloo.
+// Backend: InitOptions::backend, else DTENSOR_BACKEND, else "auto": a name in the backend registry
+// (backends/registry.hpp: "gloo" and "nccl" when this program includes them, as this header does when
+// dtensor was built with them), made with make_backend; "auto" picks NCCL when a CUDA device is visible,
+// else gloo. Each backend reads its own settings (gloo: GLOO_SOCKET_IFNAME, else the local address that
+// routes to MASTER_ADDR; NCCL: the device LOCAL_RANK unless InitOptions::device is set).
 // Timeout (store, rendezvous and the group's default op timeout): InitOptions::timeout, else
-// DTENSOR_TIMEOUT (seconds), else 300 s. gloo binds to GLOO_SOCKET_IFNAME when set, else to the local
-// address that routes to MASTER_ADDR (127.0.0.1 when the master is local).
+// DTENSOR_TIMEOUT (seconds), else 300 s.
 
+#include "dtensor/backends/registry.hpp"
 #include "dtensor/comm/process_group.hpp"
+#include "dtensor/core/env.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/rendezvous/barrier.hpp"
-#include "dtensor/rendezvous/detail/tcp.hpp"
 #include "dtensor/rendezvous/store.hpp"
 #include "dtensor/rendezvous/tcp_store.hpp"
 
+// The backends of this build register themselves by being included (backends/registry.hpp).
 #if DTENSOR_HAS_GLOO
 #include "dtensor/backends/gloo/backend.hpp"
 #endif
@@ -40,12 +45,6 @@
 #include "dtensor/backends/nccl/backend.hpp"
 #endif
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -103,9 +102,9 @@ inline int env_int(const EnvLookup& env, const char* name, int fallback, int min
   return static_cast<int>(x);
 }
 
-inline bool env_true(const EnvLookup& env, const char* name) {
-  auto v = env(name);
-  return v && (*v == "1" || *v == "true" || *v == "True" || *v == "TRUE" || *v == "yes");
+/// A flag read through `env` (core/env.hpp's truth table); false when unset.
+inline bool env_flag(const EnvLookup& env, const char* name) {
+  return parse_flag(name, env(name).value_or(""), false);
 }
 
 /// The first host of a Slurm hostlist: "node[03-05,7],gpu1" -> "node03", "a,b" -> "a".
@@ -125,43 +124,6 @@ inline std::string first_slurm_host(std::string_view list) {
     }
     out += c;
   }
-  return out;
-}
-
-inline bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
-/// The local address the kernel would use to reach host:port (a UDP connect sends nothing), or "" when
-/// it cannot tell.
-inline std::string local_address_towards(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* list = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list) != 0) {
-    return "";
-  }
-  std::string out;
-  for (addrinfo* a = list; a != nullptr && out.empty(); a = a->ai_next) {
-    tcp::Fd fd(::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    if (!fd || ::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
-      continue;
-    }
-    sockaddr_storage ss{};
-    socklen_t len = sizeof(ss);
-    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
-      continue;
-    }
-    char buf[INET6_ADDRSTRLEN] = {};
-    const void* addr = ss.ss_family == AF_INET6
-                           ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr)
-                           : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&ss)->sin_addr);
-    if (::inet_ntop(ss.ss_family, addr, buf, sizeof(buf)) != nullptr) {
-      out = buf;
-    }
-  }
-  ::freeaddrinfo(list);
   return out;
 }
 
@@ -212,13 +174,14 @@ inline DistEnv read_dist_env(const EnvLookup& env = detail::system_env) {
                       "e.g. MASTER_ADDR=$(hostname) on that machine, and MASTER_PORT to a free port");
     e.master_addr = "127.0.0.1";
   }
-  e.agent_store = detail::env_true(env, "DTENSOR_USE_AGENT_STORE");
+  e.agent_store = detail::env_flag(env, "DTENSOR_USE_AGENT_STORE");
   return e;
 }
 
 /// Options of init_process_group; every field has an environment default (see the top of this file).
 struct InitOptions {
-  /// "gloo", "nccl", "auto"; empty: DTENSOR_BACKEND, else "auto".
+  /// A registered backend ("gloo", "nccl", see registered_backends()) or "auto"; empty: DTENSOR_BACKEND,
+  /// else "auto".
   std::string backend;
   /// Store connection, rendezvous and default op timeout; zero: DTENSOR_TIMEOUT seconds, else 300 s.
   std::chrono::milliseconds timeout{0};
@@ -227,7 +190,8 @@ struct InitOptions {
   /// An existing store (any dtensor::Store) to rendezvous through instead of connecting to
   /// MASTER_ADDR:MASTER_PORT.
   std::shared_ptr<Store> store;
-  /// NCCL: the CUDA device of this rank; -1: LOCAL_RANK modulo the number of visible devices.
+  /// Device backends (NCCL): the device of this rank; -1: LOCAL_RANK (NCCL takes it modulo the number of
+  /// visible devices).
   int device = -1;
 };
 
@@ -252,38 +216,13 @@ inline std::chrono::milliseconds init_timeout(std::chrono::milliseconds given = 
   return std::chrono::seconds(300);
 }
 
-inline bool cuda_device_visible() {
-#if DTENSOR_HAS_NCCL
-  return nccl_device_count() > 0;
-#else
-  return false;
-#endif
-}
-
-/// "gloo" or "nccl", checked against what this build has.
-inline std::string resolve_backend(std::string name) {
-  if (name.empty()) {
-    name = system_env("DTENSOR_BACKEND").value_or("auto");
+/// The registered backend `name` (empty: DTENSOR_BACKEND, else "auto") stands for.
+inline std::string resolve_backend(const std::string& name) {
+  try {
+    return resolve_backend_name(name.empty() ? system_env("DTENSOR_BACKEND").value_or("auto") : name);
+  } catch (const Error& e) {
+    throw Error(std::string("init_process_group: ") + e.what());
   }
-  for (char& c : name) {
-    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  }
-  if (name.empty() || name == "auto") {
-    name = cuda_device_visible() ? "nccl" : "gloo";
-  }
-  DTENSOR_CHECK(name == "gloo" || name == "nccl", "init_process_group: unknown backend '" + name +
-                                                      "' (DTENSOR_BACKEND must be gloo, nccl or auto)");
-#if !DTENSOR_HAS_GLOO
-  DTENSOR_CHECK(name != "gloo",
-                "init_process_group: the gloo backend is not part of this build (link the CMake "
-                "target dtensor::gloo, which needs Debian's libgloo-dev)");
-#endif
-#if !DTENSOR_HAS_NCCL
-  DTENSOR_CHECK(name != "nccl",
-                "init_process_group: the NCCL backend is not part of this build (link the CMake "
-                "target dtensor::nccl, which needs the CUDA toolkit and NCCL)");
-#endif
-  return name;
 }
 
 } // namespace detail
@@ -315,32 +254,13 @@ inline ProcessGroup init_process_group(InitOptions options = {}) {
   const std::int64_t generation = store->add("dtensor/init_count/" + std::to_string(env.rank), 1);
   const std::string prefix = "dtensor/init" + std::to_string(generation);
 
-  std::shared_ptr<Backend> impl;
-  if (backend == "gloo") {
-#if DTENSOR_HAS_GLOO
-    GlooOptions go;
-    go.timeout = timeout;
-    go.prefix = prefix + "/gloo";
-    if (auto iface = detail::system_env("GLOO_SOCKET_IFNAME"); iface && !iface->empty()) {
-      go.iface = iface->substr(0, iface->find(','));
-    } else if (!detail::is_loopback(env.master_addr) && env.world_size > 1) {
-      const std::string local = detail::local_address_towards(env.master_addr, env.master_port);
-      if (!local.empty()) {
-        go.hostname = local;
-      }
-    }
-    impl = make_gloo_backend(store, env.rank, env.world_size, go);
-#endif
-  } else {
-#if DTENSOR_HAS_NCCL
-    NcclOptions no;
-    no.timeout = timeout;
-    no.prefix = prefix + "/nccl";
-    no.device = options.device >= 0 ? options.device : env.local_rank;
-    impl = make_nccl_backend(store, env.rank, env.world_size, no);
-#endif
-  }
-  DTENSOR_CHECK(impl != nullptr, "init_process_group: no backend was created");
+  BackendOptions bo;
+  bo.timeout = timeout;
+  bo.prefix = prefix + "/" + backend;
+  bo.device = options.device >= 0 ? options.device : env.local_rank;
+  bo.master_addr = env.master_addr;
+  bo.master_port = env.master_port;
+  std::shared_ptr<Backend> impl = make_backend(backend, store, env.rank, env.world_size, bo);
   // Nobody leaves (and a store-hosting rank 0 cannot exit) before every rank finished its rendezvous. A
   // store passed in may be hosted by any rank: then every rank waits until all were released.
   store_barrier(*store, prefix + "/ready", env.world_size, timeout,

@@ -51,8 +51,10 @@ public:
   int rank() const noexcept { return backend_ ? backend_->rank() : -1; }
   /// Number of members; -1 when not a member.
   int size() const noexcept { return backend_ ? backend_->size() : -1; }
-  /// "gloo" or "nccl" ("" when not a member).
-  std::string_view backend() const noexcept { return backend_ ? backend_->name() : std::string_view{}; }
+  /// The registered name of the backend, e.g. "gloo" or "nccl" ("" when not a member).
+  std::string_view backend_name() const noexcept { return backend_ ? backend_->name() : std::string_view{}; }
+  /// The backend (torch's ProcessGroup._get_backend); throws when not a member.
+  Backend& backend() const { return impl("backend"); }
   /// Global (world) rank of each member, indexed by group rank. For a non-member handle from new_group,
   /// the ranks of the group it is not part of.
   std::span<const int> ranks() const noexcept { return ranks_; }

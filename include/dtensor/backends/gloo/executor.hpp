@@ -1,71 +1,27 @@
 #pragma once
-// Host-side asynchrony for the gloo backend. gloo's calls block the calling thread, so each group owns
-//  - a SerialExecutor that runs its ops one at a time in submission order (async collectives on one group
-//    stay ordered, and tags never race), on the caller's thread when the group is idle (no thread hop for
-//    synchronous ops) and on a lazily started worker thread otherwise;
-//  - HostWork, the completion object wait()/is_completed() look at;
-//  - DeferredWork, the completion of a posted point-to-point batch: its last step (waiting for the
-//    transport) runs on the first thread that waits for it, or on a second per-group SerialExecutor
-//    (the completer) when the work is polled or dropped, never on the ordered executor.
+// Ordered host-side execution for the gloo backend. gloo's calls block the calling thread, so each group
+// owns a SerialExecutor that runs its ops one at a time in submission order (async collectives on one
+// group stay ordered, and tags never race), on the caller's thread when the group is idle (no thread hop
+// for synchronous ops) and on a lazily started worker thread otherwise. OpArrays are the per-member
+// arrays an op reads, viewed in place while it runs on the caller's thread and copied when it is queued.
 
 #include "dtensor/backends/backend.hpp"
 
+#include <algorithm>
+#include <array>
 #include <condition_variable>
+#include <cstddef>
+#include <cstdint>
 #include <deque>
-#include <exception>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <utility>
 
 namespace dtensor::detail {
-
-/// The completion flag and error of one host-side op, under one mutex that derived works share for their
-/// own state.
-class Completion {
-public:
-  /// Marks the op finished (with `error` if it failed). Only the first call counts.
-  void finish(std::exception_ptr error = nullptr) {
-    {
-      std::lock_guard lock(m_);
-      if (done_) {
-        return;
-      }
-      done_ = true;
-      error_ = std::move(error);
-    }
-    cv_.notify_all();
-  }
-
-protected:
-  /// Blocks (on `lock`, holding m_) until finished; rethrows the op's error.
-  void wait_finished(std::unique_lock<std::mutex>& lock) {
-    cv_.wait(lock, [&] { return done_; });
-    if (error_) {
-      std::rethrow_exception(error_);
-    }
-  }
-
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
-
-/// A host-side op finished by whoever runs it (finish()).
-class HostWork final : public WorkImpl, public Completion {
-public:
-  bool is_completed() override {
-    std::lock_guard lock(m_);
-    return done_;
-  }
-
-  void wait() override {
-    std::unique_lock lock(m_);
-    wait_finished(lock);
-  }
-};
 
 /// Runs tasks one at a time, in submission order. Tasks must not throw.
 class SerialExecutor {
@@ -154,99 +110,42 @@ private:
   std::thread worker_;
 };
 
-/// Completion of an op that was posted in order but whose last step -- waiting for the transport -- may
-/// run on any thread (point-to-point batches). That step runs exactly once:
-///  - in the first wait() (the usual post-then-wait runs on the caller's thread: no thread hop);
-///  - on `completer` once is_completed() was called (polling makes progress without a waiter);
-///  - on `completer` when the work is dropped before anyone waited (its buffers live until the transfers
-///    end).
-/// Waiting for one batch never waits for another, so batches complete in any order.
-class DeferredWork final : public WorkImpl,
-                           public Completion,
-                           public std::enable_shared_from_this<DeferredWork> {
-public:
-  /// The last step: waits for the transport and returns the op's error (nullptr on success).
-  using Complete = std::function<std::exception_ptr()>;
+/// The arrays of group size an op reads: up to four of counts and displacements, and gather's/scatter's
+/// blocks. They view the caller's arrays while the op runs on the caller's thread; own() copies them
+/// before it is queued.
+struct OpArrays {
+  std::array<std::span<const std::int64_t>, 4> v{};
+  std::span<const BufferRef> blocks;
+  std::shared_ptr<std::int64_t[]> storage;
+  std::shared_ptr<BufferRef[]> block_storage;
 
-  /// `completer` must outlive every Complete this work holds (each holds its group).
-  explicit DeferredWork(SerialExecutor& completer) : completer_(&completer) {}
+  OpArrays() = default;
+  OpArrays(std::initializer_list<std::span<const std::int64_t>> l) {
+    std::copy(l.begin(), l.end(), v.begin());
+  }
+  std::span<const std::int64_t> operator[](std::size_t i) const { return v[i]; }
 
-  ~DeferredWork() override {
-    if (complete_) {
-      completer_->submit([c = std::move(complete_)] { (void)c(); }, /*inline_if_idle=*/false);
+  void own() {
+    if (!blocks.empty()) {
+      block_storage = std::make_shared<BufferRef[]>(blocks.size());
+      std::copy(blocks.begin(), blocks.end(), block_storage.get());
+      blocks = {block_storage.get(), blocks.size()};
+    }
+    std::size_t total = 0;
+    for (auto& a : v) {
+      total += a.size();
+    }
+    if (total == 0) {
+      return;
+    }
+    storage = std::make_shared_for_overwrite<std::int64_t[]>(total);
+    std::int64_t* at = storage.get();
+    for (auto& a : v) {
+      std::copy(a.begin(), a.end(), at);
+      a = {at, a.size()};
+      at += a.size();
     }
   }
-
-  /// The op was posted; `complete` finishes it.
-  void posted(Complete complete) {
-    bool hand = false;
-    {
-      std::lock_guard lock(m_);
-      complete_ = std::move(complete);
-      posted_ = true;
-      hand = want_completer_;
-    }
-    cv_.notify_all();
-    if (hand) {
-      hand_off();
-    }
-  }
-
-  bool is_completed() override {
-    {
-      std::lock_guard lock(m_);
-      if (done_) {
-        return true;
-      }
-      if (!posted_) {
-        want_completer_ = true; // posted() hands it over
-        return false;
-      }
-    }
-    hand_off();
-    return false;
-  }
-
-  void wait() override {
-    std::unique_lock lock(m_);
-    cv_.wait(lock, [&] { return posted_ || done_; });
-    if (!done_ && complete_) {
-      Complete c = std::exchange(complete_, nullptr);
-      lock.unlock();
-      finish(c());
-      lock.lock();
-    }
-    wait_finished(lock);
-  }
-
-private:
-  void hand_off() {
-    {
-      std::lock_guard lock(m_);
-      if (!complete_ || handed_) {
-        return;
-      }
-      handed_ = true;
-    }
-    completer_->submit(
-        [self = shared_from_this()] {
-          Complete c;
-          {
-            std::lock_guard lock(self->m_);
-            c = std::exchange(self->complete_, nullptr);
-          }
-          if (c) {
-            self->finish(c());
-          }
-        },
-        /*inline_if_idle=*/false);
-  }
-
-  SerialExecutor* completer_;
-  Complete complete_;
-  bool posted_ = false;
-  bool want_completer_ = false;
-  bool handed_ = false;
 };
 
 } // namespace dtensor::detail

@@ -1,19 +1,21 @@
 #pragma once
-// The NCCL backend: dtensor::Backend over an NCCL communicator (the counterpart of
+// The NCCL backend: dtensor::Backend over an NCCL communicator, registered as "nccl" (the counterpart of
 // backends/gloo/backend.hpp).
 //
-//   auto store = std::make_shared<dtensor::TcpStore>(addr, port, dtensor::TcpStoreOptions{.is_server = rank
-//   == 0}); dtensor::ProcessGroup world(dtensor::make_nccl_backend(store, rank, size, {.device =
-//   local_rank}));
+//   dtensor::TcpStoreOptions so;
+//   so.is_server = rank == 0;
+//   auto store = std::make_shared<dtensor::TcpStore>(addr, port, so);
+//   dtensor::ProcessGroup world(dtensor::make_nccl_backend(store, rank, size, {.device = local_rank}));
 //   // usually: auto world = dtensor::init_process_group();   (DTENSOR_BACKEND=nccl or a visible GPU)
 //
-// Design (see also backends/backend.hpp and work.hpp):
+// Design (see also backends/backend.hpp, whose front checks every argument before a hook here runs, and
+// work.hpp):
 //  - The world communicator comes from ncclCommInitRankConfig with the unique id rank 0 publishes in the
 //    store (any dtensor::Store). new_group is made by its members only (torch's use_local_synchronization):
 //    its first member publishes a unique id under a key made of the members' global ranks and how many
 //    groups over that list this rank made before, and the members ncclCommInitRankConfig with it, so ranks
 //    outside the group never take part. split() is ncclCommSplit (collective on the parent; DeviceMesh
-//    splits with colour = the other coordinates, key = the coordinate on the axis); it learns every
+//    splits with colour = the other coordinates, key = the coordinate on the axis); the front learns every
 //    member's colour and key through the store, under the communicator's prefix and its split count
 //    (backends/split.hpp), so it needs no device memory and no collective besides ncclCommSplit itself.
 //  - Communicators are nonblocking by default (NcclOptions::nonblocking, DTENSOR_NCCL_NONBLOCKING=0 turns it
@@ -30,16 +32,20 @@
 //    a group of ncclReduce calls, one per root. This rank's own block is a cudaMemcpyAsync on the group's
 //    stream (a plain device copy needs no kernel: Thrust is not used here, so this header compiles with
 //    any C++20 compiler that sees the CUDA runtime headers).
-//  - Buffers must be CUDA memory on this rank's device; a host buffer is rejected with a message that says
-//    so before anything is enqueued. Point-to-point ops between a pair of ranks match in posting order;
-//    NCCL has no tags, so tags are checked for range and otherwise ignored (as in torch's NCCL backend).
+//  - Buffers must be CUDA memory on this rank's device (check_memory); a host buffer is rejected with a
+//    message that says so before anything is enqueued. Point-to-point ops between a pair of ranks match in
+//    posting order; NCCL has no tags, so tags are checked for range (by the front) and otherwise ignored
+//    (as in torch's NCCL backend).
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/nccl/rendezvous.hpp"
 #include "dtensor/backends/nccl/types.hpp"
 #include "dtensor/backends/nccl/work.hpp"
+#include "dtensor/backends/registry.hpp"
 #include "dtensor/backends/split.hpp"
+#include "dtensor/core/env.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/format.hpp"
 #include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
@@ -47,11 +53,8 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -71,42 +74,20 @@ struct NcclOptions {
   int device = 0;
   /// Key prefix in the store (the world communicator's keys live under "<prefix>/world").
   std::string prefix = "dtensor/nccl";
-  /// Nonblocking communicators + watchdog (the environment variable DTENSOR_NCCL_NONBLOCKING=0 turns it off).
+  /// Nonblocking communicators + watchdog (the environment variable DTENSOR_NCCL_NONBLOCKING overrides
+  /// it; core/env.hpp's flags).
   bool nonblocking = true;
-  /// Work::wait() blocks the host until the op completed (also DTENSOR_NCCL_BLOCKING_WAIT=1).
+  /// Work::wait() blocks the host until the op completed (DTENSOR_NCCL_BLOCKING_WAIT overrides it).
   bool blocking_wait = false;
 };
 
 namespace detail {
 
-inline bool env_flag(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') {
-    return fallback;
-  }
-  const std::string s(v);
-  return !(s == "0" || s == "false" || s == "False" || s == "no");
-}
-
-inline std::string nccl_join(std::span<const int> v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (i > 0) {
-      s += ",";
-    }
-    s += std::to_string(v[i]);
-  }
-  return s + "]";
-}
-
 /// What the communicators of one rank share: the job's store (under NcclOptions::prefix; null for a
-/// one-rank job without one) and, per member list (global ranks in group order), how many groups
-/// new_group made over it. The members of a list make its groups in the same order, so the count names the
-/// rendezvous of the next one.
+/// one-rank job without one) and the new_group rendezvous counts (backends/split.hpp).
 struct NcclRankShared {
   std::shared_ptr<Store> root;
-  std::mutex m;
-  std::map<std::vector<int>, int> generations;
+  GroupGenerations generations;
 };
 
 /// A new communicator of `size` ranks, this one `rank`, on `device`: the unique id of rank 0 through
@@ -138,7 +119,7 @@ public:
   NcclBackendImpl(std::shared_ptr<NcclCommState> state, std::vector<int> global, int rank,
                   std::chrono::milliseconds timeout, NcclOptions options, std::shared_ptr<Store> store,
                   std::shared_ptr<NcclRankShared> shared)
-      : state_(std::move(state)), global_(std::move(global)), rank_(rank), timeout_(timeout),
+      : Backend(timeout), state_(std::move(state)), global_(std::move(global)), rank_(rank),
         options_(std::move(options)), store_(std::move(store)), shared_(std::move(shared)) {
     NcclWatchdog::instance().watch(state_);
   }
@@ -149,18 +130,16 @@ public:
   std::span<const int> global_ranks() const noexcept override { return global_; }
   std::string describe() const override {
     return "rank " + std::to_string(rank_) + " (global " + std::to_string(global_[rank_]) +
-           ") of nccl group " + nccl_join(global_) + " on cuda:" + std::to_string(state_->device());
+           ") of nccl group " + format_list(global_) + " on cuda:" + std::to_string(state_->device());
   }
-  std::chrono::milliseconds timeout() const override { return timeout_; }
-  void set_timeout(std::chrono::milliseconds t) override { timeout_ = t; }
 
   /// The communicator's shared state (for tests and the mesh layer).
   const std::shared_ptr<NcclCommState>& state() const noexcept { return state_; }
 
+protected:
   // ---- collectives --------------------------------------------------------------------------------------
 
-  WorkPtr all_reduce(BufferRef buf, ReduceOp op, const CommOptions& opts) override {
-    check_buffer(buf, "all_reduce", "the tensor");
+  WorkPtr do_all_reduce(BufferRef buf, ReduceOp op, const CommOptions& opts) override {
     const auto t = nccl_type(buf.dtype);
     const auto o = nccl_op(op);
     return submit("all_reduce", opts, false, [&](ncclComm_t c, cudaStream_t s) {
@@ -168,9 +147,7 @@ public:
     });
   }
 
-  WorkPtr reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) override {
-    check_buffer(buf, "reduce", "the tensor");
-    check_root(root, "reduce");
+  WorkPtr do_reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) override {
     const auto t = nccl_type(buf.dtype);
     const auto o = nccl_op(op);
     return submit("reduce", opts, false, [&](ncclComm_t c, cudaStream_t s) {
@@ -178,23 +155,15 @@ public:
     });
   }
 
-  WorkPtr broadcast(BufferRef buf, int root, const CommOptions& opts) override {
-    check_buffer(buf, "broadcast", "the tensor");
-    check_root(root, "broadcast");
+  WorkPtr do_broadcast(BufferRef buf, int root, const CommOptions& opts) override {
     const auto t = nccl_type(buf.dtype);
     return submit("broadcast", opts, false, [&](ncclComm_t c, cudaStream_t s) {
       return ncclBroadcast(buf.data, buf.data, count(buf), t, root, c, s);
     });
   }
 
-  WorkPtr all_gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
-                     std::span<const std::int64_t> displs, const CommOptions& opts) override {
-    check_buffer(in, "all_gather", "the input");
-    check_buffer(out, "all_gather", "the output");
-    check_layout(counts, displs, out, in.dtype, "all_gather");
-    check_count(in.count == counts[rank_], "all_gather",
-                "the input has " + std::to_string(in.count) + " elements but counts[" +
-                    std::to_string(rank_) + "] is " + std::to_string(counts[rank_]));
+  WorkPtr do_all_gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
+                        std::span<const std::int64_t> displs, const CommOptions& opts) override {
     const auto t = nccl_type(in.dtype);
     if (equal_packed(counts, displs)) {
       return submit("all_gather", opts, false, [&](ncclComm_t c, cudaStream_t s) {
@@ -221,15 +190,9 @@ public:
     });
   }
 
-  WorkPtr reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
-                         std::span<const std::int64_t> displs, ReduceOp op,
-                         const CommOptions& opts) override {
-    check_buffer(in, "reduce_scatter", "the input");
-    check_buffer(out, "reduce_scatter", "the output");
-    check_layout(counts, displs, in, in.dtype, "reduce_scatter");
-    check_count(out.count == counts[rank_], "reduce_scatter",
-                "the output has " + std::to_string(out.count) + " elements but counts[" +
-                    std::to_string(rank_) + "] is " + std::to_string(counts[rank_]));
+  WorkPtr do_reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
+                            std::span<const std::int64_t> displs, ReduceOp op,
+                            const CommOptions& opts) override {
     const auto t = nccl_type(in.dtype);
     const auto o = nccl_op(op);
     if (equal_packed(counts, displs)) {
@@ -256,17 +219,10 @@ public:
     });
   }
 
-  WorkPtr all_to_all(BufferRef in, std::span<const std::int64_t> send_counts,
-                     std::span<const std::int64_t> send_displs, BufferRef out,
-                     std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
-                     const CommOptions& opts) override {
-    check_buffer(in, "all_to_all", "the input");
-    check_buffer(out, "all_to_all", "the output");
-    check_layout(send_counts, send_displs, in, in.dtype, "all_to_all (send)");
-    check_layout(recv_counts, recv_displs, out, in.dtype, "all_to_all (receive)");
-    check_count(send_counts[rank_] == recv_counts[rank_], "all_to_all",
-                "this rank sends itself " + std::to_string(send_counts[rank_]) + " elements but expects " +
-                    std::to_string(recv_counts[rank_]));
+  WorkPtr do_all_to_all(BufferRef in, std::span<const std::int64_t> send_counts,
+                        std::span<const std::int64_t> send_displs, BufferRef out,
+                        std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
+                        const CommOptions& opts) override {
     const auto t = nccl_type(in.dtype);
     const std::size_t es = dtype_size(in.dtype);
     return submit("all_to_all", opts, false, [&](ncclComm_t c, cudaStream_t s) {
@@ -291,13 +247,8 @@ public:
     });
   }
 
-  WorkPtr gather(BufferRef in, std::span<const BufferRef> blocks, int root,
-                 const CommOptions& opts) override {
-    check_root(root, "gather");
-    check_buffer(in, "gather", "the input");
-    if (rank_ == root) {
-      check_blocks(blocks, in, "gather");
-    }
+  WorkPtr do_gather(BufferRef in, std::span<const BufferRef> blocks, int root,
+                    const CommOptions& opts) override {
     const auto t = nccl_type(in.dtype);
     return submit("gather", opts, false, [&](ncclComm_t c, cudaStream_t s) {
       if (rank_ != root) {
@@ -318,13 +269,8 @@ public:
     });
   }
 
-  WorkPtr scatter(std::span<const BufferRef> blocks, BufferRef out, int root,
-                  const CommOptions& opts) override {
-    check_root(root, "scatter");
-    check_buffer(out, "scatter", "the output");
-    if (rank_ == root) {
-      check_blocks(blocks, out, "scatter");
-    }
+  WorkPtr do_scatter(std::span<const BufferRef> blocks, BufferRef out, int root,
+                     const CommOptions& opts) override {
     const auto t = nccl_type(out.dtype);
     return submit("scatter", opts, false, [&](ncclComm_t c, cudaStream_t s) {
       if (rank_ != root) {
@@ -346,7 +292,7 @@ public:
   }
 
   /// An all_reduce of one int32 on the group's scratch buffer; wait() blocks the host (torch's barrier).
-  WorkPtr barrier(const CommOptions& opts) override {
+  WorkPtr do_barrier(const CommOptions& opts) override {
     void* scratch = scratch_buffer();
     return submit("barrier", opts, true, [&](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(scratch, scratch, 1, ncclInt32, ncclSum, c, s);
@@ -355,17 +301,7 @@ public:
 
   // ---- point to point -----------------------------------------------------------------------------------
 
-  WorkPtr p2p(std::span<const P2PRequest> requests, const CommOptions& opts) override {
-    for (const auto& r : requests) {
-      const bool is_send = r.kind == P2PRequest::Kind::send;
-      check_buffer(r.buffer, is_send ? "send" : "recv", "the tensor");
-      DTENSOR_CHECK(r.peer >= 0 && r.peer < size(),
-                    describe() + ": " + (is_send ? "send" : "recv") + ": peer " + std::to_string(r.peer) +
-                        " is out of range for a group of " + std::to_string(size()));
-      DTENSOR_CHECK(r.tag >= 0 && r.tag < kMaxP2PTag, describe() + ": tag " + std::to_string(r.tag) +
-                                                          " is out of range [0, " +
-                                                          std::to_string(kMaxP2PTag) + ")");
-    }
+  WorkPtr do_p2p(std::span<const P2PRequest> requests, const CommOptions& opts) override {
     std::vector<P2PRequest> reqs(requests.begin(), requests.end());
     return submit(requests.size() == 1 ? (requests[0].kind == P2PRequest::Kind::send ? "send" : "recv")
                                        : "batch_isend_irecv",
@@ -387,67 +323,43 @@ public:
 
   // ---- groups -------------------------------------------------------------------------------------------
 
-  std::shared_ptr<Backend> new_group(std::span<const int> ranks) override {
-    std::vector<int> seen;
-    int mine = -1;
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
-      const int r = ranks[i];
-      DTENSOR_CHECK(r >= 0 && r < size(), describe() + ": new_group: rank " + std::to_string(r) +
-                                              " is out of range for a group of " + std::to_string(size()));
-      DTENSOR_CHECK(std::find(seen.begin(), seen.end(), r) == seen.end(),
-                    describe() + ": new_group: rank " + std::to_string(r) + " is listed twice");
-      seen.push_back(r);
-      if (r == rank_) {
-        mine = static_cast<int>(i);
-      }
-    }
-    if (mine < 0) {
-      return nullptr;
-    }
-    state_->rethrow_if_failed();
-    std::vector<int> global;
-    for (int r : ranks) {
-      global.push_back(global_[r]);
-    }
-    int generation = 0;
-    {
-      std::lock_guard lock(shared_->m);
-      generation = shared_->generations[global]++;
-    }
-    const std::string name = "members" + nccl_join(global) + "#" + std::to_string(generation);
+  /// Called by the members only; they meet under the name GroupGenerations gives their list.
+  std::shared_ptr<Backend> do_new_group(std::vector<int> global, int mine) override {
+    const std::string name = shared_->generations.next_name(global);
     std::shared_ptr<Store> store =
         shared_->root != nullptr ? std::make_shared<PrefixStore>(name, shared_->root) : nullptr;
     CudaDeviceGuard guard(state_->device());
-    auto child =
-        init_nccl_comm(store.get(), mine, static_cast<int>(global.size()), state_->device(), options_,
-                       timeout_, "nccl group " + nccl_join(global) + " (rank " + std::to_string(mine) + ")");
-    return std::make_shared<NcclBackendImpl>(std::move(child), std::move(global), mine, timeout_, options_,
+    auto child = init_nccl_comm(store.get(), mine, static_cast<int>(global.size()), state_->device(),
+                                options_, timeout(),
+                                "nccl group " + format_list(global) + " (rank " + std::to_string(mine) + ")");
+    return std::make_shared<NcclBackendImpl>(std::move(child), std::move(global), mine, timeout(), options_,
                                              std::move(store), shared_);
   }
 
-  std::shared_ptr<Backend> split(int color, int key) override {
-    // Every member learns every (colour, key) through the store to know the new group's members.
-    state_->rethrow_if_failed();
-    const int n = creations_++;
-    const std::string what = describe() + ": split(color " + std::to_string(color) + ", key " +
-                             std::to_string(key) + ") #" + std::to_string(n);
-    std::vector<SplitEntry> all{{color, key}};
-    if (size() > 1) {
-      DTENSOR_CHECK(store_ != nullptr, what + ": no store to exchange the colours and keys through");
-      all = exchange_split_colors(*store_, "split" + std::to_string(n), rank_, size(), color, key, timeout_,
-                                  what);
-    }
-    const SplitMembers members = split_members(all, color, rank_);
-    std::vector<int> global;
-    for (int r : members.ranks) {
-      global.push_back(global_[r]);
-    }
-    return split_to(color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, members.me, std::move(global),
-                    child_store("s" + std::to_string(n) + "c" + std::to_string(color)));
+  /// ncclCommSplit, by every member (also those with colour < 0, which get nullptr).
+  std::shared_ptr<Backend> do_split(const SplitGroup& g) override {
+    return split_to(g.color >= 0 ? g.color : NCCL_SPLIT_NOCOLOR, g.key, g.rank, g.global_ranks,
+                    child_store("s" + std::to_string(g.index) + "c" + std::to_string(g.color)));
   }
 
-  void abort(std::string_view reason) override {
+  Store* split_store() override { return store_.get(); }
+
+  void do_abort(std::string_view reason) override {
     state_->fail(describe() + ": aborted: " + std::string(reason), false);
+  }
+
+  /// A communicator that failed (watchdog, asynchronous error) takes no more ops.
+  void check_usable(const char* /*op*/) const override { state_->rethrow_if_failed(); }
+
+  void check_memory(const char* op, const BufferRef& b, const char* what) const override {
+    DTENSOR_CHECK(b.device.is_cuda(),
+                  where(op) + ": the " + what + " is in host memory (" + b.device.to_string() +
+                      "); the NCCL backend needs CUDA tensors on cuda:" + std::to_string(state_->device()) +
+                      " (move it with .to(dtensor::Device::cuda(" + std::to_string(state_->device()) +
+                      ")), or use the gloo backend for host tensors)");
+    DTENSOR_CHECK(b.device.index == state_->device(),
+                  where(op) + ": the " + what + " is on " + b.device.to_string() +
+                      " but this rank's communicator is on cuda:" + std::to_string(state_->device()));
   }
 
 private:
@@ -485,66 +397,6 @@ private:
     }
   }
 
-  void check_buffer(const BufferRef& b, const char* op, const char* what) const {
-    DTENSOR_CHECK(b.device.is_cuda(),
-                  describe() + ": " + op + ": " + what + " is in host memory (" + b.device.to_string() +
-                      "); the NCCL backend needs CUDA tensors on cuda:" + std::to_string(state_->device()) +
-                      " (move it with .to(dtensor::Device::cuda(" + std::to_string(state_->device()) +
-                      ")), or use the gloo backend for host tensors)");
-    DTENSOR_CHECK(b.device.index == state_->device(),
-                  describe() + ": " + op + ": " + what + " is on " + b.device.to_string() +
-                      " but this rank's communicator is on cuda:" + std::to_string(state_->device()));
-    DTENSOR_CHECK(b.count >= 0, describe() + ": " + op + ": negative element count");
-    DTENSOR_CHECK(b.count == 0 || b.data != nullptr, describe() + ": " + op + ": " + what + " has no memory");
-  }
-
-  void check_root(int root, const char* op) const {
-    DTENSOR_CHECK(root >= 0 && root < size(), describe() + ": " + op + ": root " + std::to_string(root) +
-                                                  " is out of range for a group of " +
-                                                  std::to_string(size()));
-  }
-
-  void check_count(bool ok, const char* op, const std::string& what) const {
-    DTENSOR_CHECK(ok, describe() + ": " + op + ": " + what);
-  }
-
-  void check_sizes(std::span<const std::int64_t> counts, std::span<const std::int64_t> displs,
-                   const char* op) const {
-    DTENSOR_CHECK(counts.size() == static_cast<std::size_t>(size()) && displs.size() == counts.size(),
-                  describe() + ": " + op + ": " + std::to_string(counts.size()) + " counts and " +
-                      std::to_string(displs.size()) + " displacements for a group of " +
-                      std::to_string(size()));
-  }
-
-  /// counts/displs per member, each block inside `buf`.
-  void check_layout(std::span<const std::int64_t> counts, std::span<const std::int64_t> displs,
-                    const BufferRef& buf, DType dtype, const char* op) const {
-    check_sizes(counts, displs, op);
-    DTENSOR_CHECK(buf.dtype == dtype, describe() + ": " + op + ": input and output element types differ");
-    for (int i = 0; i < size(); ++i) {
-      DTENSOR_CHECK(counts[i] >= 0 && displs[i] >= 0 && displs[i] + counts[i] <= buf.count,
-                    describe() + ": " + op + ": block " + std::to_string(i) + " (offset " +
-                        std::to_string(displs[i]) + ", " + std::to_string(counts[i]) +
-                        " elements) does not fit a buffer of " + std::to_string(buf.count));
-    }
-  }
-
-  /// gather's/scatter's blocks on the root: one per member, this rank's matching `mine`.
-  void check_blocks(std::span<const BufferRef> blocks, const BufferRef& mine, const char* op) const {
-    DTENSOR_CHECK(blocks.size() == static_cast<std::size_t>(size()),
-                  describe() + ": " + op + ": the root needs one block per member (" +
-                      std::to_string(size()) + "), got " + std::to_string(blocks.size()));
-    for (const BufferRef& b : blocks) {
-      check_buffer(b, op, "a block");
-      DTENSOR_CHECK(b.dtype == mine.dtype,
-                    describe() + ": " + op + ": input and output element types differ");
-    }
-    check_count(blocks[rank_].count == mine.count, op,
-                "the root's own block has " + std::to_string(blocks[rank_].count) +
-                    " elements but this rank's " + (op[0] == 'g' ? "input" : "output") + " has " +
-                    std::to_string(mine.count));
-  }
-
   static bool equal_packed(std::span<const std::int64_t> counts, std::span<const std::int64_t> displs) {
     for (std::size_t i = 0; i < counts.size(); ++i) {
       if (counts[i] != counts[0] || displs[i] != static_cast<std::int64_t>(i) * counts[0]) {
@@ -559,7 +411,7 @@ private:
   WorkPtr submit(const char* op, const CommOptions& opts, bool host_wait, Enqueue&& enqueue) {
     state_->rethrow_if_failed();
     CudaDeviceGuard guard(state_->device());
-    const auto limit = opts.timeout.count() > 0 ? opts.timeout : timeout_;
+    const auto limit = opts.timeout.count() > 0 ? opts.timeout : timeout();
     const auto deadline = NcclClock::now() + limit;
     auto user = static_cast<cudaStream_t>(opts.stream);
     const std::string what = std::string(op);
@@ -609,7 +461,7 @@ private:
                                     std::shared_ptr<Store> store) {
     state_->rethrow_if_failed();
     CudaDeviceGuard guard(state_->device());
-    const auto deadline = NcclClock::now() + timeout_;
+    const auto deadline = NcclClock::now() + timeout();
     std::lock_guard order(state_->submit_mutex());
     // Pending ops on the parent finish first (ncclCommSplit is collective on the parent).
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -626,22 +478,20 @@ private:
                describe());
     auto child_state = std::make_shared<NcclCommState>(
         child, state_->device(), stream,
-        "nccl group " + nccl_join(global) + " (rank " + std::to_string(mine) + ")", options_.nonblocking);
+        "nccl group " + format_list(global) + " (rank " + std::to_string(mine) + ")", options_.nonblocking);
     // A nonblocking child may still be initialising.
     ncclResult_t cr = child_state->async_error();
     child_state->wait_ready(cr, deadline, "ncclCommSplit (new communicator)");
-    return std::make_shared<NcclBackendImpl>(std::move(child_state), std::move(global), mine, timeout_,
+    return std::make_shared<NcclBackendImpl>(std::move(child_state), std::move(global), mine, timeout(),
                                              options_, std::move(store), shared_);
   }
 
   std::shared_ptr<NcclCommState> state_;
   std::vector<int> global_;
   int rank_;
-  std::chrono::milliseconds timeout_;
   NcclOptions options_;
   std::shared_ptr<Store> store_;
   std::shared_ptr<NcclRankShared> shared_;
-  std::atomic<int> creations_{0}; // split calls, which every member makes in the same order
   std::shared_ptr<void> scratch_;
 };
 
@@ -680,5 +530,27 @@ inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Store> store, 
   return std::make_shared<detail::NcclBackendImpl>(std::move(state), std::move(all), rank, options.timeout,
                                                    std::move(options), std::move(world), std::move(shared));
 }
+
+namespace detail {
+
+/// The "nccl" entry of the backend registry (what init_process_group makes): this rank's device is
+/// BackendOptions::device (LOCAL_RANK unless InitOptions::device says otherwise).
+inline std::shared_ptr<Backend> make_nccl_backend_for_job(std::shared_ptr<Store> store, int rank, int size,
+                                                          const BackendOptions& options) {
+  NcclOptions no;
+  no.timeout = options.timeout;
+  no.prefix = options.prefix;
+  no.device = options.device;
+  return make_nccl_backend(std::move(store), rank, size, no);
+}
+
+/// "auto" prefers NCCL whenever a CUDA device is visible.
+inline const bool nccl_backend_registered = [] {
+  register_backend("nccl", make_nccl_backend_for_job,
+                   BackendTraits{[] { return nccl_device_count() > 0; }, 10});
+  return true;
+}();
+
+} // namespace detail
 
 } // namespace dtensor

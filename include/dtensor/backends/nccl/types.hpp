@@ -16,36 +16,42 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstdint>
 #include <string>
 
 namespace dtensor::detail {
 
-inline ncclDataType_t nccl_type(DType d) {
-  switch (d) {
-  case DType::float32:
-    return ncclFloat32;
-  case DType::float64:
-    return ncclFloat64;
-  case DType::bfloat16:
-    return ncclBfloat16;
-  case DType::float16:
-    return ncclFloat16;
-  case DType::int32:
-    return ncclInt32;
-  case DType::int64:
-    return ncclInt64;
-  case DType::uint8:
-    return ncclUint8;
-  case DType::float8_e4m3:
-  case DType::float8_e5m2:
+/// NCCL's type of the same layout as element type T (no definition for a type NCCL lacks).
+template <class T>
+inline constexpr ncclDataType_t nccl_type_of = ncclNumTypes;
+template <>
+inline constexpr ncclDataType_t nccl_type_of<float> = ncclFloat32;
+template <>
+inline constexpr ncclDataType_t nccl_type_of<double> = ncclFloat64;
+template <>
+inline constexpr ncclDataType_t nccl_type_of<bfloat16> = ncclBfloat16;
+template <>
+inline constexpr ncclDataType_t nccl_type_of<half> = ncclFloat16;
+template <>
+inline constexpr ncclDataType_t nccl_type_of<std::int32_t> = ncclInt32;
+template <>
+inline constexpr ncclDataType_t nccl_type_of<std::int64_t> = ncclInt64;
+template <>
+inline constexpr ncclDataType_t nccl_type_of<std::uint8_t> = ncclUint8;
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
-    return d == DType::float8_e4m3 ? ncclFloat8e4m3 : ncclFloat8e5m2;
-#else
-    throw Error("NCCL backend: " + std::string(dtype_name(d)) + " needs NCCL 2.24 or later (this is " +
-                std::to_string(NCCL_VERSION_CODE) + ")");
+template <>
+inline constexpr ncclDataType_t nccl_type_of<float8_e4m3> = ncclFloat8e4m3;
+template <>
+inline constexpr ncclDataType_t nccl_type_of<float8_e5m2> = ncclFloat8e5m2;
 #endif
-  }
-  throw Error("NCCL backend: unsupported dtype " + std::to_string(static_cast<int>(d)));
+
+/// NCCL's type for `d` (visit_dtype's list); Error for a type this NCCL lacks.
+inline ncclDataType_t nccl_type(DType d) {
+  const ncclDataType_t t = visit_dtype(d, []<class T>(T) { return nccl_type_of<T>; });
+  DTENSOR_CHECK(t != ncclNumTypes, "NCCL backend: " + std::string(dtype_name(d)) +
+                                       " needs NCCL 2.24 or later (this is " +
+                                       std::to_string(NCCL_VERSION_CODE) + ")");
+  return t;
 }
 
 inline ncclRedOp_t nccl_op(ReduceOp op) {

@@ -43,8 +43,8 @@ public:
   NcclCommState(const NcclCommState&) = delete;
   NcclCommState& operator=(const NcclCommState&) = delete;
 
-  /// Finalizes and destroys the communicator (aborts it when that does not finish within 10 s), then
-  /// releases the stream.
+  /// Waits up to 60 s for the communicator's pending ops, finalizes it (up to 10 s more) and destroys it;
+  /// aborts it instead when either wait runs out or an op failed. Then releases the stream.
   ~NcclCommState() {
     CudaDeviceGuard guard(device_);
     if (!aborted_.load()) {

@@ -360,6 +360,44 @@ inline Fd listen_on(const std::string& host, int port, int& bound_port) {
                    : ""));
 }
 
+/// True for names and addresses of this machine's loopback interface ("localhost", "::1", "127.x.y.z").
+inline bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+/// The local address the kernel would use to reach host:port (a UDP connect sends nothing), or "" when
+/// it cannot tell.
+inline std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* list = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list) != 0) {
+    return "";
+  }
+  std::string out;
+  for (addrinfo* a = list; a != nullptr && out.empty(); a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!fd || ::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
+      continue;
+    }
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+      continue;
+    }
+    char buf[INET6_ADDRSTRLEN] = {};
+    const void* addr = ss.ss_family == AF_INET6
+                           ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr)
+                           : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&ss)->sin_addr);
+    if (::inet_ntop(ss.ss_family, addr, buf, sizeof(buf)) != nullptr) {
+      out = buf;
+    }
+  }
+  ::freeaddrinfo(list);
+  return out;
+}
+
 } // namespace detail::tcp
 
 } // namespace dtensor

@@ -1,0 +1,310 @@
+#pragma once
+// One gloo group's connections and what its members tell each other when something fails (the
+// counterpart of NcclCommState in backends/nccl/work.hpp):
+//  - GlooContext: gloo's rendezvous context, with signal_exception() to fail its pending ops and close its
+//    connections (abort);
+//  - connect_full_mesh: connects a group through its store and returns only once every member connected;
+//  - GlooRankState: what the groups of one rank share (transport device, root store, its groups, so that
+//    one call aborts them all);
+//  - GlooFailures: a failing member leaves its reason in the group's store under "err/<rank>" and closes
+//    its connections, so peers blocked on it fail at once; a peer whose op fails with a transport error
+//    reads the members' reasons (up to 1 s) and reports the root cause (a peer's timeout stays a
+//    TimeoutError). translate() turns any failure of an op into the Error / TimeoutError wait() rethrows.
+
+#include "dtensor/backends/backend.hpp"
+#include "dtensor/backends/gloo/rendezvous.hpp"
+#include "dtensor/backends/split.hpp"
+#include "dtensor/core/element_type.hpp"
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/reduce_op.hpp"
+#include "dtensor/rendezvous/prefix_store.hpp"
+#include "dtensor/rendezvous/store.hpp"
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/context.h>
+#include <gloo/transport/device.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+namespace dtensor::detail {
+
+// The one gloo call that has no includable declaration: gloo::transport::tcp::Context::signalException,
+// what gloo itself calls when an op times out (fail every pending op of the context, close its
+// connections). gloo as Debian packages it (libgloo-dev, 2022 snapshot) installs tcp/context.h, but that
+// header includes gloo/common/memory.h, which is not installed, and the member is protected, so no
+// declaration of it can be compiled. It is therefore declared here by its exported Itanium-ABI symbol (the
+// implicit `this` is the first argument), weak: with a gloo that lacks it the program still links and
+// GlooContext::signal_exception closes the pairs instead. Called only after checking the dynamic type.
+void gloo_tcp_context_signal_exception(void* tcp_context, const std::string& msg) __asm__(
+    "_ZN4gloo9transport3tcp7Context15signalExceptionERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE")
+    __attribute__((weak));
+
+using GlooClock = std::chrono::steady_clock;
+
+/// gloo's rendezvous context with access to its transport context (to abort it).
+class GlooContext final : public ::gloo::rendezvous::Context {
+public:
+  using ::gloo::rendezvous::Context::Context;
+
+  /// Fails every pending and future op on this context and closes its connections.
+  void signal_exception(const std::string& msg) {
+    auto* tc = transportContext_.get();
+    if (tc == nullptr) {
+      return;
+    }
+    if (&gloo_tcp_context_signal_exception != nullptr &&
+        std::strcmp(typeid(*tc).name(), "N4gloo9transport3tcp7ContextE") == 0) {
+      gloo_tcp_context_signal_exception(static_cast<void*>(tc), msg);
+      return;
+    }
+    for (int i = 0; i < size; ++i) { // other transports: a hard close releases the peers
+      if (i != rank && tc->getPair(i)) {
+        tc->getPair(i)->close();
+      }
+    }
+  }
+};
+
+/// Connects `context` to every other member through `store` (gloo's connectFullMesh), then meets them at
+/// a store barrier: no member returns (and so none can destroy the group) before every member's pairs are
+/// connected. Without it, a member whose side of a connection completed in the kernel could return, drop
+/// the group and close the socket while the peer was still in connectFullMesh, which then failed with
+/// "Connection closed by peer" (gloo's tcp pairs accept on the loop thread and read the EOF at once). A
+/// member that failed to connect says why, so the others fail at once with the cause instead of timing
+/// out. `what` names the group in messages.
+inline void connect_full_mesh(GlooContext& context, const std::shared_ptr<Store>& store,
+                              std::shared_ptr<::gloo::transport::Device> device, int rank, int size,
+                              std::chrono::milliseconds timeout, const std::string& what) {
+  std::string failure;
+  bool is_timeout = false;
+  try {
+    GlooStoreAdapter gloo_store(store);
+    context.connectFullMesh(gloo_store, device);
+  } catch (const std::exception& e) {
+    is_timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr;
+    failure = e.what();
+  }
+  const std::string mine = failure.empty() ? "ok" : failure;
+  store->set("connected/" + std::to_string(rank), std::string_view(mine));
+  const std::string head = what + ": connecting the group failed: ";
+  if (!failure.empty()) {
+    if (is_timeout) {
+      throw TimeoutError(head + failure);
+    }
+    throw Error(head + failure);
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) {
+    keys.push_back("connected/" + std::to_string(r));
+  }
+  try {
+    store->wait(keys, timeout);
+  } catch (const std::exception& e) {
+    throw TimeoutError(head + "not every member finished connecting within " +
+                       std::to_string(timeout.count()) + " ms: " + e.what());
+  }
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      continue;
+    }
+    const auto v = store->get(keys[static_cast<std::size_t>(r)]);
+    if (std::string(v.begin(), v.end()) != "ok") {
+      throw Error(head + "member " + std::to_string(r) +
+                  " could not connect: " + std::string(v.begin(), v.end()));
+    }
+  }
+}
+
+/// What the groups of one rank share: the transport device, the root store, the groups (to abort them
+/// all), and the new_group rendezvous counts.
+struct GlooRankState {
+  std::shared_ptr<::gloo::transport::Device> device;
+  std::shared_ptr<Store> store;
+  int global_rank = 0;
+  /// Key prefix of this rank's groups in `store` (GlooOptions::prefix).
+  std::string prefix;
+  GroupGenerations generations;
+
+  std::mutex m;
+  std::vector<std::weak_ptr<Backend>> groups;
+  std::optional<std::string> aborted;
+
+  /// Adds a group; aborts it at once when this rank was aborted before.
+  void add_group(const std::shared_ptr<Backend>& group) {
+    std::optional<std::string> reason;
+    {
+      std::lock_guard lock(m);
+      groups.push_back(group);
+      reason = aborted;
+    }
+    if (reason) {
+      group->abort(*reason);
+    }
+  }
+
+  /// Aborts every group of this rank (the world group and all sub-groups), and those made later.
+  void abort_all(std::string_view reason) {
+    std::vector<std::shared_ptr<Backend>> live;
+    {
+      std::lock_guard lock(m);
+      if (!aborted) {
+        aborted = std::string(reason);
+      }
+      for (auto& w : groups) {
+        if (auto g = w.lock()) {
+          live.push_back(std::move(g));
+        }
+      }
+    }
+    for (auto& g : live) {
+      g->abort(reason);
+    }
+  }
+};
+
+/// What an op is, for messages (built only when something fails).
+struct OpDesc {
+  const char* name = "";
+  std::uint32_t seq = 0;
+  std::int64_t count = 0;
+  DType dtype = DType::float32;
+  int root = -1;
+  int reduce = -1;
+
+  /// Ops whose messages match only when the members agree on every block size (see transfer.hpp, sized()).
+  bool sizes_must_match() const {
+    const std::string_view n(name);
+    return n == "gather" || n == "scatter" || n == "all_to_all" || n == "all_gather" || n == "reduce_scatter";
+  }
+
+  std::string to_string() const {
+    std::string s = std::string(name) + " #" + std::to_string(seq) + " (" + std::to_string(count) + " x " +
+                    std::string(dtype_name(dtype));
+    if (reduce >= 0) {
+      s += ", op " + std::string(dtensor::to_string(static_cast<ReduceOp>(reduce)));
+    }
+    if (root >= 0) {
+      s += ", root " + std::to_string(root);
+    }
+    return s + ")";
+  }
+};
+
+/// The failure board of one group (see the top of this file), over the group's store.
+class GlooFailures {
+public:
+  GlooFailures(std::shared_ptr<Store> store, int rank, int size)
+      : store_(std::move(store)), rank_(rank), size_(size) {}
+
+  /// Leaves this member's reason under "err/<rank>" (the first one only).
+  void publish(bool is_timeout, const std::string& msg) {
+    if (published_.exchange(true)) {
+      return;
+    }
+    std::string v = (is_timeout ? "T" : "E") + msg;
+    try {
+      store_->set("err/" + std::to_string(rank_), std::string_view(v));
+    } catch (...) { // the store may be gone with the failing process: the peers still fail, less precisely
+    }
+  }
+
+  /// The reason a member published, waiting up to `patience` for one to appear. Timeouts first.
+  std::optional<std::pair<bool, std::string>> peer_reason(std::chrono::milliseconds patience) {
+    const auto deadline = GlooClock::now() + patience;
+    for (;;) {
+      std::optional<std::pair<bool, std::string>> found;
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) {
+          continue;
+        }
+        std::optional<std::vector<char>> v;
+        try {
+          v = store_->try_get("err/" + std::to_string(r));
+        } catch (...) { // the store may be gone with a failed process: no reason to read
+        }
+        if (v && !v->empty()) {
+          bool t = (*v)[0] == 'T';
+          if (!found || (t && !found->first)) {
+            found = std::pair{t, std::string(v->begin() + 1, v->end())};
+          }
+        }
+      }
+      if (found || GlooClock::now() >= deadline) {
+        return found;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  /// The exception wait() rethrows for op `d` that failed with `e` after starting at `start`, with the
+  /// context a user needs: `head` names the op ("<describe()>: <op>"), `limit` is the group's timeout,
+  /// `aborted` the reason the group was aborted, if it was. Publishes the outcome for the peers.
+  std::exception_ptr translate(std::exception_ptr e, const OpDesc& d, const std::string& head,
+                               std::chrono::milliseconds limit, const std::optional<std::string>& aborted,
+                               GlooClock::time_point start) {
+    std::string reason;
+    bool is_timeout = false;
+    bool transport = false;
+    try {
+      std::rethrow_exception(e);
+    } catch (const TimeoutError& x) {
+      reason = x.what();
+      is_timeout = true;
+    } catch (const Error& x) {
+      reason = x.what();
+    } catch (const ::gloo::IoException& x) {
+      reason = x.what();
+      transport = true;
+      is_timeout = reason.find("Timed out") != std::string::npos;
+    } catch (const std::exception& x) {
+      reason = x.what();
+      transport = true;
+    } catch (...) {
+      reason = "unknown exception";
+    }
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(GlooClock::now() - start).count();
+    std::string msg;
+    if (aborted) {
+      msg = head + " failed: the group was aborted: " + *aborted;
+    } else if (is_timeout) {
+      msg = head + " timed out after " + std::to_string(ms) + " ms (limit " + std::to_string(limit.count()) +
+            " ms): a member did not arrive" +
+            (d.sizes_must_match() ? ", or the members disagree on the sizes (counts)" : "") + " [" + reason +
+            "]";
+    } else if (transport) {
+      if (auto peer = peer_reason(std::chrono::milliseconds(1000))) {
+        is_timeout = peer->first;
+        msg = head + " failed after " + std::to_string(ms) + " ms because a peer failed: " + peer->second;
+        publish(is_timeout, peer->second); // pass the root cause on, not a chain
+      } else {
+        msg = head + " failed after " + std::to_string(ms) + " ms: " + reason;
+      }
+    } else {
+      msg = head + " failed: " + reason;
+    }
+    publish(is_timeout, msg);
+    return is_timeout ? std::make_exception_ptr(TimeoutError(msg)) : std::make_exception_ptr(Error(msg));
+  }
+
+private:
+  std::shared_ptr<Store> store_;
+  int rank_;
+  int size_;
+  std::atomic<bool> published_{false};
+};
+
+} // namespace dtensor::detail
