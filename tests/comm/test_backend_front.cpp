@@ -353,3 +353,82 @@ TEST_CASE("the registry makes backends by name, init_process_group selects throu
   CHECK(again.backend_name() == "loopback");
   CHECK(made == before + 2);
 }
+
+namespace {
+
+/// Records the stream each op was submitted on; accepts device buffers it never touches (the tests pass
+/// made-up device pointers and streams: no GPU is needed to see which stream the front end chose).
+class StreamRecorder final : public Backend {
+public:
+  StreamRecorder() : Backend(std::chrono::seconds(5)) {}
+  std::string_view name() const noexcept override { return "stream-recorder"; }
+  int rank() const noexcept override { return 0; }
+  int size() const noexcept override { return 1; }
+  std::span<const int> global_ranks() const noexcept override { return ranks_; }
+  std::string describe() const override { return "stream recorder"; }
+
+  std::vector<void*> streams;
+
+protected:
+  WorkPtr do_all_reduce(BufferRef, ReduceOp, const CommOptions& o) override { return seen(o); }
+  WorkPtr do_all_gather(BufferRef, BufferRef, std::span<const std::int64_t>, std::span<const std::int64_t>,
+                        const CommOptions& o) override {
+    return seen(o);
+  }
+  void check_memory(const char*, const BufferRef&, const char*) const override {}
+
+private:
+  WorkPtr seen(const CommOptions& o) {
+    streams.push_back(o.stream);
+    return std::make_shared<DoneWork>();
+  }
+  std::vector<int> ranks_{0};
+};
+
+} // namespace
+
+TEST_CASE("an op runs on its tensor's stream, a StreamGuard's, or the one given", "[comm][stream]") {
+  auto recorder = std::make_shared<StreamRecorder>();
+  ProcessGroup g(recorder);
+  auto* s1 = reinterpret_cast<CUstream_st*>(0x1000);
+  auto* s2 = reinterpret_cast<CUstream_st*>(0x2000);
+  auto* s3 = reinterpret_cast<CUstream_st*>(0x3000);
+  auto* fake = reinterpret_cast<float*>(0x10000); // device memory nobody dereferences
+  auto t = Tensor<float, 1>::from_blob(fake, {4}, {1}, Device::cuda(0), s1);
+  auto u = Tensor<float, 1>::from_blob(fake + 64, {4}, {1}, Device::cuda(0), s2);
+  CHECK(t.stream_handle() == s1);
+
+  all_reduce(t, ReduceOp::sum, g); // the tensor's own stream
+  {
+    StreamGuard on(s2); // like torch.cuda.stream(s2)
+    all_reduce(t, ReduceOp::sum, g);
+    {
+      StreamGuard inner(s3);
+      all_reduce(t, ReduceOp::sum, g);
+    }
+    all_reduce(t, ReduceOp::sum, g);
+  }
+  CommOptions given;
+  given.stream = s3;
+  g.all_reduce(BufferRef{t.data(), 4, DType::float32, Device::cuda(0), s1}, ReduceOp::sum, given)->wait();
+  REQUIRE(recorder->streams.size() == 5);
+  CHECK(recorder->streams[0] == s1);
+  CHECK(recorder->streams[1] == s2);
+  CHECK(recorder->streams[2] == s3);
+  CHECK(recorder->streams[3] == s2);
+  CHECK(recorder->streams[4] == s3);
+
+  // Input and output on different streams: the op takes the first one's, and its completion also
+  // synchronises that stream (so the output's stream may release or reuse its buffer after wait()).
+  const std::int64_t counts[] = {4};
+  const std::int64_t displs[] = {0};
+  auto w = g.all_gather(BufferRef{t.data(), 4, DType::float32, Device::cuda(0), s1},
+                        BufferRef{u.data(), 4, DType::float32, Device::cuda(0), s2}, counts, displs,
+                        CommOptions{});
+  CHECK(recorder->streams.back() == s1);
+  CHECK(dynamic_cast<detail::StreamSyncedWork*>(w.get()) != nullptr);
+  auto same = g.all_gather(BufferRef{t.data(), 4, DType::float32, Device::cuda(0), s1},
+                           BufferRef{u.data(), 4, DType::float32, Device::cuda(0), s1}, counts, displs,
+                           CommOptions{});
+  CHECK(dynamic_cast<detail::StreamSyncedWork*>(same.get()) == nullptr);
+}

@@ -63,6 +63,34 @@ void user_stream_respected(const suite::Ctx& c) {
   detail::check_cuda(cudaStreamDestroy(user), "cudaStreamDestroy", "test");
 }
 
+/// A collective issued under CUDA graph capture is recorded, not run, and replays correctly; a tensor on its
+/// own stream is ordered on that stream (the front end passes it).
+void graph_capture(const suite::Ctx& c) {
+  cudaStream_t s = nullptr;
+  detail::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate", "test");
+  Tensor<float, 1> t({256}, c.device, s);
+  t.fill(1.0f);
+  all_reduce(t, ReduceOp::sum, c.world); // warm-up outside the capture (connections, plans)
+  t.fill(1.0f);
+  cudaGraph_t graph = nullptr;
+  detail::check_cuda(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture",
+                     "test");
+  all_reduce(t, ReduceOp::sum, c.world);
+  detail::check_cuda(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture", "test");
+  cudaGraphExec_t exec = nullptr;
+  detail::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate", "test");
+  for (int replay = 0; replay < 2; ++replay) {
+    detail::check_cuda(cudaGraphLaunch(exec, s), "cudaGraphLaunch", "test");
+  }
+  detail::check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize", "test");
+  const double want = double(c.size) * c.size; // two replays of a sum of ones
+  suite::expect(
+      c, t, [&](std::int64_t) { return want; }, "all_reduce captured in a CUDA graph, replayed twice");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  detail::check_cuda(cudaStreamDestroy(s), "cudaStreamDestroy", "test");
+}
+
 void abort_fails_later_ops(const suite::Ctx& c) {
   auto g = c.world.split(0, c.rank); // a copy of the world to abort
   auto t = suite::make<float>(c, 3, [](std::int64_t) { return 1.0; });
@@ -149,6 +177,7 @@ int main(int argc, char** argv) {
     };
     const Case cases[] = {{"NCCL: host tensors are rejected", &host_tensor_rejected},
                           {"NCCL: the caller's stream is respected", &user_stream_respected},
+                          {"NCCL: a collective under CUDA graph capture replays", &graph_capture},
                           {"NCCL: abort fails later ops", &abort_fails_later_ops}};
     for (const Case& k : cases) {
       k.fn(c);

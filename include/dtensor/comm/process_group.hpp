@@ -17,6 +17,7 @@
 #include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/comm/stream.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/format.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -98,11 +99,7 @@ public:
     if (backend_) {
       return backend_->describe();
     }
-    std::string s = "non-member handle of group [";
-    for (std::size_t i = 0; i < ranks_.size(); ++i) {
-      s += (i ? "," : "") + std::to_string(ranks_[i]);
-    }
-    return s + "]";
+    return "non-member handle of group " + detail::format_list(ranks_);
   }
 
   /// The backend; throws when not a member.

@@ -24,6 +24,7 @@
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/format.hpp"
 #include "dtensor/core/layout.hpp"
 #include "dtensor/core/tensor.hpp"
 
@@ -267,11 +268,7 @@ public:
 
   /// "(4, 6)".
   static std::string to_string(const Extents& e) {
-    std::string s = "(";
-    for (int i = 0; i < e.size(); ++i) {
-      s += (i ? ", " : "") + std::to_string(e[i]);
-    }
-    return s + ")";
+    return detail::format_list(e, ", ", "(", ")");
   }
 
 private:

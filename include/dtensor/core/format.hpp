@@ -10,10 +10,12 @@
 
 namespace dtensor::detail {
 
-/// "[a<sep>b<sep>c]": every element of `range` (integers) with std::to_string.
+/// "[a<sep>b<sep>c]": every element of `range` (integers) with std::to_string, between `open` and `close`
+/// ("(7, 5)" for shapes: format_list(shape, ", ", "(", ")")).
 template <class Range>
-std::string format_list(const Range& range, std::string_view sep = ",") {
-  std::string s = "[";
+std::string format_list(const Range& range, std::string_view sep = ",", std::string_view open = "[",
+                        std::string_view close = "]") {
+  std::string s(open);
   bool first = true;
   for (const auto& v : range) {
     if (!first) {
@@ -22,7 +24,7 @@ std::string format_list(const Range& range, std::string_view sep = ",") {
     first = false;
     s += std::to_string(v);
   }
-  return s + "]";
+  return s.append(close);
 }
 
 } // namespace dtensor::detail

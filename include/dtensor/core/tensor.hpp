@@ -31,6 +31,7 @@
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/format.hpp"
 
 #if DTENSOR_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -50,14 +51,7 @@ namespace detail {
 
 template <std::size_t N>
 std::string shape_to_string(const std::array<std::int64_t, N>& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (i > 0) {
-      out += ", ";
-    }
-    out += std::to_string(s[i]);
-  }
-  return out + "]";
+  return format_list(s, ", ");
 }
 
 /// Row-major strides of `shape` (the last dim has stride 1).

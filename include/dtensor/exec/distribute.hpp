@@ -16,6 +16,7 @@
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/format.hpp"
 #include "dtensor/core/layout.hpp"
 #include "dtensor/exec/execute.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
@@ -31,11 +32,7 @@ inline AxisMask all_axes(const DeviceMeshBase& mesh) {
 
 /// "(1, 0)".
 inline std::string coord_string(const MeshCoord& c) {
-  std::string s = "(";
-  for (int a = 0; a < c.size(); ++a) {
-    s += (a ? ", " : "") + std::to_string(c[a]);
-  }
-  return s + ")";
+  return dtensor::detail::format_list(c, ", ", "(", ")");
 }
 
 } // namespace detail

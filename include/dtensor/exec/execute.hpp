@@ -25,6 +25,7 @@
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/format.hpp"
 #include "dtensor/core/layout.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/plan/exchange.hpp"
@@ -323,14 +324,11 @@ inline StepRun exchange(const Step& st, const AnyTensor& in, const Block& before
 /// global (7, 5), local (4, 3): " — the prefix of an error raised in step `i`.
 inline std::string step_context(const Plan& plan, int i, const DeviceMeshBase& mesh, const Extents& global,
                                 const Extents& local) {
-  std::string coord = "(";
-  for (int a = 0; a < mesh.num_axes(); ++a) {
-    coord += (a ? ", " : "") + std::to_string(mesh.coordinate()[a]);
-  }
+  const std::string coord = dtensor::detail::format_list(mesh.coordinate(), ", ", "(", ")");
   return "redistribute " + to_string(plan.src) + " -> " + to_string(plan.dst) + ", step " +
          std::to_string(i + 1) + " of " + std::to_string(plan.size()) + ": " +
          to_string(plan.steps[i], mesh.names(), plan.src.mesh_rank()) + ", on mesh rank " +
-         std::to_string(mesh.rank()) + " at " + coord + "), global " + AnyTensor::to_string(global) +
+         std::to_string(mesh.rank()) + " at " + coord + ", global " + AnyTensor::to_string(global) +
          ", local " + AnyTensor::to_string(local) + ": ";
 }
 

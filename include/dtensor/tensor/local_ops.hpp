@@ -16,10 +16,11 @@
 //    part of one); CopyRuns / FillRuns / ScaleRuns map i to operand offsets (RunLayout::locate) and handle
 //    the tile. They are DTENSOR_HOST_DEVICE: the same code runs on the host and on the GPU; only the tile
 //    shape differs (TileShape: a whole block of rows of whole runs on the host, one element on a GPU).
-//  - Host tensors: thrust::for_each(thrust::cpp::par, counting_iterator) when Thrust (CCCL) is available
+//  - Host copies and fills are Tensor::copy_from / Tensor::fill: one strided-copy engine on the host
+//    (core/tensor.hpp's run-wise memmove). scale on the host runs ScaleRuns with
+//    thrust::for_each(thrust::cpp::par, counting_iterator) when Thrust (CCCL) is available
 //    (DTENSOR_HAS_THRUST; CMake turns it on when it finds the CUDA Toolkit's CCCL headers), else a plain
-//    loop over the same function objects. On the host a tile is every row of the innermost outer dim,
-//    each a whole run moved with memmove: the same work as Tensor::copy_from's run-wise loop.
+//    loop; a host tile is every row of the innermost outer dim.
 //  - CUDA tensors in a translation unit compiled by nvcc (with Thrust): thrust::for_each with
 //    thrust::cuda::par_nosync.on(stream of the destination), one element per index (neighbouring threads
 //    touch neighbouring elements), then a synchronize of that stream. Like Tensor's own copy and fill,
@@ -35,9 +36,6 @@
 // In nvcc TUs Thrust brings in CUDA's cuda_fp16.h, whose global `half` (a typedef of __half) makes a plain
 // `half` ambiguous after `using namespace dtensor;`: write dtensor::half there, or add
 // `using dtensor::half;` in your own namespace.
-//
-// On the host this costs what Tensor::copy_from's run-wise loop costs (BENCHMARKS.md, "local data
-// movement").
 
 #include <array>
 #include <cstddef>
@@ -352,7 +350,7 @@ void run_cuda(const F& f, Device device, cudaStream_t stream, const char* what) 
 
 /// Copies `src` element by element into `dst` (a tensor or view; Tensor is a handle, so a temporary view
 /// is fine). Shapes must match; strides may differ; the two must not partially overlap. Synchronous.
-/// Host to host runs CopyRuns on the host; device to device on one GPU runs it as a kernel in an nvcc TU;
+/// Host to host is Tensor::copy_from; device to device on one GPU runs CopyRuns as a kernel in an nvcc TU;
 /// anything else is Tensor::copy_from.
 template <class T, int R>
 void copy(const Tensor<T, R>& dst, const Tensor<T, R>& src) {
@@ -360,11 +358,6 @@ void copy(const Tensor<T, R>& dst, const Tensor<T, R>& src) {
                                                 detail::shape_to_string(dst.shape()) + " vs source " +
                                                 detail::shape_to_string(src.shape()));
   if (dst.numel() == 0) {
-    return;
-  }
-  if (dst.device().is_cpu() && src.device().is_cpu()) {
-    run_host(CopyRuns<T, R>{make_run_layout<R, 2>(dst.shape(), {dst.strides(), src.strides()}, host_tile),
-                            dst.data(), src.data()});
     return;
   }
 #if DTENSOR_LOCAL_OPS_CUDA
@@ -383,24 +376,22 @@ void copy(const Tensor<T, R>& dst, const Tensor<T, R>& src) {
   Tensor<T, R>(dst).copy_from(src);
 }
 
-/// Sets every element of `dst` (a tensor or view) to `value`. Synchronous. Host: FillRuns on the host;
-/// CUDA: FillRuns as a kernel in an nvcc TU, else Tensor::fill.
+/// Sets every element of `dst` (a tensor or view) to `value`. Synchronous. CUDA: FillRuns as a kernel in
+/// an nvcc TU; otherwise (and on the host) Tensor::fill.
 template <class T, int R>
 void fill(const Tensor<T, R>& dst, T value) {
   if (dst.numel() == 0) {
     return;
   }
-  if (dst.device().is_cpu()) {
-    run_host(
-        FillRuns<T, R>{make_run_layout<R, 1>(dst.shape(), {dst.strides()}, host_tile), dst.data(), value});
+#if DTENSOR_LOCAL_OPS_CUDA
+  if (dst.device().is_cuda()) {
+    run_cuda(
+        FillRuns<T, R>{make_run_layout<R, 1>(dst.shape(), {dst.strides()}, cuda_tile), dst.data(), value},
+        dst.device(), dst.stream(), "local_ops::fill");
     return;
   }
-#if DTENSOR_LOCAL_OPS_CUDA
-  run_cuda(FillRuns<T, R>{make_run_layout<R, 1>(dst.shape(), {dst.strides()}, cuda_tile), dst.data(), value},
-           dst.device(), dst.stream(), "local_ops::fill");
-#else
-  Tensor<T, R>(dst).fill(value);
 #endif
+  Tensor<T, R>(dst).fill(value);
 }
 
 /// Multiplies every element of `t` (a tensor or view of a floating type) by `factor`, computing in float

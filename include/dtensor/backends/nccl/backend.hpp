@@ -18,11 +18,12 @@
 //    splits with colour = the other coordinates, key = the coordinate on the axis); the front learns every
 //    member's colour and key through the store, under the communicator's prefix and its split count
 //    (backends/split.hpp), so it needs no device memory and no collective besides ncclCommSplit itself.
-//  - Communicators are nonblocking by default (NcclOptions::nonblocking, DTENSOR_NCCL_NONBLOCKING=0 turns it
-//    off): every call returns at once, the backend polls ncclCommGetAsyncError until the op is enqueued,
-//    and the watchdog thread aborts a communicator whose op runs past its timeout or that reports an
-//    asynchronous error. Pending and later ops then fail with dtensor::TimeoutError / dtensor::Error
-//    instead of hanging.
+//  - Communicators are blocking by default, as in PyTorch since NCCL 2.26's hangs with nonblocking ones
+//    (pytorch#153960, #154055): an NCCL call returns once the op is enqueued. NcclOptions::nonblocking (or
+//    DTENSOR_NCCL_NONBLOCKING=1) makes them nonblocking: every call returns at once (ncclInProgress) and
+//    the backend polls ncclCommGetAsyncError until the op is enqueued. Either way the watchdog thread
+//    aborts a communicator whose op runs past its timeout or that reports an asynchronous error; pending
+//    and later ops then fail with dtensor::TimeoutError / dtensor::Error instead of hanging.
 //  - Each group has its own CUDA stream. An op waits for the caller's stream (CommOptions::stream; the
 //    legacy default stream when none is given, which is where Tensor allocates and copies), runs on the
 //    group's stream, and records an event; Work::wait() makes the caller's stream wait for that event and
@@ -74,9 +75,9 @@ struct NcclOptions {
   int device = 0;
   /// Key prefix in the store (the world communicator's keys live under "<prefix>/world").
   std::string prefix = "dtensor/nccl";
-  /// Nonblocking communicators + watchdog (the environment variable DTENSOR_NCCL_NONBLOCKING overrides
-  /// it; core/env.hpp's flags).
-  bool nonblocking = true;
+  /// Nonblocking communicators (ncclConfig_t::blocking = 0); the environment variable
+  /// DTENSOR_NCCL_NONBLOCKING overrides it (core/env.hpp's flags). Off by default, as in PyTorch.
+  bool nonblocking = false;
   /// Work::wait() blocks the host until the op completed (DTENSOR_NCCL_BLOCKING_WAIT overrides it).
   bool blocking_wait = false;
 };
@@ -122,6 +123,7 @@ public:
       : Backend(timeout), state_(std::move(state)), global_(std::move(global)), rank_(rank),
         options_(std::move(options)), store_(std::move(store)), shared_(std::move(shared)) {
     NcclWatchdog::instance().watch(state_);
+    scratch_buffer(); // now, not in the first barrier: an op must not allocate (CUDA graph capture)
   }
 
   std::string_view name() const noexcept override { return "nccl"; }
@@ -415,6 +417,16 @@ private:
     const auto deadline = NcclClock::now() + limit;
     auto user = static_cast<cudaStream_t>(opts.stream);
     const std::string what = std::string(op);
+    // Under CUDA graph capture (of the caller's stream) the op is recorded, not run: its events must not be
+    // queried (that would invalidate the capture), so the watchdog does not see it and wait() only joins
+    // the streams; an op that must block the host (barrier, blocking wait) cannot be captured.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check_cuda(cudaStreamIsCapturing(user, &capture), "cudaStreamIsCapturing", describe() + ": " + what);
+    const bool captured = capture == cudaStreamCaptureStatusActive;
+    const bool host = host_wait || options_.blocking_wait;
+    DTENSOR_CHECK(!(captured && host), describe() + ": " + what +
+                                           " blocks the host until it is done, which a CUDA graph capture "
+                                           "cannot record (barrier, or DTENSOR_NCCL_BLOCKING_WAIT=1)");
     std::lock_guard order(state_->submit_mutex());
     auto ready = std::make_shared<CudaEvent>(state_->device());
     check_cuda(cudaEventRecord(ready->get(), user), "cudaEventRecord", describe() + ": " + what);
@@ -430,12 +442,13 @@ private:
     state_->wait_ready(r, deadline, what);
     auto done = std::make_shared<CudaEvent>(state_->device());
     check_cuda(cudaEventRecord(done->get(), state_->stream()), "cudaEventRecord", describe() + ": " + what);
-    NcclWatchdog::instance().watch_op(state_, done, deadline, what);
-    const bool host = host_wait || options_.blocking_wait;
-    return std::make_shared<NcclWork>(state_, std::move(done), user, host, deadline, what);
+    if (!captured) {
+      NcclWatchdog::instance().watch_op(state_, done, deadline, what);
+    }
+    return std::make_shared<NcclWork>(state_, std::move(done), user, host, deadline, what, nullptr, captured);
   }
 
-  /// A small device buffer owned by the group (barrier).
+  /// A small device buffer owned by the group (barrier), allocated with the communicator.
   void* scratch_buffer() {
     if (!scratch_) {
       CudaDeviceGuard guard(state_->device());

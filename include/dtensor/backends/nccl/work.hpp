@@ -347,13 +347,15 @@ private:
 /// Completion of one NCCL op (or one batch): the event recorded on the group's stream after it.
 class NcclWork final : public WorkImpl {
 public:
+  /// `captured`: recorded into a CUDA graph capture, not run (its event is never queried).
   NcclWork(std::shared_ptr<NcclCommState> comm, std::shared_ptr<CudaEvent> done, cudaStream_t user_stream,
-           bool host_wait, NcclClock::time_point deadline, std::string what, std::shared_ptr<void> keep = {})
+           bool host_wait, NcclClock::time_point deadline, std::string what, std::shared_ptr<void> keep = {},
+           bool captured = false)
       : comm_(std::move(comm)), done_(std::move(done)), user_stream_(user_stream), host_wait_(host_wait),
-        deadline_(deadline), what_(std::move(what)), keep_(std::move(keep)) {}
+        deadline_(deadline), what_(std::move(what)), keep_(std::move(keep)), captured_(captured) {}
 
   bool is_completed() override {
-    if (comm_->failed()) {
+    if (comm_->failed() || captured_) {
       return true;
     }
     CudaDeviceGuard guard(comm_->device());
@@ -403,6 +405,7 @@ private:
   NcclClock::time_point deadline_;
   std::string what_;
   std::shared_ptr<void> keep_;
+  bool captured_ = false;
 };
 
 } // namespace dtensor::detail
