@@ -421,7 +421,8 @@ private:
     // queried (that would invalidate the capture), so the watchdog does not see it and wait() only joins
     // the streams; an op that must block the host (barrier, blocking wait) cannot be captured.
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    check_cuda(cudaStreamIsCapturing(user, &capture), "cudaStreamIsCapturing", describe() + ": " + what);
+    check_cuda(cudaStreamIsCapturing(user, &capture), "cudaStreamIsCapturing",
+               [&] { return describe() + ": " + what; });
     const bool captured = capture == cudaStreamCaptureStatusActive;
     const bool host = host_wait || options_.blocking_wait;
     DTENSOR_CHECK(!(captured && host), describe() + ": " + what +
@@ -429,9 +430,10 @@ private:
                                            "cannot record (barrier, or DTENSOR_NCCL_BLOCKING_WAIT=1)");
     std::lock_guard order(state_->submit_mutex());
     auto ready = std::make_shared<CudaEvent>(state_->device());
-    check_cuda(cudaEventRecord(ready->get(), user), "cudaEventRecord", describe() + ": " + what);
+    check_cuda(cudaEventRecord(ready->get(), user), "cudaEventRecord",
+               [&] { return describe() + ": " + what; });
     check_cuda(cudaStreamWaitEvent(state_->stream(), ready->get(), 0), "cudaStreamWaitEvent",
-               describe() + ": " + what);
+               [&] { return describe() + ": " + what; });
     const ncclResult_t r = state_->call([&](ncclComm_t c) { return enqueue(c, state_->stream()); });
     if (r != ncclSuccess && r != ncclInProgress && r != ncclUnhandledCudaError && r != ncclSystemError &&
         r != ncclInternalError && r != ncclRemoteError) {
@@ -441,7 +443,8 @@ private:
     }
     state_->wait_ready(r, deadline, what);
     auto done = std::make_shared<CudaEvent>(state_->device());
-    check_cuda(cudaEventRecord(done->get(), state_->stream()), "cudaEventRecord", describe() + ": " + what);
+    check_cuda(cudaEventRecord(done->get(), state_->stream()), "cudaEventRecord",
+               [&] { return describe() + ": " + what; });
     if (!captured) {
       NcclWatchdog::instance().watch_op(state_, done, deadline, what);
     }

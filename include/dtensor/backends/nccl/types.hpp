@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace dtensor::detail {
 
@@ -81,9 +82,18 @@ inline std::string nccl_error_text(ncclResult_t r, ncclComm_t comm = nullptr) {
   return s;
 }
 
-inline void check_cuda(cudaError_t err, const char* call, const std::string& context) {
+/// Throws when `err` is not cudaSuccess. `context` is a string, or a callable that returns one, called only
+/// on failure (so a hot path builds no message).
+template <class Context>
+void check_cuda(cudaError_t err, const char* call, Context&& context) {
   if (err != cudaSuccess) [[unlikely]] {
-    throw Error(context + ": " + call + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+    std::string where;
+    if constexpr (std::is_invocable_v<Context>) {
+      where = context();
+    } else {
+      where = context;
+    }
+    throw Error(where + ": " + call + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
   }
 }
 
