@@ -104,14 +104,23 @@ public:
     }
   }
 
-  /// Records the first failure and aborts the communicator (ncclCommAbort), which makes every pending op
-  /// on it end and every later op fail with `message`.
+  /// Records the failure and aborts the communicator (ncclCommAbort), which makes every pending op on it
+  /// end and every later op fail with `message`. A later, different failure is appended ("...; then: ..."),
+  /// so an explicit abort's reason is not lost when a peer's error arrived first; the first one decides
+  /// the type (TimeoutError or Error).
   void fail(const std::string& message, bool is_timeout) {
     {
       std::lock_guard lock(error_m_);
       if (error_) {
+        if (message_.find(message) == std::string::npos) {
+          message_ += "; then: " + message;
+          error_ = first_is_timeout_ ? std::make_exception_ptr(TimeoutError(message_))
+                                     : std::make_exception_ptr(Error(message_));
+        }
         return;
       }
+      message_ = message;
+      first_is_timeout_ = is_timeout;
       error_ = is_timeout ? std::make_exception_ptr(TimeoutError(message))
                           : std::make_exception_ptr(Error(message));
       failed_.store(true);
@@ -197,6 +206,8 @@ private:
   std::mutex call_m_;
   mutable std::mutex error_m_;
   std::exception_ptr error_;
+  std::string message_;
+  bool first_is_timeout_ = false;
   std::atomic<bool> failed_{false};
   std::atomic<bool> aborted_{false};
 };
