@@ -134,28 +134,27 @@ public:
     auto& b = impl(what);
     const std::int64_t n = b.size();
     record(what, n > 1 ? (2 * (n - 1) * buf.count + n - 1) / n : 0, buf.dtype);
-    const BufferRef bufs[] = {buf};
-    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.all_reduce(buf, op, o); });
+    return on_stream(opts, detail::each_buffer(buf),
+                     [&](const CommOptions& o) { return b.all_reduce(buf, op, o); });
   }
   WorkPtr reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) const {
     auto& b = impl("reduce");
     record("reduce", b.rank() == root ? (b.size() - 1) * buf.count : 0, buf.dtype);
-    const BufferRef bufs[] = {buf};
-    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.reduce(buf, root, op, o); });
+    return on_stream(opts, detail::each_buffer(buf),
+                     [&](const CommOptions& o) { return b.reduce(buf, root, op, o); });
   }
   WorkPtr broadcast(BufferRef buf, int root, const CommOptions& opts) const {
     auto& b = impl("broadcast");
     record("broadcast", b.rank() == root ? 0 : buf.count, buf.dtype);
-    const BufferRef bufs[] = {buf};
-    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.broadcast(buf, root, o); });
+    return on_stream(opts, detail::each_buffer(buf),
+                     [&](const CommOptions& o) { return b.broadcast(buf, root, o); });
   }
   WorkPtr all_gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
                      std::span<const std::int64_t> displs, const CommOptions& opts,
                      std::string_view what = "all_gather") const {
     auto& b = impl(what);
     record(what, sum_except(counts, b.rank()), out.dtype);
-    const BufferRef bufs[] = {in, out};
-    return on_stream(opts, bufs,
+    return on_stream(opts, detail::each_buffer(in, out),
                      [&](const CommOptions& o) { return b.all_gather(in, out, counts, displs, o); });
   }
   WorkPtr reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
@@ -163,8 +162,7 @@ public:
                          std::string_view what = "reduce_scatter") const {
     auto& b = impl(what);
     record(what, (b.size() - 1) * out.count, out.dtype);
-    const BufferRef bufs[] = {in, out};
-    return on_stream(opts, bufs,
+    return on_stream(opts, detail::each_buffer(in, out),
                      [&](const CommOptions& o) { return b.reduce_scatter(in, out, counts, displs, op, o); });
   }
   WorkPtr all_to_all(BufferRef in, std::span<const std::int64_t> send_counts,
@@ -173,8 +171,7 @@ public:
                      const CommOptions& opts, std::string_view what = "all_to_all") const {
     auto& b = impl(what);
     record(what, sum_except(recv_counts, b.rank()), out.dtype);
-    const BufferRef bufs[] = {in, out};
-    return on_stream(opts, bufs, [&](const CommOptions& o) {
+    return on_stream(opts, detail::each_buffer(in, out), [&](const CommOptions& o) {
       return b.all_to_all(in, send_counts, send_displs, out, recv_counts, recv_displs, o);
     });
   }
@@ -185,22 +182,21 @@ public:
       received += static_cast<int>(i) == root ? 0 : blocks[i].count;
     }
     record("gather", received, in.dtype);
-    std::vector<BufferRef> bufs(blocks.begin(), blocks.end());
-    bufs.push_back(in);
-    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.gather(in, blocks, root, o); });
+    return on_stream(opts, detail::each_buffer(in, blocks),
+                     [&](const CommOptions& o) { return b.gather(in, blocks, root, o); });
   }
   WorkPtr scatter(std::span<const BufferRef> blocks, BufferRef out, int root, const CommOptions& opts,
                   std::string_view what = "scatter") const {
     auto& b = impl(what);
     record(what, b.rank() == root ? 0 : out.count, out.dtype);
-    std::vector<BufferRef> bufs(blocks.begin(), blocks.end());
-    bufs.push_back(out);
-    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.scatter(blocks, out, root, o); });
+    return on_stream(opts, detail::each_buffer(out, blocks),
+                     [&](const CommOptions& o) { return b.scatter(blocks, out, root, o); });
   }
   WorkPtr barrier(const CommOptions& opts) const {
     auto& b = impl("barrier");
     record("barrier", 0, DType::uint8);
-    return on_stream(opts, {}, [&](const CommOptions& o) { return b.barrier(o); });
+    return on_stream(
+        opts, [](auto&&) {}, [&](const CommOptions& o) { return b.barrier(o); });
   }
   /// A batch of point-to-point ops (recorded as one op called `what`). An empty batch is recorded and
   /// completes at once (a rank with nothing to move in a redistribution's exchange).
@@ -221,20 +217,20 @@ public:
       };
       return std::make_shared<Done>();
     }
-    std::vector<BufferRef> bufs;
-    bufs.reserve(requests.size());
-    for (const P2PRequest& r : requests) {
-      bufs.push_back(r.buffer);
-    }
-    return on_stream(opts, bufs, [&](const CommOptions& o) { return b.p2p(requests, o); });
+    auto each = [requests](auto&& f) {
+      for (const P2PRequest& r : requests) {
+        f(r.buffer);
+      }
+    };
+    return on_stream(opts, each, [&](const CommOptions& o) { return b.p2p(requests, o); });
   }
 
 private:
-  /// Submits on the op's stream (comm/stream.hpp).
-  template <class Submit>
-  static WorkPtr on_stream(const CommOptions& opts, std::span<const BufferRef> buffers, Submit&& submit) {
+  /// Submits on the op's stream (comm/stream.hpp); `each_buffer(f)` passes the op's buffers to f.
+  template <class EachBuffer, class Submit>
+  static WorkPtr on_stream(const CommOptions& opts, EachBuffer&& each_buffer, Submit&& submit) {
     CommOptions o = opts;
-    const bool mixed = detail::choose_stream(o, buffers);
+    const bool mixed = detail::choose_stream(o, each_buffer);
     WorkPtr w = submit(o);
     if (mixed) {
       return std::make_shared<detail::StreamSyncedWork>(std::move(w), o.stream);

@@ -14,8 +14,6 @@
 // are on different streams, the others are synchronised before the op and the op's stream after it, so
 // none of them can be written or released while the op uses it. Host backends ignore streams.
 
-#include <span>
-
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/core/config.hpp"
 #include "dtensor/core/error.hpp"
@@ -25,6 +23,7 @@
 #endif
 
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -87,18 +86,38 @@ private:
   void* stream_;
 };
 
-/// Sets opts.stream for an op on `buffers` (see the top of this file). Returns true when device buffers
-/// are on other streams than the op's (they were synchronised; the caller wraps the op's completion in a
-/// StreamSyncedWork).
-inline bool choose_stream(CommOptions& opts, std::span<const BufferRef> buffers) {
+/// Callables that pass an op's buffers to f one by one, without copying them (for choose_stream).
+inline auto each_buffer(const BufferRef& a) {
+  return [&a](auto&& f) { f(a); };
+}
+inline auto each_buffer(const BufferRef& a, const BufferRef& b) {
+  return [&a, &b](auto&& f) {
+    f(a);
+    f(b);
+  };
+}
+inline auto each_buffer(const BufferRef& a, std::span<const BufferRef> more) {
+  return [&a, more](auto&& f) {
+    f(a);
+    for (const BufferRef& b : more) {
+      f(b);
+    }
+  };
+}
+
+/// Sets opts.stream for an op whose buffers `each_buffer(f)` passes to f one by one (see the top of this
+/// file). Returns true when device buffers are on other streams than the op's (they were synchronised;
+/// the caller wraps the op's completion in a StreamSyncedWork).
+template <class EachBuffer>
+bool choose_stream(CommOptions& opts, EachBuffer&& each_buffer) {
   if (opts.stream == nullptr) {
     opts.stream = current_stream();
   }
   bool chosen = opts.stream != nullptr;
   bool mixed = false;
-  for (const BufferRef& b : buffers) {
+  each_buffer([&](const BufferRef& b) {
     if (!b.device.is_cuda()) {
-      continue;
+      return;
     }
     if (!chosen) {
       opts.stream = b.stream;
@@ -107,7 +126,7 @@ inline bool choose_stream(CommOptions& opts, std::span<const BufferRef> buffers)
       sync_stream(b.stream, "collective on several streams");
       mixed = true;
     }
-  }
+  });
   return mixed;
 }
 

@@ -142,16 +142,7 @@ public:
 
   /// Row-major without gaps (size-1 dims may have any stride).
   bool is_contiguous() const noexcept {
-    std::int64_t expected = 1;
-    for (int d = shape_.size() - 1; d >= 0 && numel_ > 0; --d) {
-      if (shape_[d] != 1) {
-        if (strides_[d] != expected) {
-          return false;
-        }
-        expected *= shape_[d];
-      }
-    }
-    return true;
+    return detail::is_contiguous_layout(shape_, strides_, rank(), numel_);
   }
 
   /// Elements [start, start + length) of dim `dim`, sharing memory.

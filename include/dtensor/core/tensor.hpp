@@ -54,6 +54,23 @@ std::string shape_to_string(const std::array<std::int64_t, N>& s) {
   return format_list(s, ", ");
 }
 
+/// True when `rank` dims of `shape`/`strides` lay out `numel` elements row-major without gaps (size-1 dims
+/// may have any stride).
+template <class Shape>
+constexpr bool is_contiguous_layout(const Shape& shape, const Shape& strides, int rank,
+                                    std::int64_t numel) noexcept {
+  std::int64_t expected = 1;
+  for (int d = rank - 1; d >= 0 && numel > 0; --d) {
+    if (shape[d] != 1) {
+      if (strides[d] != expected) {
+        return false;
+      }
+      expected *= shape[d];
+    }
+  }
+  return true;
+}
+
 /// Row-major strides of `shape` (the last dim has stride 1).
 template <std::size_t N>
 constexpr std::array<std::int64_t, N> contiguous_strides(const std::array<std::int64_t, N>& shape) noexcept {
@@ -475,19 +492,7 @@ public:
 
   /// True when the elements are laid out row-major without gaps (size-1 dims may have any stride).
   bool is_contiguous() const noexcept {
-    if (numel_ == 0) {
-      return true;
-    }
-    std::int64_t expected = 1;
-    for (int d = Rank - 1; d >= 0; --d) {
-      if (shape_[d] != 1) {
-        if (strides_[d] != expected) {
-          return false;
-        }
-        expected *= shape_[d];
-      }
-    }
-    return true;
+    return detail::is_contiguous_layout(shape_, strides_, Rank, numel_);
   }
 
   /// A view of elements [start, start + length) of dim `dim` (negative counts from the end), sharing

@@ -67,7 +67,7 @@ inline Extents broadcast_shape(const ProcessGroup& g, const AnyTensor& full, int
 inline AnyTensor scatter_blocks(const DeviceMeshBase& mesh, const AnyTensor& full, DType dtype, int rank,
                                 int src, const ShardSpec& spec, const PlacementList& placements,
                                 Extents& global) {
-  const ProcessGroup g = mesh.group_over(detail::all_axes(mesh));
+  const ProcessGroup& g = mesh.group_over(detail::all_axes(mesh));
   const int n = g.size();
   DTENSOR_CHECK(src >= 0 && src < n, "distribute_tensor: source rank " + std::to_string(src) +
                                          " is outside the mesh of " + std::to_string(n) + " ranks");
@@ -158,7 +158,7 @@ inline void verify_layout(const DeviceMeshBase& mesh, const Extents& local, cons
                       " gives mesh coordinate " + detail::coord_string(mesh.coordinate()));
     return;
   }
-  const ProcessGroup g = mesh.group_over(detail::all_axes(mesh));
+  const ProcessGroup& g = mesh.group_over(detail::all_axes(mesh));
   const int n = g.size();
   AnyTensor mine = AnyTensor::empty(DType::int64, Extents{2 * rank}, Device::cpu());
   auto* m = static_cast<std::int64_t*>(mine.data());

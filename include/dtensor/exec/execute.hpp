@@ -208,6 +208,29 @@ inline AnyTensor writable(AnyTensor in) {
   return sole_owner ? in : in.clone();
 }
 
+/// The pieces of `whole` that the members of a group of `n` hold along dim `d` (torch.chunk), laid out
+/// one after the other in member order: counts and displacements in elements.
+struct MemberPieces {
+  std::vector<std::int64_t> counts;
+  std::vector<std::int64_t> displs;
+  std::vector<Block> blocks;
+
+  MemberPieces(const Block& whole, int d, int n) : counts(n), displs(n), blocks(n, whole) {
+    std::int64_t at = 0;
+    for (int m = 0; m < n; ++m) {
+      blocks[m].offset[d] += chunk_offset(whole.shape[d], n, m);
+      blocks[m].shape[d] = chunk_size(whole.shape[d], n, m);
+      counts[m] = numel(blocks[m].shape);
+      displs[m] = at;
+      at += counts[m];
+    }
+  }
+  /// Member m's piece inside the packed buffer, shaped as its block.
+  AnyTensor view(const AnyTensor& packed, int m) const {
+    return packed.narrow(0, displs[m], counts[m]).view(blocks[m].shape);
+  }
+};
+
 inline StepRun gather_or_scatter(const Step& st, AnyTensor in, const Block& before, const Block& after,
                                  const DeviceMeshBase& mesh, const CommOptions& opts) {
   const bool gather = st.kind == StepKind::all_gather;
@@ -216,53 +239,39 @@ inline StepRun gather_or_scatter(const Step& st, AnyTensor in, const Block& befo
   const int n = mesh.size(a);
   const ProcessGroup& g = mesh.group(a);
   const Block& whole = gather ? after : before; // the block the group's pieces tile
-  std::vector<std::int64_t> counts(n);
-  std::vector<std::int64_t> displs(n);
-  std::vector<Block> pieces(n);
-  std::int64_t at = 0;
-  for (int m = 0; m < n; ++m) {
-    pieces[m] = whole;
-    pieces[m].offset[d] += chunk_offset(whole.shape[d], n, m);
-    pieces[m].shape[d] = chunk_size(whole.shape[d], n, m);
-    counts[m] = numel(pieces[m].shape);
-    displs[m] = at;
-    at += counts[m];
-  }
+  MemberPieces pieces(whole, d, n);
   const bool direct = splits_contiguously(whole.shape, d);
   const AnyTensor full_side = gather ? fresh(in, after.shape) : in;
   const AnyTensor packed = direct ? flat(full_side) : fresh(in, Extents{numel(whole.shape)});
-  auto piece_view = [packed, counts, displs, pieces](int m) {
-    return packed.narrow(0, displs[m], counts[m]).view(pieces[m].shape);
-  };
   if (gather) {
-    auto impl = g.all_gather(buffer_of(in), buffer_of(packed), counts, displs, opts);
+    auto impl = g.all_gather(buffer_of(in), buffer_of(packed), pieces.counts, pieces.displs, opts);
     if (direct) {
       return {full_side, Work(impl, std::make_shared<std::pair<AnyTensor, AnyTensor>>(in, full_side))};
     }
-    auto unpack = [full_side, whole, pieces, counts, piece_view, n]() {
+    auto unpack = [full_side, whole, packed, pieces = std::move(pieces), n]() {
       for (int m = 0; m < n; ++m) {
-        if (counts[m] > 0) {
-          full_side.region(whole, pieces[m]).copy_from(piece_view(m));
+        if (pieces.counts[m] > 0) {
+          full_side.region(whole, pieces.blocks[m]).copy_from(pieces.view(packed, m));
         }
       }
     };
-    return {full_side, Work(impl, std::make_shared<std::pair<AnyTensor, AnyTensor>>(in, packed), unpack)};
+    return {full_side, Work(impl, std::make_shared<AnyTensor>(in), std::move(unpack))};
   }
   if (!direct) {
     for (int m = 0; m < n; ++m) {
-      if (counts[m] > 0) {
-        piece_view(m).copy_from(in.region(whole, pieces[m]));
+      if (pieces.counts[m] > 0) {
+        pieces.view(packed, m).copy_from(in.region(whole, pieces.blocks[m]));
       }
     }
   }
   AnyTensor out = fresh(in, after.shape);
-  auto impl = g.reduce_scatter(buffer_of(packed), buffer_of(out), counts, displs, st.op, opts);
+  auto impl = g.reduce_scatter(buffer_of(packed), buffer_of(out), pieces.counts, pieces.displs, st.op, opts);
   return {out, Work(impl, std::make_shared<std::vector<AnyTensor>>(std::vector<AnyTensor>{in, packed, out}))};
 }
 
 inline StepRun exchange(const Step& st, const AnyTensor& in, const Block& before, const Block& after,
                         const Extents& global, const DeviceMeshBase& mesh, const CommOptions& opts) {
-  const ProcessGroup g = mesh.group_over(st.axes);
+  const ProcessGroup& g = mesh.group_over(st.axes);
   const int me = g.rank();
   const int k = g.size();
   std::vector<Piece> sends;
@@ -285,37 +294,32 @@ inline StepRun exchange(const Step& st, const AnyTensor& in, const Block& before
       }
     }
   }
-  auto keep = std::make_shared<std::vector<AnyTensor>>(std::vector<AnyTensor>{in, send.staging, out});
+  std::shared_ptr<WorkImpl> impl;
   if (one_buffer) {
-    auto impl = g.all_to_all(buffer_of(send.base), send.counts, send.displs, buffer_of(recv.base),
-                             recv.counts, recv.displs, opts);
-    keep->push_back(recv.staging);
-    auto unpack = [out, recv, after]() {
-      for (const Piece& p : recv.packed) {
-        out.region(after, p.block).copy_from(staged_view(recv, p));
+    impl = g.all_to_all(buffer_of(send.base), send.counts, send.displs, buffer_of(recv.base), recv.counts,
+                        recv.displs, opts);
+  } else {
+    // Only the pairs that exchange data take part.
+    std::vector<P2PRequest> requests;
+    for (const Piece& p : recvs) {
+      if (p.peer != me && recv.at[p.peer].count > 0) {
+        requests.push_back({P2PRequest::Kind::recv, recv.at[p.peer], p.peer, 0});
       }
-    };
-    return {out, Work(impl, std::move(keep), unpack)};
-  }
-  // Only the pairs that exchange data take part.
-  std::vector<P2PRequest> requests;
-  for (const Piece& p : recvs) {
-    if (p.peer != me && recv.at[p.peer].count > 0) {
-      requests.push_back({P2PRequest::Kind::recv, recv.at[p.peer], p.peer, 0});
     }
-  }
-  for (const Piece& p : sends) {
-    if (p.peer != me && send.at[p.peer].count > 0) {
-      requests.push_back({P2PRequest::Kind::send, send.at[p.peer], p.peer, 0});
+    for (const Piece& p : sends) {
+      if (p.peer != me && send.at[p.peer].count > 0) {
+        requests.push_back({P2PRequest::Kind::send, send.at[p.peer], p.peer, 0});
+      }
     }
+    impl = g.p2p(requests, opts, "permute");
   }
-  auto unpack = [out, recv, after]() {
+  auto keep = std::make_shared<std::pair<AnyTensor, AnyTensor>>(in, send.staging);
+  auto unpack = [out, recv = std::move(recv), after]() {
     for (const Piece& p : recv.packed) {
       out.region(after, p.block).copy_from(staged_view(recv, p));
     }
   };
-  keep->push_back(recv.staging);
-  return {out, Work(g.p2p(requests, opts, "permute"), std::move(keep), unpack)};
+  return {out, Work(std::move(impl), std::move(keep), std::move(unpack))};
 }
 
 } // namespace detail

@@ -117,6 +117,10 @@ struct MeshState {
   StaticVector<std::string_view, max_mesh_rank> names;
   MeshSizes sizes;
   MeshCoord coord;
+  /// Groups over several of this mesh's axes, labelled, by axis mask (filled on first use; the entries
+  /// never move, so references to them stay valid).
+  mutable std::mutex over_mutex;
+  mutable std::map<AxisMask, ProcessGroup> over;
 };
 
 } // namespace detail
@@ -145,10 +149,16 @@ public:
   const ProcessGroup& group(int axis) const { return state_->groups[axis]; }
 
   /// The group over the axes in `axes` (row-major over them: a flattened group), labelled "dp*tp". Made
-  /// on first use by its members only (no other rank of the mesh takes part) and kept.
-  ProcessGroup group_over(AxisMask axes) const {
+  /// on first use by its members only (no other rank of the mesh takes part) and kept; later calls look it
+  /// up by mask (no allocation).
+  const ProcessGroup& group_over(AxisMask axes) const {
     if (axis_count(axes) == 1) {
       return state_->groups[first_axis(axes)];
+    }
+    std::lock_guard lock(state_->over_mutex);
+    auto it = state_->over.find(axes);
+    if (it != state_->over.end()) {
+      return it->second;
     }
     detail::RootAxes root_axes;
     std::string label;
@@ -160,7 +170,7 @@ public:
         label += (label.empty() ? "" : "*") + std::string(state_->names[a]);
       }
     }
-    return root_group(root_axes).with_label(std::move(label));
+    return state_->over.emplace(axes, root_group(root_axes).with_label(std::move(label))).first->second;
   }
 
   /// "DeviceMesh(dp=2, tp=2) at (1, 0)".
