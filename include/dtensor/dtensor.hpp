@@ -1,6 +1,7 @@
 #pragma once
 // dtensor: distributed tensors for C++20. The umbrella header: includes every public header except the
-// backends' own (pulled in by comm/init.hpp when their targets are linked), testing/, and
+// backends' own (pulled in by comm/init.hpp when their targets are linked), testing/ and the store it uses
+// (rendezvous/in_process_store.hpp), and
 // plan/torch_reference.hpp (a model of PyTorch's planner, for comparisons).
 // Each header also compiles on its own; include the ones you use to keep compile times down.
 
@@ -21,7 +22,6 @@
 #include "dtensor/mesh/mesh_shape.hpp"
 #include "dtensor/mesh/placement_check.hpp"
 #include "dtensor/rendezvous/barrier.hpp"
-#include "dtensor/rendezvous/in_process_store.hpp"
 #include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
 #include "dtensor/rendezvous/tcp_store.hpp"
@@ -35,6 +35,7 @@
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/comm/work.hpp"
 
+#include "dtensor/plan/duality.hpp"
 #include "dtensor/plan/exchange.hpp"
 #include "dtensor/plan/planner.hpp"
 #include "dtensor/plan/shard_spec.hpp"
@@ -42,6 +43,7 @@
 #include "dtensor/exec/distribute.hpp"
 #include "dtensor/exec/execute.hpp"
 
+#include "dtensor/tensor/backward.hpp"
 #include "dtensor/tensor/distribute.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 #include "dtensor/tensor/visualize.hpp"

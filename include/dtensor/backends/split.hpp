@@ -4,23 +4,19 @@
 //
 //   auto all = detail::exchange_split_colors(*store, "split3", rank, size, color, key, timeout, what);
 //   auto [members, me] = detail::split_members(all, color, rank);   // members: old group ranks
-//   std::string name = generations.next_name({0, 2});                 // "members[0,2]#0", then #1, ...
 //
 // Contract: every member of the old group calls exchange_split_colors with the same `name` (unique per
 // split of that group) and gets every member's (colour, key), in old-group rank order. Members with one
 // colour >= 0 form a group ordered by (key, old rank), as ncclCommSplit orders it. new_group is made by
 // its members only: they meet under a name made of their global ranks and how many groups over that list
-// this rank made before (GroupGenerations), so ranks outside the list never take part.
+// this rank made before (GroupGenerations, backends/group_generations.hpp), so ranks outside the list never
+// take part.
 
 #include "dtensor/core/error.hpp"
-#include "dtensor/core/format.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
-#include <map>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -41,6 +37,30 @@ struct SplitMembers {
   std::vector<int> ranks;
   int me = -1;
 };
+
+/// A decimal int with an optional '-', nothing else; false when `text` is not one or overflows.
+constexpr bool parse_int(std::string_view text, int& out) {
+  const bool negative = !text.empty() && text.front() == '-';
+  if (negative) {
+    text.remove_prefix(1);
+  }
+  if (text.empty() || text.size() > 10) {
+    return false;
+  }
+  long long v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') {
+      return false;
+    }
+    v = v * 10 + (c - '0');
+  }
+  v = negative ? -v : v;
+  if (v < -2147483648LL || v > 2147483647LL) {
+    return false;
+  }
+  out = static_cast<int>(v);
+  return true;
+}
 
 /// Every member's (colour, key), in old-group rank order. Member `rank` of `size` sets
 /// "<name>/<rank>" to "<colour> <key>" and waits up to `timeout` for the others: TimeoutError starting
@@ -66,13 +86,8 @@ inline std::vector<SplitEntry> exchange_split_colors(Store& store, const std::st
   for (std::size_t r = 0; r < values.size(); ++r) {
     const std::string_view text(values[r].data(), values[r].size());
     const auto space = text.find(' ');
-    const char* end = text.data() + text.size();
-    bool ok = space != std::string_view::npos;
-    if (ok) {
-      const auto c = std::from_chars(text.data(), text.data() + space, out[r].color);
-      const auto k = std::from_chars(text.data() + space + 1, end, out[r].key);
-      ok = c.ec == std::errc() && c.ptr == text.data() + space && k.ec == std::errc() && k.ptr == end;
-    }
+    const bool ok = space != std::string_view::npos && parse_int(text.substr(0, space), out[r].color) &&
+                    parse_int(text.substr(space + 1), out[r].key);
     DTENSOR_CHECK(ok, what + ": member " + std::to_string(r) + " left a malformed entry '" +
                           std::string(text) + "' under '" + keys[r] +
                           "' (another job shares this store and prefix?)");
@@ -101,25 +116,5 @@ inline SplitMembers split_members(std::span<const SplitEntry> all, int color, in
   }
   return m;
 }
-
-/// How many groups one rank made over each member list (global ranks, in group order). One per rank,
-/// shared by all its groups: the members of a list make its groups in the same order, so the count names
-/// the rendezvous of the next one.
-class GroupGenerations {
-public:
-  /// "members[0,2]#1": the rendezvous name of the next group over `global` (counts this call).
-  std::string next_name(const std::vector<int>& global) {
-    int generation = 0;
-    {
-      std::lock_guard lock(m_);
-      generation = counts_[global]++;
-    }
-    return "members" + format_list(global) + "#" + std::to_string(generation);
-  }
-
-private:
-  std::mutex m_;
-  std::map<std::vector<int>, int> counts_;
-};
 
 } // namespace dtensor::detail

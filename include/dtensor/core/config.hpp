@@ -31,3 +31,11 @@
 #else
 #define DTENSOR_HOST_DEVICE
 #endif
+
+// Marks a function that only runs when something failed (building an error message): never inlined and
+// optimised for size, which keeps the hot paths small and every TU's optimiser work down.
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__)
+#define DTENSOR_COLD [[gnu::cold, gnu::noinline]]
+#else
+#define DTENSOR_COLD
+#endif

@@ -326,8 +326,8 @@ inline StepRun exchange(const Step& st, const AnyTensor& in, const Block& before
 
 /// "redistribute [S(0),S(1)] -> [S(1),S(0)], step 1 of 1: permute(dp*tp), on mesh rank 3 at (1, 1),
 /// global (7, 5), local (4, 3): " — the prefix of an error raised in step `i`.
-inline std::string step_context(const Plan& plan, int i, const DeviceMeshBase& mesh, const Extents& global,
-                                const Extents& local) {
+DTENSOR_COLD inline std::string step_context(const Plan& plan, int i, const DeviceMeshBase& mesh,
+                                             const Extents& global, const Extents& local) {
   const std::string coord = dtensor::detail::format_list(mesh.coordinate(), ", ", "(", ")");
   return "redistribute " + to_string(plan.src) + " -> " + to_string(plan.dst) + ", step " +
          std::to_string(i + 1) + " of " + std::to_string(plan.size()) + ": " +
@@ -337,7 +337,7 @@ inline std::string step_context(const Plan& plan, int i, const DeviceMeshBase& m
 }
 
 /// Rethrows the exception in flight with `context` in front of its message, keeping dtensor's types.
-[[noreturn]] inline void rethrow_with(const std::string& context) {
+[[noreturn]] DTENSOR_COLD inline void rethrow_with(const std::string& context) {
   try {
     throw;
   } catch (const TimeoutError& e) {

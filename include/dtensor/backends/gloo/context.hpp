@@ -13,6 +13,7 @@
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/gloo/rendezvous.hpp"
+#include "dtensor/backends/group_generations.hpp"
 #include "dtensor/backends/split.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
