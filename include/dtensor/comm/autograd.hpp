@@ -86,6 +86,29 @@ private:
   Tensor<T, Rank> result_;
 };
 
+/// A tensor cut along `dim` into one block per group member, in member order: what the backward of a
+/// block collective (all_gather, reduce_scatter, chunk) keeps.
+template <int Rank>
+struct Blocks {
+  using Shape = std::array<std::int64_t, Rank>;
+  int dim = 0;
+  Shape full{};                    ///< the concatenated shape
+  std::vector<std::int64_t> sizes; ///< member i's block has sizes[i] entries along dim
+
+  Shape block(int member) const {
+    Shape s = full;
+    s[dim] = sizes[member];
+    return s;
+  }
+  std::int64_t offset(int member) const {
+    std::int64_t o = 0;
+    for (int i = 0; i < member; ++i) {
+      o += sizes[i];
+    }
+    return o;
+  }
+};
+
 namespace detail {
 
 using dtensor::detail::format_list;
@@ -123,7 +146,7 @@ inline std::vector<std::int64_t> chunk_sizes(std::int64_t n, int k) {
   return sizes;
 }
 
-/// A Work whose wait() also runs `then` once the op is complete (a synchronous op's empty Work: now).
+/// A Work whose wait() also runs `next` once the op is complete (a synchronous op's empty Work: now).
 inline Work then(const Work& work, std::function<void()> next) {
   if (!work.impl()) {
     next();
@@ -163,28 +186,6 @@ inline bool all_equal(std::span<const std::int64_t> sizes) {
   }
   return true;
 }
-
-/// The blocks of a tensor along one dim, one per member: what the block collectives' backward keeps.
-template <int Rank>
-struct Blocks {
-  using Shape = std::array<std::int64_t, Rank>;
-  int dim = 0;
-  Shape full{};                    ///< the concatenated shape
-  std::vector<std::int64_t> sizes; ///< member i's block has sizes[i] entries along dim
-
-  Shape block(int member) const {
-    Shape s = full;
-    s[dim] = sizes[member];
-    return s;
-  }
-  std::int64_t offset(int member) const {
-    std::int64_t o = 0;
-    for (int i = 0; i < member; ++i) {
-      o += sizes[i];
-    }
-    return o;
-  }
-};
 
 /// out (shape b.full) = the members' blocks concatenated along b.dim; `block` is this member's. Blocks
 /// that are contiguous runs of `out` are received in place; otherwise they are staged and copied.
@@ -286,17 +287,18 @@ Blocks<Rank> gathered(const std::array<std::int64_t, Rank>& shape, int dim, std:
 }
 
 /// The blocks of all_gather without a global size: the members exchange their shapes (one all_gather of
-/// Rank integers each), which must agree outside `dim`.
+/// Rank integers each, on `device`: NCCL moves device memory only), which must agree outside `dim`.
 template <int Rank>
 Blocks<Rank> exchanged(const std::array<std::int64_t, Rank>& shape, int dim, const ProcessGroup& group,
-                       const char* op) {
+                       const char* op, Device device) {
   const int n = group.size();
   auto mine = Tensor<std::int64_t, 1>({Rank});
   for (int d = 0; d < Rank; ++d) {
     mine(d) = shape[d];
   }
-  auto all = Tensor<std::int64_t, 1>({static_cast<std::int64_t>(n) * Rank});
-  all_gather_into_tensor(all, mine, group);
+  auto received = Tensor<std::int64_t, 1>({static_cast<std::int64_t>(n) * Rank}, device);
+  dtensor::all_gather_into_tensor(received, mine.to(device), group);
+  const auto all = received.to(Device::cpu());
   Blocks<Rank> b{dim, shape, std::vector<std::int64_t>(n)};
   b.full[dim] = 0;
   for (int i = 0; i < n; ++i) {
@@ -316,6 +318,7 @@ Blocks<Rank> exchanged(const std::array<std::int64_t, Rank>& shape, int dim, con
   return b;
 }
 
+/// A copy of x, on which `op` then runs in place.
 template <class T, int Rank>
 Pending<T, Rank> clone_then(const Tensor<T, Rank>& x, bool async,
                             const std::function<Work(const Tensor<T, Rank>&, bool)>& op) {
@@ -366,7 +369,7 @@ private:
 template <class T, int Rank>
 struct AllGatherBackward {
   ProcessGroup group;
-  detail::Blocks<Rank> blocks;
+  Blocks<Rank> blocks;
 
   Tensor<T, Rank> operator()(const Tensor<T, Rank>& gy) const {
     return detail::reduce_scatter_backward(blocks, group, gy, "all_gather", false).wait();
@@ -380,7 +383,7 @@ struct AllGatherBackward {
 template <class T, int Rank>
 struct ReduceScatterBackward {
   ProcessGroup group;
-  detail::Blocks<Rank> blocks;
+  Blocks<Rank> blocks;
 
   Tensor<T, Rank> operator()(const Tensor<T, Rank>& gy) const {
     return detail::gather_backward(blocks, group, gy, "reduce_scatter", false).wait();
@@ -394,7 +397,7 @@ struct ReduceScatterBackward {
 template <class T, int Rank>
 struct ChunkBackward {
   ProcessGroup group;
-  detail::Blocks<Rank> blocks;
+  Blocks<Rank> blocks;
 
   Tensor<T, Rank> operator()(const Tensor<T, Rank>& gy) const {
     return detail::gather_backward(blocks, group, gy, "chunk", false).wait();
@@ -408,7 +411,7 @@ struct ChunkBackward {
 template <class T, int Rank>
 struct AllGatherReplicatedBackward {
   ProcessGroup group;
-  detail::Blocks<Rank> blocks;
+  Blocks<Rank> blocks;
 
   Tensor<T, Rank> operator()(const Tensor<T, Rank>& gy) const {
     detail::check_grad<Rank>(gy.shape(), blocks.full, group, "all_gather_replicated");
@@ -519,7 +522,7 @@ template <class T, int Rank>
 WithBackward<Pending<T, Rank>, AllGatherBackward<T, Rank>> all_gather(const Tensor<T, Rank>& x, int dim,
                                                                       const ProcessGroup& group, AsyncOp) {
   const int d = detail::check_dim<Rank>(dim, x.shape(), group, "all_gather");
-  auto b = detail::exchanged<Rank>(x.shape(), d, group, "all_gather");
+  auto b = detail::exchanged<Rank>(x.shape(), d, group, "all_gather", x.device());
   Tensor<T, Rank> y(b.full, x.device());
   Work w = detail::gather_blocks(y, x, b, group, true);
   return {Pending<T, Rank>(std::move(w), y), {group, std::move(b)}};
