@@ -461,6 +461,8 @@ TEST_CASE("autograd::chunk and all_gather_replicated: each other's backward", "[
         expect_comm(bwd, {}, what + " backward");
         expect_same(y, concat(xs, d), what + " forward");
         expect_same(gx, block_of(gy, d, n, r), what + " backward");
+        expect_same(ag::all_gather_replicated(xs[r], d, len, g, async_op).output.wait(), y,
+                    what + " async forward");
         expect_same(back(gy, async_op).wait(), gx, what + " async backward");
         expect_adjoint(g, xs[r], gx, Side::per_member, y, gy, Side::replicated, what);
       }

@@ -614,14 +614,21 @@ WithBackward<Tensor<T, Rank>, ChunkBackward<T, Rank>> chunk(const Tensor<T, Rank
 /// gather_from): the gradient arrives the same on every member, so the backward is this member's chunk of
 /// it, with no communication.
 template <class T, int Rank>
-WithBackward<Tensor<T, Rank>, AllGatherReplicatedBackward<T, Rank>>
-all_gather_replicated(const Tensor<T, Rank>& x, int dim, std::int64_t global_size,
-                      const ProcessGroup& group) {
+WithBackward<Pending<T, Rank>, AllGatherReplicatedBackward<T, Rank>>
+all_gather_replicated(const Tensor<T, Rank>& x, int dim, std::int64_t global_size, const ProcessGroup& group,
+                      AsyncOp) {
   const int d = detail::check_dim<Rank>(dim, x.shape(), group, "all_gather_replicated");
   auto b = detail::gathered<Rank>(x.shape(), d, global_size, group, "all_gather_replicated");
   Tensor<T, Rank> y(b.full, x.device());
-  detail::gather_blocks(y, x, b, group, false);
-  return {y, {group, std::move(b)}};
+  Work w = detail::gather_blocks(y, x, b, group, true);
+  return {Pending<T, Rank>(std::move(w), y), {group, std::move(b)}};
+}
+template <class T, int Rank>
+WithBackward<Tensor<T, Rank>, AllGatherReplicatedBackward<T, Rank>>
+all_gather_replicated(const Tensor<T, Rank>& x, int dim, std::int64_t global_size,
+                      const ProcessGroup& group) {
+  auto [y, back] = autograd::all_gather_replicated(x, dim, global_size, group, async_op);
+  return {y.wait(), std::move(back)};
 }
 
 // ---- Megatron's regions ----------------------------------------------------------------------------------
