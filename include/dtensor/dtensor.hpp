@@ -27,6 +27,7 @@
 #include "dtensor/rendezvous/tcp_store.hpp"
 #include "dtensor/rendezvous/tcp_store_server.hpp"
 
+#include "dtensor/comm/autograd.hpp"
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/comm/functional.hpp"
