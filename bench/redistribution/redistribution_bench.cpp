@@ -47,6 +47,7 @@
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/plan/duality.hpp>
 #include <dtensor/plan/torch_reference.hpp>
 #include <dtensor/tensor/distribute.hpp>
 
@@ -83,7 +84,7 @@ struct Ctx {
   std::string backend = "gloo";
   Device dev = Device::cpu(); ///< where the tensors live (--device)
   bench::Results results;
-  bench::Table table{{"mesh", "transition", "shape", "plan steps", "plan B", "moved B", "lower bd B",
+  bench::Table table{{"mesh", "transition", "shape", "plan steps", "plan B", "bwd B", "moved B", "lower bd B",
                       "torch B", "time us [min-max]", "extra mem B", "max(in,out) B"}};
   bench::Table uneven{{"op", "ranks", "shape", "variable us [min-max]", "padded us [min-max]", "var/pad",
                        "var B recv", "pad B recv"}};
@@ -296,8 +297,22 @@ struct RowFigures {
   int plan_steps = 0;
   std::int64_t bytes = 0, plan_b = 0, moved = 0, lb = 0, torch_b = 0, extra = 0, bound = 0;
   std::int64_t allocs = -1; ///< heap allocations of one call; < 0: not counted
+  std::string bwd_steps;    ///< the backward's plan for the gradient dual(dst) (plan/duality.hpp)
+  std::int64_t bwd_b = -1;  ///< its bytes per rank; < 0: no linear backward
   bench::Stats stats, host;
 };
+
+/// The backward of src -> dst for the gradient a redundant consumer gives (dual(dst)), on `sizes`.
+template <class Names>
+void set_backward(RowFigures& f, const PlacementList& src, const PlacementList& dst, const Extents& global,
+                  const MeshSizes& sizes, const Names& names) {
+  const BackwardPlan b = make_backward_plan(src, dst, dual(dst), 2, sizes);
+  if (b.error == BackwardError::none) {
+    f.bwd_b = bytes_per_rank(b.plan, global, sizes, 4);
+    const std::string text = to_string(b, names);
+    f.bwd_steps = text.substr(text.find(':') + 2);
+  }
+}
 
 /// Adds one row to the table and the JSON results.
 void add_row(Ctx& c, const RowFigures& f) {
@@ -307,6 +322,8 @@ void add_row(Ctx& c, const RowFigures& f) {
       .add_str("plan", f.steps)
       .add_num("plan_steps", f.plan_steps)
       .add_num("plan_bytes", double(f.plan_b))
+      .add_str("backward_plan", f.bwd_steps)
+      .add_num("backward_plan_bytes", double(f.bwd_b))
       .add_num("moved_bytes", double(f.moved))
       .add_num("lower_bound_bytes", double(f.lb))
       .add_num("torch_bytes", double(f.torch_b))
@@ -321,6 +338,7 @@ void add_row(Ctx& c, const RowFigures& f) {
                                  f.shape,
                                  f.steps,
                                  std::to_string(f.plan_b),
+                                 f.bwd_b < 0 ? "-" : std::to_string(f.bwd_b),
                                  std::to_string(f.moved),
                                  std::to_string(f.lb),
                                  std::to_string(f.torch_b),
@@ -405,6 +423,7 @@ struct Runner<Shape, Placements<Ps...>, Placements<Qs...>> {
     f.allocs = allocs;
     f.stats = stats;
     f.host = host;
+    set_backward(f, src, dst, global, mesh.sizes(), Shape::names);
     add_row(c, f);
   }
 };
@@ -643,8 +662,8 @@ int setup(Ctx& c, InitOptions& io) {
   check_cuda(cudaSetDevice(io.device), "cudaSetDevice");
   c.dev = Device::cuda(io.device);
   c.table =
-      bench::Table{{"mesh", "transition", "shape", "plan steps", "plan B", "moved B", "lower bd B", "torch B",
-                    "time us [min-max]", "extra dev B", "max(in,out) B", "host us [min-max]"}};
+      bench::Table{{"mesh", "transition", "shape", "plan steps", "plan B", "bwd B", "moved B", "lower bd B",
+                    "torch B", "time us [min-max]", "extra dev B", "max(in,out) B", "host us [min-max]"}};
   return 0;
 #else
   std::printf("bench_redistribution: built without NCCL/CUDA (bench_redistribution_cuda has the device "

@@ -17,6 +17,7 @@
 #include "dtensor/core/static_vector.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/core/tensor_io.hpp"
+#include "dtensor/core/with_backward.hpp"
 
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/mesh/mesh_shape.hpp"

@@ -49,6 +49,7 @@
 #include "dtensor/core/layout.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/tensor.hpp"
+#include "dtensor/core/with_backward.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -59,13 +60,6 @@
 #include <vector>
 
 namespace dtensor::autograd {
-
-/// A forward's output and the context of its backward: `auto [y, back] = autograd::op(...)`.
-template <class Output, class Backward>
-struct WithBackward {
-  Output output;
-  Backward backward;
-};
 
 /// The result of an asynchronous op: wait() blocks until it is complete and returns it (rethrowing the
 /// op's error). Copies share the op.

@@ -21,6 +21,7 @@
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/placement.hpp"
+#include "dtensor/core/with_backward.hpp"
 #include "dtensor/plan/duality.hpp"
 #include "dtensor/plan/planner.hpp"
 #include "dtensor/tensor/dtensor.hpp"
@@ -245,13 +246,6 @@ private:
   PendingRedistribute<T, Rank, Shape, P...> pending_;
   double factor_;
   Tensor<T, Rank> grad_; ///< the gradient's local tensor, which the result must not scale in place
-};
-
-/// An op's output and its backward context; `auto [y, back] = ...` takes them apart.
-template <class Output, class Backward>
-struct WithBackward {
-  Output output;
-  Backward backward;
 };
 
 /// y = x.redistribute<Q...>() and the context of its backward.

@@ -1,0 +1,18 @@
+#pragma once
+// WithBackward: what a differentiable op returns, its output and the typed context of its backward, so a
+// backward pass is written by hand without an autograd engine or a tape:
+//
+//   auto [y, back] = dtensor::autograd::all_gather(x, /*dim=*/0, group);   // comm/autograd.hpp
+//   auto [z, back2] = dtensor::redistribute_with_backward<Replicate>(d);    // tensor/backward.hpp
+//   auto gx = back(gy);
+
+namespace dtensor {
+
+/// A forward's output and the context of its backward: `auto [y, back] = op(...)`.
+template <class Output, class Backward>
+struct WithBackward {
+  Output output;
+  Backward backward;
+};
+
+} // namespace dtensor
