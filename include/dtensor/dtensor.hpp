@@ -49,3 +49,9 @@
 #include "dtensor/tensor/distribute.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 #include "dtensor/tensor/visualize.hpp"
+
+#include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/ops/pointwise.hpp"
+#include "dtensor/ops/reduce.hpp"
+#include "dtensor/ops/rules.hpp"
+#include "dtensor/ops/typed.hpp"

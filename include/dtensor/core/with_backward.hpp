@@ -16,3 +16,13 @@ struct WithBackward {
 };
 
 } // namespace dtensor
+
+namespace dtensor {
+
+/// Tag selecting the form of an op that also returns its backward context: `relu(x, with_backward)`.
+struct WithBackwardTag {
+  explicit WithBackwardTag() = default;
+};
+inline constexpr WithBackwardTag with_backward{};
+
+} // namespace dtensor

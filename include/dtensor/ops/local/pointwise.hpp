@@ -1,0 +1,359 @@
+#pragma once
+// Local elementwise maps and reductions over one dim, on a rank's own tensors: the kernels under the
+// sharded pointwise ops and reductions (ops/pointwise.hpp, ops/reduce.hpp).
+//
+//   auto y = dtensor::local::map(dtensor::local::Relu{}, x);              // y = relu(x)
+//   auto z = dtensor::local::map(dtensor::local::Add{}, a, bias);         // bias: a's trailing dims
+//   auto s = dtensor::local::reduce(dtensor::ReduceOp::sum, x, 1);        // keeps dim 1 with size 1
+//
+// They run on tensor/local_ops.hpp's launcher: a region collapsed into runs (RunLayout), one function
+// object per tile, Thrust's cpp system on the host and a kernel on the tensor's stream in an nvcc TU. An
+// operand of lower rank is broadcast over the leading dims (stride 0 there), as in torch. Elements are
+// computed in float (double for double; the integer types in themselves) and rounded back. NaN propagates
+// through max and min wherever it is, as torch's max/min do.
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "dtensor/core/element_type.hpp"
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/reduce_op.hpp"
+#include "dtensor/core/tensor.hpp"
+#include "dtensor/tensor/local_ops.hpp"
+
+namespace dtensor::local {
+
+/// What an element of T is computed in.
+template <class T>
+using compute_t = std::conditional_t<std::is_same_v<T, double>, double,
+                                     std::conditional_t<std::is_integral_v<T>, T, float>>;
+
+// The element functions: value types in, value out. `Backward` forms take the forward's input x (and
+// output y where cheaper) and the output's gradient g, and return the input's gradient.
+struct Relu {
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C x) const {
+    return x > C(0) ? x : C(0);
+  }
+  template <class C>
+  DTENSOR_HOST_DEVICE C backward(C x, C g) const {
+    return x > C(0) ? g : C(0);
+  }
+};
+/// gelu(x) = x * Phi(x), the exact (erf) form, torch's default.
+struct Gelu {
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C x) const {
+    return C(0.5) * x * (C(1) + std::erf(x * C(0.70710678118654752440)));
+  }
+  template <class C>
+  DTENSOR_HOST_DEVICE C backward(C x, C g) const {
+    const C cdf = C(0.5) * (C(1) + std::erf(x * C(0.70710678118654752440)));
+    const C pdf = C(0.39894228040143267794) * std::exp(C(-0.5) * x * x);
+    return g * (cdf + x * pdf);
+  }
+};
+/// silu(x) = x * sigmoid(x).
+struct Silu {
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C x) const {
+    return x / (C(1) + std::exp(-x));
+  }
+  template <class C>
+  DTENSOR_HOST_DEVICE C backward(C x, C g) const {
+    const C s = C(1) / (C(1) + std::exp(-x));
+    return g * s * (C(1) + x * (C(1) - s));
+  }
+};
+struct Exp {
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C x) const {
+    return std::exp(x);
+  }
+  template <class C>
+  DTENSOR_HOST_DEVICE C backward(C x, C g) const {
+    return g * std::exp(x);
+  }
+};
+/// x * factor.
+struct Scale {
+  double factor = 1;
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C x) const {
+    return x * C(factor);
+  }
+  template <class C>
+  DTENSOR_HOST_DEVICE C backward(C, C g) const {
+    return g * C(factor);
+  }
+};
+/// x + value (a scalar).
+struct AddScalar {
+  double value = 0;
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C x) const {
+    return x + C(value);
+  }
+};
+struct Add {
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C a, C b) const {
+    return a + b;
+  }
+};
+struct Sub {
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C a, C b) const {
+    return a - b;
+  }
+};
+struct Mul {
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C a, C b) const {
+    return a * b;
+  }
+};
+struct Div {
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C a, C b) const {
+    return a / b;
+  }
+};
+/// The backward of a unary F: (x, g) -> F.backward(x, g).
+template <class F>
+struct BackwardOf {
+  F f;
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C x, C g) const {
+    return f.backward(x, g);
+  }
+};
+/// -g * a / (b * b): the divisor's gradient of a / b.
+struct DivisorGrad {
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C g, C a, C b) const {
+    return -g * a / (b * b);
+  }
+};
+
+inline namespace DTENSOR_LOCAL_OPS_NS {
+
+/// Index i computes tile i of out = f(in...): operand 0 is the output.
+template <class T, int R, int N, class F>
+struct MapRuns {
+  local_ops::RunLayout<R, N> layout;
+  T* out;
+  std::array<const T*, N - 1> in;
+  F f;
+
+  DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
+    const local_ops::Tile<N> t = layout.locate(i);
+    apply(t, std::make_index_sequence<N - 1>{});
+  }
+
+  template <std::size_t... K>
+  DTENSOR_HOST_DEVICE void apply(const local_ops::Tile<N>& t, std::index_sequence<K...>) const {
+    using C = compute_t<T>;
+    for (std::int64_t r = 0; r < t.rows; ++r) {
+      T* o = out + t.offset[0] + r * t.row_stride[0];
+      for (std::int64_t k = 0; k < t.n; ++k) {
+        o[k] = T(f(static_cast<C>(in[K][t.offset[K + 1] + r * t.row_stride[K + 1] + k])...));
+      }
+    }
+  }
+};
+
+/// Index i reduces the elements of tile i's output positions along the reduced dim (length `len`, stride
+/// `stride` in the input, operand 1).
+template <class T, int R>
+struct ReduceRuns {
+  local_ops::RunLayout<R, 2> layout;
+  T* out;
+  const T* in;
+  std::int64_t len;
+  std::int64_t stride;
+  ReduceOp op;
+  double divide; ///< 1, or the count a mean divides by
+
+  /// What an empty dim reduces to: the op's identity, so that an empty shard's Partial is harmless.
+  DTENSOR_HOST_DEVICE compute_t<T> identity() const {
+    using C = compute_t<T>;
+    switch (op) {
+    case ReduceOp::max:
+      return std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity()
+                                                  : std::numeric_limits<C>::lowest();
+    case ReduceOp::min:
+      return std::numeric_limits<C>::has_infinity ? std::numeric_limits<C>::infinity()
+                                                  : std::numeric_limits<C>::max();
+    case ReduceOp::product:
+      return C(1);
+    default:
+      return C(0);
+    }
+  }
+
+  DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    const local_ops::Tile<2> t = layout.locate(i);
+    for (std::int64_t r = 0; r < t.rows; ++r) {
+      for (std::int64_t k = 0; k < t.n; ++k) {
+        const T* p = in + t.offset[1] + r * t.row_stride[1] + k;
+        C acc = len > 0 ? static_cast<C>(p[0]) : identity();
+        for (std::int64_t j = 1; j < len; ++j) {
+          const C v = static_cast<C>(p[j * stride]);
+          switch (op) {
+          case ReduceOp::max:
+            acc = (v > acc || v != v) && acc == acc ? v : acc; // NaN wins
+            break;
+          case ReduceOp::min:
+            acc = (v < acc || v != v) && acc == acc ? v : acc;
+            break;
+          case ReduceOp::product:
+            acc = acc * v;
+            break;
+          default:
+            acc = acc + v;
+          }
+        }
+        if (divide != 1) {
+          acc = static_cast<C>(acc / static_cast<C>(divide));
+        }
+        out[t.offset[0] + r * t.row_stride[0] + k] = T(acc);
+      }
+    }
+  }
+};
+
+template <class F>
+void launch(const F& f, const Device& device, CUstream_st* stream, const char* what) {
+  if (device.is_cpu()) {
+    local_ops::run_host(f);
+    return;
+  }
+#if DTENSOR_LOCAL_OPS_CUDA
+  local_ops::run_cuda(f, device, stream, what);
+#else
+  (void)stream;
+  detail::throw_error(std::string(what) + " on " + device.to_string() +
+                      ": CUDA tensors need a kernel: compile this translation unit with nvcc (and the CUDA "
+                      "Toolkit's Thrust headers)");
+#endif
+}
+
+} // namespace DTENSOR_LOCAL_OPS_NS
+
+namespace detail {
+
+/// Uninitialised memory of `shape` on `like`'s device, ordered on its stream.
+template <class T, std::size_t R, int Rl>
+Tensor<T, static_cast<int>(R)> empty_like(const std::array<std::int64_t, R>& shape,
+                                          const Tensor<T, Rl>& like) {
+#if DTENSOR_HAS_CUDA
+  return Tensor<T, static_cast<int>(R)>(shape, like.device(), like.stream());
+#else
+  return Tensor<T, static_cast<int>(R)>(shape, like.device());
+#endif
+}
+
+/// `t`'s strides as a rank-R array, broadcast over R - Rt leading dims (stride 0), after checking that its
+/// shape is the trailing part of `shape`.
+template <int R, class T, int Rt>
+std::array<std::int64_t, R> broadcast_strides(const Tensor<T, Rt>& t,
+                                              const std::array<std::int64_t, R>& shape, const char* what) {
+  static_assert(Rt <= R, "local::map: an operand of higher rank than the first cannot be broadcast");
+  std::array<std::int64_t, R> s{};
+  for (int d = 0; d < Rt; ++d) {
+    DTENSOR_CHECK(t.shape()[d] == shape[R - Rt + d],
+                  std::string(what) + ": shape " + dtensor::detail::shape_to_string(t.shape()) +
+                      " does not broadcast to " + dtensor::detail::shape_to_string(shape) +
+                      " (a lower-rank operand must match the trailing dims)");
+    s[R - Rt + d] = t.strides()[d];
+  }
+  return s;
+}
+
+} // namespace detail
+
+/// out = f(a, rest...) elementwise into an existing tensor of a's shape (rest broadcast over a's leading
+/// dims). Every operand on one device. Synchronous.
+template <class F, class T, int R, int... Rs>
+void map_into(const Tensor<T, R>& out, F f, const Tensor<T, R>& a, const Tensor<T, Rs>&... rest) {
+  constexpr int n = 2 + sizeof...(Rs);
+  DTENSOR_CHECK(out.shape() == a.shape(),
+                "local::map: output shape " + dtensor::detail::shape_to_string(out.shape()) +
+                    " is not the input's " + dtensor::detail::shape_to_string(a.shape()));
+  DTENSOR_CHECK(((rest.device() == a.device()) && ... && (out.device() == a.device())),
+                "local::map: operands on different devices");
+  const std::array<std::array<std::int64_t, R>, n> strides{
+      out.strides(), a.strides(), detail::broadcast_strides<R>(rest, a.shape(), "local::map")...};
+  const bool host = a.device().is_cpu();
+  MapRuns<T, R, n, F> run{local_ops::make_run_layout<R, n>(
+                              a.shape(), strides, host ? local_ops::host_tile : local_ops::cuda_tile),
+                          out.data(),
+                          {a.data(), rest.data()...},
+                          f};
+  launch(run, a.device(), a.stream_handle(), "local::map");
+}
+
+/// f(a, rest...) elementwise as a new contiguous tensor of a's shape on a's device.
+template <class F, class T, int R, int... Rs>
+Tensor<T, R> map(F f, const Tensor<T, R>& a, const Tensor<T, Rs>&... rest) {
+  Tensor<T, R> out = detail::empty_like(a.shape(), a);
+  map_into(out, f, a, rest...);
+  return out;
+}
+
+/// The reduction by `op` of `x` over dim `dim`, keeping it with size 1; `divide` divides the result (a
+/// mean over a global count). An empty dim gives the op's identity (0 for sum, mean).
+template <class T, int R>
+Tensor<T, R> reduce(ReduceOp op, const Tensor<T, R>& x, int dim, double divide = 1) {
+  DTENSOR_CHECK(dim >= 0 && dim < R,
+                "local::reduce: dim " + std::to_string(dim) + " out of range for rank " + std::to_string(R));
+  auto shape = x.shape();
+  const std::int64_t len = shape[dim];
+  shape[dim] = 1;
+  Tensor<T, R> out = detail::empty_like(shape, x);
+  auto in_strides = x.strides();
+  const bool host = x.device().is_cpu();
+  ReduceRuns<T, R> run{local_ops::make_run_layout<R, 2>(shape, {out.strides(), in_strides},
+                                                        host ? local_ops::host_tile : local_ops::cuda_tile),
+                       out.data(),
+                       x.data(),
+                       len,
+                       x.strides()[dim],
+                       op == ReduceOp::avg ? ReduceOp::sum : op,
+                       divide};
+  launch(run, x.device(), x.stream_handle(), "local::reduce");
+  return out;
+}
+
+/// `g` summed over its leading dims down to rank Rb: the gradient of an operand broadcast by map.
+template <int Rb, class T, int R>
+Tensor<T, Rb> sum_to_rank(const Tensor<T, R>& g) {
+  static_assert(Rb <= R);
+  if constexpr (Rb == R) {
+    return g;
+  } else {
+    std::array<std::int64_t, Rb + 1> shape{};
+    shape[0] = 1;
+    for (int d = 0; d < R - Rb; ++d) {
+      shape[0] *= g.shape()[d];
+    }
+    for (int d = 0; d < Rb; ++d) {
+      shape[d + 1] = g.shape()[R - Rb + d];
+    }
+    const Tensor<T, Rb + 1> flat = g.contiguous().template view<Rb + 1>(shape);
+    std::array<std::int64_t, Rb> out_shape{};
+    for (int d = 0; d < Rb; ++d) {
+      out_shape[d] = shape[d + 1];
+    }
+    return reduce(ReduceOp::sum, flat, 0).template view<Rb>(out_shape);
+  }
+}
+
+} // namespace dtensor::local

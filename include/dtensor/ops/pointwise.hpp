@@ -1,0 +1,221 @@
+#pragma once
+// Pointwise ops on DTensors, their output placements fixed at compile time by ops/rules.hpp:
+//
+//   auto h = relu(x);                          // x [S(0),R] -> h [S(0),R]; relu(Partial) does not compile
+//   auto [h2, back] = gelu(x, with_backward);  // and the context of its backward: dx = back(dh)
+//   auto z = add(p, q);                        // [P] + [P] -> [P];  [P] + [R] does not compile
+//   auto w = mul(p, r);                        // [P] * [R] -> [P]
+//   auto b = add(y, bias);                     // bias of lower rank: broadcast over y's leading dims
+//
+// A Replicate operand meeting a Shard one uses its local chunk (no communication). Each op is a local
+// kernel (ops/local/pointwise.hpp) on the operands' blocks of the output's block; no communication,
+// no dispatch at run time. The backward of a unary op takes the output's gradient with any placements:
+// where they do not line up with the input's blocks (a Partial gradient of a Shard input) it is
+// redistributed first, which the returned gradient's type shows.
+
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "dtensor/core/with_backward.hpp"
+#include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/ops/rules.hpp"
+#include "dtensor/ops/typed.hpp"
+#include "dtensor/tensor/dtensor.hpp"
+
+namespace dtensor {
+
+namespace detail {
+
+/// "abcdefgh" cut to `rank` labels, the last `rank` of a tensor of `of` dims (for rank broadcasting).
+constexpr Labels trailing_labels(int rank, int of) {
+  Labels l;
+  for (int d = of - rank; d < of; ++d) {
+    l.push_back(static_cast<char>('a' + d));
+  }
+  return l;
+}
+
+/// The rule of a pointwise op over operands X... (the first of the highest rank).
+template <Linearity L, class... X>
+constexpr RuleResult pointwise_rule() {
+  int rank = 0;
+  ((rank = rank > X::rank ? rank : X::rank), ...);
+  OpSpec s;
+  (s.in.push_back(trailing_labels(X::rank, rank)), ...);
+  s.out = trailing_labels(rank, rank);
+  s.linearity = L;
+  return apply_rule(s, {X::placements...});
+}
+
+template <Linearity L, class... X>
+struct PointwiseOut {
+  static constexpr PlacementList list() { return pointwise_rule<L, X...>().out; }
+};
+
+template <class A, Linearity L, class... X>
+using pointwise_result_t =
+    dtensor_from_t<typename A::value_type, A::rank, typename dtensor_traits<A>::shape_type,
+                   &PointwiseOut<L, X...>::list>;
+
+/// f over the operands' blocks of the output block: the output DTensor (of type Y).
+template <class Y, class F, class A, class... B>
+Y run_pointwise(F f, const A& a, const B&... b) {
+  const Extents global = to_extents(a.global_shape());
+  const Block out = spec_block(global, Y::spec, a.mesh().sizes(), a.mesh().coordinate());
+  const Labels lo = trailing_labels(A::rank, A::rank);
+  auto local = local::map(f, operand_view(a, lo, lo, out),
+                          operand_view(b, trailing_labels(B::rank, A::rank), lo, out)...);
+  return Y(a.mesh(), std::move(local), a.global_shape());
+}
+
+/// x.redistribute<Q...>() for the placements of the DTensor type D.
+template <class D, class X>
+struct redistribute_as;
+template <class T, int R, class Shape, class... Q, class X>
+struct redistribute_as<DTensor<T, R, Shape, Q...>, X> {
+  static DTensor<T, R, Shape, Q...> run(const X& x) { return x.template redistribute<Q...>(); }
+};
+
+template <class X, class G>
+struct GradTarget {
+  static constexpr PlacementList list() { return gradient_target(X::placements, placements_of<G>); }
+};
+
+} // namespace detail
+
+/// The backward context of a unary op F on X: keeps the input.
+template <class F, Linearity L, class X>
+class UnaryBackward {
+public:
+  UnaryBackward(F f, X x) : f_(f), x_(std::move(x)) {}
+
+  /// The input's gradient from the output's gradient `g` (any placements of the same tensor type).
+  template <class G>
+  requires AnyDTensor<G>
+  auto operator()(const G& g) const {
+    using T = typename X::value_type;
+    using Shape = typename detail::dtensor_traits<X>::shape_type;
+    using Target = dtensor_from_t<T, X::rank, Shape, &detail::GradTarget<X, G>::list>;
+    static_assert(std::is_same_v<typename G::value_type, T> && G::rank == X::rank,
+                  "backward: the gradient must have the forward output's element type and rank");
+    DTENSOR_CHECK(g.global_shape() == x_.global_shape(),
+                  "backward of a pointwise op: the gradient's global shape differs from the output's");
+    const Target gt = detail::redistribute_as<Target, G>::run(g);
+    static_assert(detail::check_rule<detail::pointwise_rule<Linearity::multiplicative, X, Target>().error>());
+    using Result = detail::pointwise_result_t<X, Linearity::multiplicative, X, Target>;
+    return detail::run_pointwise<Result>(local::BackwardOf<F>{f_}, x_, gt);
+  }
+
+private:
+  F f_;
+  X x_;
+};
+
+namespace detail {
+
+template <Linearity L, class F, class X>
+auto unary(F f, const X& x) {
+  static_assert(check_rule<pointwise_rule<L, X>().error>());
+  return run_pointwise<pointwise_result_t<X, L, X>>(f, x);
+}
+
+template <Linearity L, class F, class X>
+auto unary(F f, const X& x, WithBackwardTag) {
+  auto y = unary<L>(f, x);
+  return WithBackward<decltype(y), UnaryBackward<F, L, X>>{std::move(y), UnaryBackward<F, L, X>(f, x)};
+}
+
+template <Linearity L, class F, class A, class B>
+auto binary(F f, const A& a, const B& b) {
+  static_assert(A::rank >= B::rank, "dtensor op: the second operand is broadcast over the first's leading "
+                                    "dims, so its rank must not be higher: swap them (or transpose the op)");
+  static_assert(
+      std::is_same_v<typename A::value_type, typename B::value_type> &&
+          std::is_same_v<typename dtensor_traits<A>::shape_type, typename dtensor_traits<B>::shape_type>,
+      "dtensor op: both operands must have one element type and one mesh");
+  static_assert(check_rule<pointwise_rule<L, A, B>().error>());
+  for (int d = 0; d < B::rank; ++d) {
+    DTENSOR_CHECK(b.global_shape()[d] == a.global_shape()[A::rank - B::rank + d],
+                  "dtensor op: global shapes " + shape_string(to_extents(a.global_shape())) + " and " +
+                      shape_string(to_extents(b.global_shape())) +
+                      " do not broadcast (trailing dims must match)");
+  }
+  return run_pointwise<pointwise_result_t<A, L, A, B>>(f, a, b);
+}
+
+} // namespace detail
+
+/// max(x, 0). Not for Partial inputs.
+template <AnyDTensor X>
+auto relu(const X& x) {
+  return detail::unary<Linearity::nonlinear>(local::Relu{}, x);
+}
+template <AnyDTensor X>
+auto relu(const X& x, WithBackwardTag) {
+  return detail::unary<Linearity::nonlinear>(local::Relu{}, x, with_backward);
+}
+/// x * Phi(x) (the erf form). Not for Partial inputs.
+template <AnyDTensor X>
+auto gelu(const X& x) {
+  return detail::unary<Linearity::nonlinear>(local::Gelu{}, x);
+}
+template <AnyDTensor X>
+auto gelu(const X& x, WithBackwardTag) {
+  return detail::unary<Linearity::nonlinear>(local::Gelu{}, x, with_backward);
+}
+/// x * sigmoid(x). Not for Partial inputs.
+template <AnyDTensor X>
+auto silu(const X& x) {
+  return detail::unary<Linearity::nonlinear>(local::Silu{}, x);
+}
+template <AnyDTensor X>
+auto silu(const X& x, WithBackwardTag) {
+  return detail::unary<Linearity::nonlinear>(local::Silu{}, x, with_backward);
+}
+/// e^x. Not for Partial inputs.
+template <AnyDTensor X>
+auto exp(const X& x) {
+  return detail::unary<Linearity::nonlinear>(local::Exp{}, x);
+}
+template <AnyDTensor X>
+auto exp(const X& x, WithBackwardTag) {
+  return detail::unary<Linearity::nonlinear>(local::Exp{}, x, with_backward);
+}
+/// x * factor: linear, so a Partial stays Partial.
+template <AnyDTensor X>
+auto scale(const X& x, double factor) {
+  return detail::unary<Linearity::linear>(local::Scale{factor}, x);
+}
+template <AnyDTensor X>
+auto scale(const X& x, double factor, WithBackwardTag) {
+  return detail::unary<Linearity::linear>(local::Scale{factor}, x, with_backward);
+}
+/// x + value: not for Partial inputs (each rank would add the value).
+template <AnyDTensor X>
+auto add(const X& x, double value) {
+  return detail::unary<Linearity::nonlinear>(local::AddScalar{value}, x);
+}
+
+/// a + b (b broadcast over a's leading dims): Partial + Partial is Partial.
+template <AnyDTensor A, AnyDTensor B>
+auto add(const A& a, const B& b) {
+  return detail::binary<Linearity::additive>(local::Add{}, a, b);
+}
+/// a - b.
+template <AnyDTensor A, AnyDTensor B>
+auto sub(const A& a, const B& b) {
+  return detail::binary<Linearity::additive>(local::Sub{}, a, b);
+}
+/// a * b elementwise: at most one Partial factor, the other Replicate.
+template <AnyDTensor A, AnyDTensor B>
+auto mul(const A& a, const B& b) {
+  return detail::binary<Linearity::multiplicative>(local::Mul{}, a, b);
+}
+/// a / b elementwise: a Partial numerator over a Replicate divisor stays Partial.
+template <AnyDTensor A, AnyDTensor B>
+auto div(const A& a, const B& b) {
+  return detail::binary<Linearity::quotient>(local::Div{}, a, b);
+}
+
+} // namespace dtensor

@@ -1,0 +1,294 @@
+// Pointwise ops on DTensors (ops/pointwise.hpp) against a single-process computation: every input
+// placement combination the rules accept on 1-D meshes of 1-4 ranks and on (2,2) and (3,2), uneven and
+// empty shards (5x3 over 4 ranks), Partial inputs with noise that cancels; and the unary backwards.
+#include <catch2/catch.hpp>
+
+#include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/ops/pointwise.hpp>
+#include <dtensor/ops/reduce.hpp>
+#include <dtensor/testing/run_ranks.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+using namespace dtensor;
+
+namespace {
+
+void expect(bool ok, const std::string& what) {
+  DTENSOR_CHECK(ok, what);
+}
+
+using R = Replicate;
+using P = Partial<>;
+using Pavg = Partial<ReduceOp::avg>;
+template <int D>
+using S = Shard<D>;
+using Mesh1 = MeshShape<Axis<"x">>;
+using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
+
+template <class... T>
+struct TypeList {};
+
+template <class F, class... T>
+void for_each(TypeList<T...>, F f) {
+  (f.template operator()<T>(), ...);
+}
+
+template <class Mesh, int Rank, class PL>
+struct dt;
+template <class Mesh, int Rank, class... Ps>
+struct dt<Mesh, Rank, Placements<Ps...>> {
+  using type = DTensor<double, Rank, Mesh, Ps...>;
+};
+
+using One = TypeList<Placements<R>, Placements<S<0>>, Placements<S<1>>, Placements<P>, Placements<Pavg>>;
+using Two = TypeList<Placements<R, R>, Placements<S<0>, R>, Placements<R, S<1>>, Placements<S<0>, S<1>>,
+                     Placements<S<1>, S<0>>, Placements<S<0>, S<0>>, Placements<P, R>, Placements<R, P>,
+                     Placements<P, P>, Placements<P, S<0>>, Placements<Pavg, S<1>>, Placements<Pavg, Pavg>>;
+
+// The global value at a flat index, an integer in [-3, 3] (a seed selects the tensor).
+double value(int seed, std::int64_t flat) {
+  return double((flat * 7 + seed * 13 + (flat * flat) % 5) % 7 - 3);
+}
+
+// This rank's local tensor of a DTensor of type DT holding value(seed, .): Partial axes hold noise that
+// cancels (sum: the value on the first coordinate; avg: the value everywhere), as any partial values may.
+template <class DT, class Mesh>
+DT make(const Mesh& mesh, const typename DT::shape_type& shape, int seed) {
+  const Extents global = detail::to_extents(shape);
+  const Block b = spec_block(global, DT::spec, mesh.sizes(), mesh.coordinate());
+  int index = 0;
+  int count = 1;
+  bool avg = false;
+  for (int a = 0; a < DT::placements.size(); ++a) {
+    if (DT::placements[a].is_partial()) {
+      index = index * mesh.size(a) + mesh.coordinate()[a];
+      count *= mesh.size(a);
+      avg = DT::placements[a].op == ReduceOp::avg;
+    }
+  }
+  typename DT::shape_type local_shape{};
+  for (int d = 0; d < DT::rank; ++d) {
+    local_shape[d] = b.shape[d];
+  }
+  typename DT::local_type t(local_shape);
+  const std::int64_t n = t.numel();
+  for (std::int64_t e = 0; e < n; ++e) {
+    std::int64_t rest = e;
+    std::int64_t flat = 0;
+    std::int64_t stride = 1;
+    for (int d = DT::rank - 1; d >= 0; --d) {
+      const std::int64_t i = rest % b.shape[d];
+      rest /= b.shape[d];
+      flat += (b.offset[d] + i) * stride;
+      stride *= global[d];
+    }
+    const double v = value(seed, flat);
+    const double k = double(flat % 3 + 1);
+    const double noise = count == 1 ? 0 : (index == 0 ? -(count - 1) * k : k);
+    t.data()[e] = (avg || index == 0 ? v : 0) + noise;
+  }
+  return DT(mesh, t, shape);
+}
+
+// Every element of full(y) equals want(flat index).
+template <class Y, class F>
+void check_full(const Y& y, F want, double tol, const std::string& what) {
+  const auto full = y.full_tensor();
+  for (std::int64_t e = 0; e < full.numel(); ++e) {
+    const double got = full.data()[e];
+    const double w = want(e);
+    expect(std::abs(got - w) <= tol * (1 + std::abs(w)), what + ": element " + std::to_string(e) + " is " +
+                                                             std::to_string(got) + ", want " +
+                                                             std::to_string(w));
+  }
+}
+
+template <class X, class F>
+constexpr bool accepts_unary() {
+  return detail::pointwise_rule<Linearity::nonlinear, X>().ok();
+}
+
+template <class Mesh, class Opts, class... Sizes>
+void unary_cases(int ranks, Opts opts, Sizes... sizes) {
+  testing::run_ranks(ranks, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh>(world, sizes...);
+    const std::array<std::int64_t, 2> shape{5, 3};
+    for_each(opts, [&]<class PL>() {
+      using X = typename dt<Mesh, 2, PL>::type;
+      const X x = make<X>(mesh, shape, 1);
+      const std::string name = to_string(X::placements);
+      check_full(
+          scale(x, 3.0), [](std::int64_t e) { return 3 * value(1, e); }, 0, "scale " + name);
+      if constexpr (detail::pointwise_rule<Linearity::nonlinear, X>().ok()) {
+        check_full(
+            relu(x), [](std::int64_t e) { return std::max(value(1, e), 0.0); }, 0, "relu " + name);
+        check_full(
+            exp(x), [](std::int64_t e) { return std::exp(value(1, e)); }, 1e-14, "exp " + name);
+        check_full(
+            gelu(x), [](std::int64_t e) { return local::Gelu{}(value(1, e)); }, 1e-14, "gelu " + name);
+        check_full(
+            silu(x), [](std::int64_t e) { return local::Silu{}(value(1, e)); }, 1e-14, "silu " + name);
+        check_full(
+            add(x, 2.5), [](std::int64_t e) { return value(1, e) + 2.5; }, 0, "x + 2.5 " + name);
+        // Backward with a gradient of every placement list: the input's gradient is f'(x) * g.
+        for_each(opts, [&]<class GL>() {
+          using G = typename dt<Mesh, 2, GL>::type;
+          const G g = make<G>(mesh, shape, 2);
+          const std::string gname = name + " with gradient " + to_string(G::placements);
+          auto [y, back] = gelu(x, with_backward);
+          check_full(
+              back(g), [](std::int64_t e) { return local::Gelu{}.backward(value(1, e), value(2, e)); }, 1e-14,
+              "gelu backward " + gname);
+          auto [r, rback] = relu(x, with_backward);
+          check_full(
+              rback(g), [](std::int64_t e) { return value(1, e) > 0 ? value(2, e) : 0.0; }, 0,
+              "relu backward " + gname);
+          auto [s, sback] = scale(x, -2.0, with_backward);
+          check_full(
+              sback(g), [](std::int64_t e) { return -2 * value(2, e); }, 0, "scale backward " + gname);
+        });
+      }
+    });
+  });
+}
+
+template <class Mesh, class Opts, class... Sizes>
+void binary_cases(int ranks, Opts opts, Sizes... sizes) {
+  testing::run_ranks(ranks, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh>(world, sizes...);
+    const std::array<std::int64_t, 2> shape{5, 3};
+    for_each(opts, [&]<class AL>() {
+      using A = typename dt<Mesh, 2, AL>::type;
+      const A a = make<A>(mesh, shape, 1);
+      for_each(opts, [&]<class BL>() {
+        using B = typename dt<Mesh, 2, BL>::type;
+        const B b = make<B>(mesh, shape, 3);
+        const std::string name = to_string(A::placements) + " and " + to_string(B::placements);
+        auto va = [](std::int64_t e) { return value(1, e); };
+        auto vb = [](std::int64_t e) { return value(3, e); };
+        if constexpr (detail::pointwise_rule<Linearity::additive, A, B>().ok()) {
+          check_full(
+              add(a, b), [&](std::int64_t e) { return va(e) + vb(e); }, 0, "add " + name);
+          check_full(
+              sub(a, b), [&](std::int64_t e) { return va(e) - vb(e); }, 0, "sub " + name);
+        }
+        if constexpr (detail::pointwise_rule<Linearity::multiplicative, A, B>().ok()) {
+          check_full(
+              mul(a, b), [&](std::int64_t e) { return va(e) * vb(e); }, 0, "mul " + name);
+        }
+        if constexpr (detail::pointwise_rule<Linearity::quotient, A, B>().ok()) {
+          // value(3, .) is never 0 where it divides: shift it away from 0.
+          auto shifted = add(b, 10.0);
+          check_full(
+              div(a, shifted), [&](std::int64_t e) { return va(e) / (vb(e) + 10); }, 1e-15, "div " + name);
+        }
+      });
+      // A bias of rank 1 (the last dim) with each placement the rules accept.
+      using Bias = DTensor<double, 1, Mesh, R, R>;
+      if constexpr (Mesh::rank == 1) {
+        using B1 = DTensor<double, 1, Mesh, R>;
+        using B2 = DTensor<double, 1, Mesh, S<0>>;
+        const B1 b1 = make<B1>(mesh, {3}, 4);
+        const B2 b2 = make<B2>(mesh, {3}, 4);
+        if constexpr (detail::pointwise_rule<Linearity::multiplicative, A, B1>().ok()) {
+          check_full(
+              mul(a, b1), [](std::int64_t e) { return value(1, e) * value(4, e % 3); }, 0,
+              "mul by a replicated row " + to_string(A::placements));
+        }
+        if constexpr (detail::pointwise_rule<Linearity::multiplicative, A, B2>().ok()) {
+          check_full(
+              mul(a, b2), [](std::int64_t e) { return value(1, e) * value(4, e % 3); }, 0,
+              "mul by a sharded row " + to_string(A::placements));
+        }
+      } else {
+        (void)sizeof(Bias);
+      }
+    });
+  });
+}
+
+// The reductions of x over dim D, against loops over the global tensor.
+template <int D, class X>
+void check_reductions(const X& x, const std::string& name) {
+  const std::int64_t rows = x.global_shape()[0];
+  const std::int64_t cols = x.global_shape()[1];
+  auto fold = [&](std::int64_t e, double init, auto f) {
+    double acc = init;
+    const std::int64_t n = D == 0 ? rows : cols;
+    for (std::int64_t k = 0; k < n; ++k) {
+      acc = f(acc, value(1, D == 0 ? k * cols + e : e * cols + k));
+    }
+    return acc;
+  };
+  const double n = double(D == 0 ? rows : cols);
+  const std::string what = name + " over dim " + std::to_string(D);
+  check_full(
+      sum<D>(x), [&](std::int64_t e) { return fold(e, 0, [](double a, double v) { return a + v; }); }, 0,
+      "sum " + what);
+  check_full(
+      mean<D>(x), [&](std::int64_t e) { return fold(e, 0, [](double a, double v) { return a + v; }) / n; },
+      1e-15, "mean " + what);
+  if constexpr (detail::reduce_rule<ReduceOp::max, D, X>().ok()) {
+    check_full(
+        max<D>(x),
+        [&](std::int64_t e) { return fold(e, -1e300, [](double a, double v) { return std::max(a, v); }); }, 0,
+        "max " + what);
+    check_full(
+        min<D>(x),
+        [&](std::int64_t e) { return fold(e, 1e300, [](double a, double v) { return std::min(a, v); }); }, 0,
+        "min " + what);
+  }
+}
+
+template <class Mesh, class Opts, class... Sizes>
+void reduce_cases(int ranks, Opts opts, Sizes... sizes) {
+  testing::run_ranks(ranks, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh>(world, sizes...);
+    for_each(opts, [&]<class PL>() {
+      using X = typename dt<Mesh, 2, PL>::type;
+      const X x = make<X>(mesh, {5, 3}, 1);
+      check_reductions<0>(x, to_string(X::placements));
+      check_reductions<1>(x, to_string(X::placements));
+    });
+  });
+}
+
+} // namespace
+
+TEST_CASE("reductions over each dim: every placement on 1-D meshes of 1-4 ranks and on (2,2), (3,2)",
+          "[ops]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    reduce_cases<Mesh1>(n, One{});
+  }
+  reduce_cases<Mesh2>(4, Two{}, 2, 2);
+  reduce_cases<Mesh2>(6, Two{}, 3, 2);
+}
+
+TEST_CASE("pointwise unary ops and their backward on 1-D meshes, every placement, 1-4 ranks", "[ops]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    unary_cases<Mesh1>(n, One{});
+  }
+}
+
+TEST_CASE("pointwise unary ops and their backward on 2-D meshes (2,2) and (3,2)", "[ops]") {
+  unary_cases<Mesh2>(4, Two{}, 2, 2);
+  unary_cases<Mesh2>(6, Two{}, 3, 2);
+}
+
+TEST_CASE("pointwise binary ops on 1-D meshes: every pair of placements the rules accept, 1-4 ranks",
+          "[ops]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    binary_cases<Mesh1>(n, One{});
+  }
+}
+
+TEST_CASE("pointwise binary ops on 2-D meshes (2,2) and (3,2)", "[ops]") {
+  binary_cases<Mesh2>(4, Two{}, 2, 2);
+  binary_cases<Mesh2>(6, Two{}, 3, 2);
+}
