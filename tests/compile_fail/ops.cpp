@@ -1,0 +1,85 @@
+// Compile-fail cases for the sharding rules of ops/ (format: see vocabulary.cpp): each names the
+// redistribute to write.
+#include <dtensor/ops/pointwise.hpp>
+#include <dtensor/ops/reduce.hpp>
+
+using namespace dtensor;
+using Mesh = MeshShape<Axis<"dp">, Axis<"tp">>;
+template <class... Ps>
+using X = DTensor<float, 2, Mesh, Ps...>;
+using P = Partial<>;
+using R = Replicate;
+
+// The control: what the rules accept compiles.
+void control(const X<P, R>& p, const X<R, R>& r, const X<Shard<0>, R>& s) {
+  (void)add(p, p);
+  (void)mul(p, r);
+  (void)div(p, r);
+  (void)scale(p, 2.0);
+  (void)relu(s);
+  (void)sum<0>(p);
+  (void)max<1>(s);
+}
+
+//! CASE relu_partial a Partial input to a nonlinear op .relu, gelu, silu, exp, max, x . scalar, ...
+#ifdef CASE_relu_partial
+void f(const X<P, R>& p) {
+  (void)relu(p);
+}
+#endif
+
+//! CASE partial_plus_replicate Partial . a non-Partial operand would add that operand once per rank
+#ifdef CASE_partial_plus_replicate
+void f(const X<P, R>& p, const X<R, R>& r) {
+  (void)add(p, r);
+}
+#endif
+
+//! CASE partial_plus_scalar a Partial input to a nonlinear op
+#ifdef CASE_partial_plus_scalar
+void f(const X<P, R>& p) {
+  (void)add(p, 1.0);
+}
+#endif
+
+//! CASE partial_times_partial Partial . Partial is not Partial: redistribute<Replicate> one factor first
+#ifdef CASE_partial_times_partial
+void f(const X<P, R>& p) {
+  (void)mul(p, p);
+}
+#endif
+
+//! CASE divide_by_partial dividing by a Partial: redistribute<Replicate> the divisor first
+#ifdef CASE_divide_by_partial
+void f(const X<R, R>& r, const X<P, R>& p) {
+  (void)div(r, p);
+}
+#endif
+
+//! CASE different_dims the operands are sharded on different dims along one mesh axis
+#ifdef CASE_different_dims
+void f(const X<Shard<0>, R>& a, const X<Shard<1>, R>& b) {
+  (void)add(a, b);
+}
+#endif
+
+//! CASE partial_and_shard one operand is Partial and another Shard along the same mesh axis
+#ifdef CASE_partial_and_shard
+void f(const X<P, R>& p, const X<Shard<0>, R>& s) {
+  (void)mul(p, s);
+}
+#endif
+
+//! CASE max_partial a Partial input to a nonlinear op
+#ifdef CASE_max_partial
+void f(const X<P, R>& p) {
+  (void)max<0>(p);
+}
+#endif
+
+//! CASE shard_axes an operand shards a dim over mesh axes that are not the first of those the output
+#ifdef CASE_shard_axes
+void f(const X<Shard<0>, Shard<0>>& a, const X<R, Shard<0>>& b) {
+  (void)add(a, b);
+}
+#endif
