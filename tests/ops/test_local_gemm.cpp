@@ -20,6 +20,8 @@
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/ops/local/gemm.hpp"
 
+#include "../support/gemm_operands.hpp"
+
 using namespace dtensor;
 
 namespace {
@@ -47,53 +49,9 @@ static_assert(
     plan_gemm(8, {16, 32, 1, 16, 512}, false, {32, 64, 64, 1, 0}, false, {16, 64, 64, 1, 1024}).batch == 8);
 
 // ---- operands in every layout -------------------------------------------------------------------------
-enum class Layout { contiguous, padded, column_major, strided };
-constexpr std::array<Layout, 4> layouts{Layout::contiguous, Layout::padded, Layout::column_major,
-                                        Layout::strided};
-
-/// A (batch,) rows x cols view inside a larger host buffer (`owner`), laid out as `layout`; the buffer's
-/// elements, the gaps included, are small random integers.
-template <class T, int R>
-struct Operand {
-  Tensor<T, 1> owner;
-  Tensor<T, R> view;
-};
-
-template <class T, int R>
-Operand<T, R> make_operand(std::int64_t batch, std::int64_t rows, std::int64_t cols, Layout layout,
-                           std::mt19937& rng) {
-  std::int64_t rs = cols, cs = 1, offset = 0, per_matrix = rows * cols;
-  switch (layout) {
-  case Layout::contiguous:
-    break;
-  case Layout::padded: // a narrow()ed view of a (rows, cols + 3) tensor
-    rs = cols + 3;
-    offset = 1;
-    per_matrix = rows * (cols + 3);
-    break;
-  case Layout::column_major: // a transposed view of a (cols, rows) tensor
-    rs = 1;
-    cs = rows;
-    break;
-  case Layout::strided: // every other column of a (rows, 2 cols) tensor
-    rs = 2 * cols;
-    cs = 2;
-    per_matrix = 2 * rows * cols;
-    break;
-  }
-  Operand<T, R> op;
-  op.owner = Tensor<T, 1>({batch * per_matrix + offset});
-  std::uniform_int_distribution<int> value(-3, 3);
-  for (std::int64_t i = 0; i < op.owner.numel(); ++i) {
-    op.owner.data()[i] = T(static_cast<float>(value(rng)));
-  }
-  if constexpr (R == 2) {
-    op.view = Tensor<T, 2>::from_blob(op.owner.data() + offset, {rows, cols}, {rs, cs});
-  } else {
-    op.view = Tensor<T, 3>::from_blob(op.owner.data() + offset, {batch, rows, cols}, {per_matrix, rs, cs});
-  }
-  return op;
-}
+using test_support::Layout;
+using test_support::layouts;
+using test_support::make_operand;
 
 /// x(b, i, j) of a rank-2 (b ignored) or rank-3 host tensor, in double.
 template <class T, int R>
