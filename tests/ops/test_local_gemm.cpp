@@ -167,12 +167,12 @@ void check_all(std::int64_t batch) {
 } // namespace
 
 TEMPLATE_TEST_CASE("matmul_into: rank 2, every transpose, layout and size", "[gemm]", float, double, bfloat16,
-                   half) {
+                   dtensor::half) {
   check_all<TestType, 2, 2>(1);
 }
 
 TEMPLATE_TEST_CASE("matmul_into: rank 3 x rank 2 (a shared b) and rank 3 x rank 3", "[gemm]", float, double,
-                   bfloat16, half) {
+                   bfloat16, dtensor::half) {
   check_all<TestType, 3, 2>(3);
   check_all<TestType, 3, 3>(2);
   check_all<TestType, 3, 3>(0); // an empty batch
@@ -203,12 +203,13 @@ TEST_CASE("matmul_into: beta = 0 ignores c, NaN included", "[gemm]") {
   }
 }
 
-TEMPLATE_TEST_CASE("matmul: real-valued data within the type's rounding", "[gemm]", float, bfloat16, half) {
+TEMPLATE_TEST_CASE("matmul: real-valued data within the type's rounding", "[gemm]", float, bfloat16,
+                   dtensor::half) {
   // Tolerance per element: one rounding to T of the result (2^-8 relative for bfloat16, 2^-11 for half,
   // 2^-24 for float) plus float accumulation, k 2^-24 sum |a||b|.
-  const double unit = std::is_same_v<TestType, bfloat16> ? 0x1p-8
-                      : std::is_same_v<TestType, half>   ? 0x1p-11
-                                                         : 0x1p-24;
+  const double unit = std::is_same_v<TestType, bfloat16>        ? 0x1p-8
+                      : std::is_same_v<TestType, dtensor::half> ? 0x1p-11
+                                                                : 0x1p-24;
   constexpr std::int64_t m = 33, n = 21, k = 129;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);

@@ -17,6 +17,8 @@
 // Linking: host tensors need a BLAS, the CMake target dtensor::blas (OpenBLAS; Debian: libopenblas-dev);
 // without it instantiating matmul is a compile error that says so. CUDA tensors need cuBLAS, which
 // dtensor::cuda links where the CUDA Toolkit has it; without it a CUDA tensor gives an Error naming it.
+// With cuBLAS the TU sees CUDA's cuda_fp16.h, whose global `half` makes a plain `half` ambiguous after
+// `using namespace dtensor;`: write dtensor::half there (as in nvcc TUs, see tensor/local_ops.hpp).
 
 #include <array>
 #include <concepts>
@@ -144,6 +146,16 @@ void run_matmul(const Tensor<T, R>& a, const Tensor<T, R2>& b, const Tensor<T, R
 
 namespace local {
 
+// One program, one meaning: matmul's body depends on whether the TU has cuBLAS, so TUs built with and
+// without it (an nvcc TU that does not link dtensor::cuda next to one that does) get different symbols
+// instead of one inline function with two bodies.
+#if DTENSOR_HAS_CUDA && DTENSOR_HAS_CUBLAS
+#define DTENSOR_GEMM_NS cublas1
+#else
+#define DTENSOR_GEMM_NS cublas0
+#endif
+inline namespace DTENSOR_GEMM_NS {
+
 /// c = alpha op(a) op(b) + beta c, where op(x) is x or x^T (`trans_a`, `trans_b`). Rank 2: op(a) is
 /// (m, k), op(b) (k, n), c (m, n). Rank 3: a batch over dim 0, a (batch, m, k) and c (batch, m, n), with
 /// b either (batch, k, n) or (k, n) shared by every batch entry (a linear layer's weight). Any strides;
@@ -216,5 +228,6 @@ Tensor<T, R> matmul(const Tensor<T, R>& a, const Tensor<T, R2>& b, bool trans_a 
   return c;
 }
 
+} // namespace DTENSOR_GEMM_NS
 } // namespace local
 } // namespace dtensor
