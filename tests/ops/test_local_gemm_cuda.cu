@@ -1,9 +1,9 @@
 // The local GEMM (ops/local/gemm.hpp) on Device::cuda(0) through cuBLAS, against the host GEMM (itself
 // checked against a triple loop in test_local_gemm.cpp): every element type, rank 2 and batched (rank 3 x
 // rank 2, rank 3 x rank 3), the four transposes, operands and outputs contiguous, padded, column-major
-// and strided (copied), alpha and beta, empty m, n and k, on a non-default stream. Integer data: cuBLAS
-// accumulates bfloat16 and half in float too, so the results must be equal bit for bit. Every test case
-// exits with DTENSOR_SKIP_CODE when no GPU is visible (CI only compiles this file).
+// and strided (copied), alpha and beta, empty m, n and k, with c on a non-default stream. Integer data:
+// cuBLAS accumulates bfloat16 and half in float too, so the results must be equal bit for bit. Every test
+// case exits with DTENSOR_SKIP_CODE when no GPU is visible (CI only compiles this file).
 
 #include <catch2/catch.hpp>
 
@@ -65,8 +65,9 @@ int check_case(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t 
   const Tensor<T, 1> da = a.owner.to(Device::cuda(0));
   const Tensor<T, 1> db = b.owner.to(Device::cuda(0));
   const Tensor<T, 1> dc = c.owner.to(Device::cuda(0));
-  local::matmul_into(a.view_of(da, stream), b.view_of(db, stream), c.view_of(dc, stream), ta, tb, alpha,
-                     beta);
+  // a and b on the legacy default stream (ready: to() synchronises), c on `stream`: copies of a and b
+  // must live until the GEMM on c's stream has read them.
+  local::matmul_into(a.view_of(da), b.view_of(db), c.view_of(dc, stream), ta, tb, alpha, beta);
   REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
   local::matmul_into(a.view, b.view, c.view, ta, tb, alpha, beta);
   const Tensor<T, 1> got = dc.to(Device::cpu());

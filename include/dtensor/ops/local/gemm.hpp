@@ -119,6 +119,20 @@ Tensor<float, R> to_float(const Tensor<T, R>& t) {
   return r;
 }
 
+/// A contiguous copy of `t` whose memory is ordered on `stream` (c's): on CUDA its release then follows
+/// the GEMM that reads it, whichever stream `t` is on.
+template <class T, int R>
+Tensor<T, R> gemm_copy(const Tensor<T, R>& t, [[maybe_unused]] CUstream_st* stream) {
+#if DTENSOR_HAS_CUDA
+  if (t.device().is_cuda()) {
+    Tensor<T, R> r(t.shape(), t.device(), stream);
+    r.copy_from(t);
+    return r;
+  }
+#endif
+  return t.clone();
+}
+
 /// Runs c = alpha op(a) op(b) + beta c with a plan that copies nothing: operands whose layout no GEMM
 /// takes are replaced by contiguous copies first (and c is written back from its copy).
 template <class T, int R, int R2, class Kernel>
@@ -131,9 +145,9 @@ void run_matmul(const Tensor<T, R>& a, const Tensor<T, R2>& b, const Tensor<T, R
   }
   const bool copy_first = plan.swapped ? plan.b.copy : plan.a.copy;
   const bool copy_second = plan.swapped ? plan.a.copy : plan.b.copy;
-  const Tensor<T, R> a2 = copy_first ? a.clone() : a;
-  const Tensor<T, R2> b2 = copy_second ? b.clone() : b;
-  Tensor<T, R> c2 = plan.c.copy ? c.clone() : c; // a clone keeps c's values for beta
+  const Tensor<T, R> a2 = copy_first ? gemm_copy(a, c.stream_handle()) : a;
+  const Tensor<T, R2> b2 = copy_second ? gemm_copy(b, c.stream_handle()) : b;
+  Tensor<T, R> c2 = plan.c.copy ? c.clone() : c; // a clone keeps c's values for beta, and c's stream
   plan = plan_matmul(a2, b2, c2, trans_a, trans_b);
   kernel(plan, a2.data(), b2.data(), c2.data());
   if (c2.data() != c.data()) {
