@@ -124,7 +124,8 @@ TEMPLATE_TEST_CASE("cuBLAS matmul_into: rank 3 x rank 2 and rank 3 x rank 3", "[
   check_all<TestType, 3, 3>(2);
 }
 
-TEST_CASE("cuBLAS matmul: the allocating form on a's device and stream; device mismatch", "[gemm][cuda]") {
+TEST_CASE("cuBLAS matmul: the allocating form on a's device and stream, and a device mismatch",
+          "[gemm][cuda]") {
   require_cuda_device();
   Stream stream;
   Tensor<float, 3> x(std::array<std::int64_t, 3>{4, 6, 8}, Device::cuda(0), stream.s);
