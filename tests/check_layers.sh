@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The layer picture (DESIGN.md section 3), checked: a header may include only headers of its own layer or
-# of the layers below it. core <- rendezvous <- backends <- comm <- mesh, plan <- exec <- tensor <- ops <- testing
-# (mesh and plan are side by side and do not include each other).
+# of the layers below it. core <- rendezvous <- backends <- comm <- mesh, plan <- exec <- tensor <- ops
+# <- testing (mesh and plan are side by side and do not include each other).
 # usage: tests/check_layers.sh [include dir]
 set -euo pipefail
 root=${1:-"$(dirname "$0")/../include"}

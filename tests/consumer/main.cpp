@@ -1,7 +1,10 @@
 // The consumer: a one-rank job through the public API (init_process_group without a launcher is rank 0
-// of 1), a mesh, a redistribution.
+// of 1), a mesh, a redistribution; and a local GEMM where dtensor::blas is linked.
 #include <dtensor/comm/init.hpp>
 #include <dtensor/tensor/distribute.hpp>
+#if DTENSOR_HAS_BLAS
+#include <dtensor/ops/local/gemm.hpp>
+#endif
 
 int main() {
   using namespace dtensor;
@@ -9,5 +12,12 @@ int main() {
   auto mesh = init_device_mesh<MeshShape<Axis<"dp">>>(world);
   auto x = ones<float, Shard<0>>(mesh, {4, 3});
   auto y = x.redistribute<Replicate>();
+#if DTENSOR_HAS_BLAS
+  static_assert(sizeof(bfloat16) == 2, "dtensor's bfloat16, not ambiguous with OpenBLAS's (gemm.hpp)");
+  const Tensor<float, 2> p = local::matmul(y.local(), y.local(), false, true); // (4, 4), every element 3
+  if (p(3, 0) != 3.0f) {
+    return 1;
+  }
+#endif
   return y.local()(3, 2) == 1.0f && world.size() == 1 ? 0 : 1;
 }
