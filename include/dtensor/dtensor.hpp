@@ -50,7 +50,9 @@
 #include "dtensor/tensor/dtensor.hpp"
 #include "dtensor/tensor/visualize.hpp"
 
+#include "dtensor/ops/local/gemm.hpp"
 #include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/reduce.hpp"
 #include "dtensor/ops/rules.hpp"

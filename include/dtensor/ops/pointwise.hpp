@@ -69,19 +69,6 @@ Y run_pointwise(F f, const A& a, const B&... b) {
   return Y(a.mesh(), std::move(local), a.global_shape());
 }
 
-/// x.redistribute<Q...>() for the placements of the DTensor type D.
-template <class D, class X>
-struct redistribute_as;
-template <class T, int R, class Shape, class... Q, class X>
-struct redistribute_as<DTensor<T, R, Shape, Q...>, X> {
-  static DTensor<T, R, Shape, Q...> run(const X& x) { return x.template redistribute<Q...>(); }
-};
-
-template <class X, class G>
-struct GradTarget {
-  static constexpr PlacementList list() { return gradient_target(X::placements, placements_of<G>); }
-};
-
 } // namespace detail
 
 /// The backward context of a unary op F on X: keeps the input.

@@ -152,6 +152,24 @@ constexpr PlacementList gradient_target(const PlacementList& primal, const Place
   return t;
 }
 
+template <class X, class G>
+struct GradTarget {
+  static constexpr PlacementList list() { return gradient_target(X::placements, placements_of<G>); }
+};
+
+template <class X>
+struct DualOf {
+  static constexpr PlacementList list() { return dual(X::placements); }
+};
+
+/// x.redistribute<Q...>() for the placements of the DTensor type D.
+template <class D, class X>
+struct redistribute_as;
+template <class T, int R, class Shape, class... Q, class X>
+struct redistribute_as<DTensor<T, R, Shape, Q...>, X> {
+  static DTensor<T, R, Shape, Q...> run(const X& x) { return x.template redistribute<Q...>(); }
+};
+
 } // namespace detail
 
 } // namespace dtensor
