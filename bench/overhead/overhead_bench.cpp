@@ -21,6 +21,11 @@
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/ops/pointwise.hpp>
+#include <dtensor/ops/reduce.hpp>
+#if DTENSOR_HAS_BLAS
+#include <dtensor/ops/matmul.hpp>
+#endif
 #include <dtensor/tensor/distribute.hpp>
 
 #include <condition_variable>
@@ -191,6 +196,31 @@ int main(int argc, char** argv) {
       [&] { auto y = s01.redistribute<Replicate, Replicate>(); });
   row(c, "redistribute", "3-axis [S(0),S(1),R]->[S(1),S(0),R]",
       [&] { auto y = s010.redistribute<Shard<1>, Shard<0>, Replicate>(); });
+
+  // Ops on DTensors next to their local kernel on the same local tensors, interleaved: the difference is
+  // what the sharded op adds on the host (its placement rule is decided at compile time).
+  {
+    const auto a = distribute_tensor<Shard<0>>(m1, Tensor<float, 2>::full({64, 64}, 1.5f), replicated_source);
+    const auto pa =
+        distribute_tensor<Partial<>>(m1, Tensor<float, 2>::full({64, 64}, 1.5f), replicated_source);
+    row_vs(
+        c, "op", "relu [S(0)] 64x64", "local::map(Relu)", [&] { auto y = relu(a); },
+        [&] { auto y = local::map(local::Relu{}, a.local()); });
+    row_vs(
+        c, "op", "add [P] + [P] 64x64", "local::map(Add)", [&] { auto y = add(pa, pa); },
+        [&] { auto y = local::map(local::Add{}, pa.local(), pa.local()); });
+    row_vs(
+        c, "op", "sum<1> [S(0)] 64x64", "local::reduce(sum)", [&] { auto y = sum<1>(a); },
+        [&] { auto y = local::reduce(ReduceOp::sum, a.local(), 1); });
+#if DTENSOR_HAS_BLAS
+    const auto w = distribute_tensor<Shard<1>>(m1, Tensor<float, 2>::full({64, 64}, 0.5f), replicated_source);
+    const auto x =
+        distribute_tensor<Replicate>(m1, Tensor<float, 2>::full({64, 64}, 1.0f), replicated_source);
+    row_vs(
+        c, "op", "matmul [R] x [S(1)] 64x64x64", "local::matmul", [&] { auto y = matmul(x, w); },
+        [&] { auto y = local::matmul(x.local(), w.local()); });
+#endif
+  }
 
   // Exchange geometry on simulated meshes (no communication): the pieces one rank sends and receives in
   // the permute of [R,S(1),S(2)] -> [S(0),S(2),S(1)], next to the brute force over every group member.

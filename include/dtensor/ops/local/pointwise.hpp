@@ -26,6 +26,37 @@
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/tensor/local_ops.hpp"
 
+namespace dtensor::detail {
+
+/// Uninitialised memory of `shape` on `like`'s device, ordered on its stream.
+template <class T, std::size_t R, int Rl>
+Tensor<T, static_cast<int>(R)> empty_like(const std::array<std::int64_t, R>& shape,
+                                          const Tensor<T, Rl>& like) {
+#if DTENSOR_HAS_CUDA
+  return Tensor<T, static_cast<int>(R)>(shape, like.device(), like.stream());
+#else
+  return Tensor<T, static_cast<int>(R)>(shape, like.device());
+#endif
+}
+
+/// `t`'s strides as a rank-R array, broadcast over R - Rt leading dims (stride 0), after checking that its
+/// shape is the trailing part of `shape`.
+template <int R, class T, int Rt>
+std::array<std::int64_t, R> broadcast_strides(const Tensor<T, Rt>& t,
+                                              const std::array<std::int64_t, R>& shape, const char* what) {
+  static_assert(Rt <= R, "local::map: an operand of higher rank than the first cannot be broadcast");
+  std::array<std::int64_t, R> s{};
+  for (int d = 0; d < Rt; ++d) {
+    DTENSOR_CHECK(t.shape()[d] == shape[R - Rt + d],
+                  std::string(what) + ": shape " + shape_to_string(t.shape()) + " does not broadcast to " +
+                      shape_to_string(shape) + " (a lower-rank operand must match the trailing dims)");
+    s[R - Rt + d] = t.strides()[d];
+  }
+  return s;
+}
+
+} // namespace dtensor::detail
+
 namespace dtensor::local {
 
 /// What an element of T is computed in.
@@ -246,38 +277,6 @@ void launch(const F& f, const Device& device, CUstream_st* stream, const char* w
 }
 
 } // namespace DTENSOR_LOCAL_OPS_NS
-
-namespace detail {
-
-/// Uninitialised memory of `shape` on `like`'s device, ordered on its stream.
-template <class T, std::size_t R, int Rl>
-Tensor<T, static_cast<int>(R)> empty_like(const std::array<std::int64_t, R>& shape,
-                                          const Tensor<T, Rl>& like) {
-#if DTENSOR_HAS_CUDA
-  return Tensor<T, static_cast<int>(R)>(shape, like.device(), like.stream());
-#else
-  return Tensor<T, static_cast<int>(R)>(shape, like.device());
-#endif
-}
-
-/// `t`'s strides as a rank-R array, broadcast over R - Rt leading dims (stride 0), after checking that its
-/// shape is the trailing part of `shape`.
-template <int R, class T, int Rt>
-std::array<std::int64_t, R> broadcast_strides(const Tensor<T, Rt>& t,
-                                              const std::array<std::int64_t, R>& shape, const char* what) {
-  static_assert(Rt <= R, "local::map: an operand of higher rank than the first cannot be broadcast");
-  std::array<std::int64_t, R> s{};
-  for (int d = 0; d < Rt; ++d) {
-    DTENSOR_CHECK(t.shape()[d] == shape[R - Rt + d],
-                  std::string(what) + ": shape " + dtensor::detail::shape_to_string(t.shape()) +
-                      " does not broadcast to " + dtensor::detail::shape_to_string(shape) +
-                      " (a lower-rank operand must match the trailing dims)");
-    s[R - Rt + d] = t.strides()[d];
-  }
-  return s;
-}
-
-} // namespace detail
 
 /// out = f(a, rest...) elementwise into an existing tensor of a's shape (rest broadcast over a's leading
 /// dims). Every operand on one device. Synchronous.
