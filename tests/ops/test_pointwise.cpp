@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 using namespace dtensor;
 
@@ -179,6 +180,44 @@ void binary_cases(int ranks, Opts opts, Sizes... sizes) {
           check_full(
               mul(a, b), [&](std::int64_t e) { return va(e) * vb(e); }, 0, "mul " + name);
         }
+        // Backward with a Replicate and a Partial<sum> gradient: da, db against the derivatives.
+        using GR = typename dt<Mesh, 2, typename detail::AllReplicate<Mesh::rank>::type>::type;
+        using GP =
+            std::conditional_t<Mesh::rank == 1, DTensor<double, 2, Mesh, P>, DTensor<double, 2, Mesh, P, P>>;
+        auto vg = [](std::int64_t e) { return value(5, e); };
+        auto grads = [&]<class G>(const G& g) {
+          const std::string gname = name + " with gradient " + to_string(G::placements);
+          if constexpr (detail::pointwise_rule<Linearity::additive, A, B>().ok()) {
+            auto [y, back] = add(a, b, with_backward);
+            auto [da, db] = back(g);
+            check_full(da, vg, 0, "add backward da " + gname);
+            check_full(db, vg, 0, "add backward db " + gname);
+            auto [y2, back2] = sub(a, b, with_backward);
+            auto [da2, db2] = back2(g);
+            check_full(
+                db2, [&](std::int64_t e) { return -vg(e); }, 0, "sub backward db " + gname);
+          }
+          if constexpr (detail::pointwise_rule<Linearity::multiplicative, A, B>().ok()) {
+            auto [y, back] = mul(a, b, with_backward);
+            auto [da, db] = back(g);
+            check_full(
+                da, [&](std::int64_t e) { return vg(e) * vb(e); }, 0, "mul backward da " + gname);
+            check_full(
+                db, [&](std::int64_t e) { return vg(e) * va(e); }, 0, "mul backward db " + gname);
+          }
+          if constexpr (detail::pointwise_rule<Linearity::quotient, A, B>().ok()) {
+            auto shifted = add(b, 10.0);
+            auto [y, back] = div(a, shifted, with_backward);
+            auto [da, db] = back(g);
+            check_full(
+                da, [&](std::int64_t e) { return vg(e) / (vb(e) + 10); }, 1e-15, "div backward da " + gname);
+            check_full(
+                db, [&](std::int64_t e) { return -vg(e) * va(e) / ((vb(e) + 10) * (vb(e) + 10)); }, 1e-15,
+                "div backward db " + gname);
+          }
+        };
+        grads(make<GR>(mesh, shape, 5));
+        grads(make<GP>(mesh, shape, 5));
         if constexpr (detail::pointwise_rule<Linearity::quotient, A, B>().ok()) {
           // value(3, .) is never 0 where it divides: shift it away from 0.
           auto shifted = add(b, 10.0);
@@ -202,6 +241,19 @@ void binary_cases(int ranks, Opts opts, Sizes... sizes) {
           check_full(
               mul(a, b2), [](std::int64_t e) { return value(1, e) * value(4, e % 3); }, 0,
               "mul by a sharded row " + to_string(A::placements));
+        }
+        if constexpr (detail::pointwise_rule<Linearity::multiplicative, A, B1>().ok()) {
+          // The row's gradient sums over the rows: sum_i g(i, j) * a(i, j).
+          auto [y, back] = mul(a, b1, with_backward);
+          auto [da, db] = back(make<DTensor<double, 2, Mesh, R>>(mesh, shape, 5));
+          auto want = [&](std::int64_t j) {
+            double s = 0;
+            for (std::int64_t i = 0; i < shape[0]; ++i) {
+              s += value(5, i * shape[1] + j) * value(1, i * shape[1] + j);
+            }
+            return s;
+          };
+          check_full(db, want, 0, "mul by a replicated row, the row's gradient " + to_string(A::placements));
         }
       } else {
         (void)sizeof(Bias);

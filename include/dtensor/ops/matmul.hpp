@@ -127,19 +127,6 @@ typename A::shape_type product_shape(const A& a, const B& b) {
   return c;
 }
 
-/// g brought to placements that describe the gradient of a primal placed like `X` (dual, or Partial<sum>
-/// kept where X is Replicate).
-template <class X, class G>
-auto as_gradient_of(G g) {
-  if constexpr (fits_gradient(X::placements, G::placements, X::rank)) {
-    return g;
-  } else {
-    using D = dtensor_from_t<typename X::value_type, X::rank, typename dtensor_traits<X>::shape_type,
-                             &DualOf<X>::list>;
-    return redistribute_as<D, G>::run(g);
-  }
-}
-
 } // namespace detail
 
 /// The backward context of C = A op(B): keeps A and B.

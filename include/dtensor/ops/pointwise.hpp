@@ -131,7 +131,87 @@ auto binary(F f, const A& a, const B& b) {
   return run_pointwise<pointwise_result_t<A, L, A, B>>(f, a, b);
 }
 
+/// f over operands whose rule (linearity L) holds, as the rule's DTensor.
+template <Linearity L, class F, class A, class... B>
+auto apply_pointwise(F f, const A& a, const B&... b) {
+  static_assert(check_rule<pointwise_rule<L, A, B...>().error>());
+  return run_pointwise<pointwise_result_t<A, L, A, B...>>(f, a, b...);
+}
+
+/// The rule of summing x (labels "abc..") over its leading dims down to rank Rb.
+template <int Rb, class X>
+struct SumLeading {
+  static constexpr RuleResult rule() {
+    OpSpec s;
+    s.in.push_back(trailing_labels(X::rank, X::rank));
+    s.out = trailing_labels(Rb, X::rank);
+    s.linearity = Linearity::linear;
+    return apply_rule(s, {X::placements});
+  }
+  static constexpr PlacementList list() { return rule().out; }
+};
+
+/// x summed over its leading dims down to rank Rb (the gradient of an operand broadcast over them): a
+/// sharded leading dim gives Partial<sum>.
+template <int Rb, class X>
+auto sum_leading(const X& x) {
+  if constexpr (Rb == X::rank) {
+    return x;
+  } else {
+    static_assert(check_rule<SumLeading<Rb, X>::rule().error>());
+    using Y = dtensor_from_t<typename X::value_type, Rb, typename dtensor_traits<X>::shape_type,
+                             &SumLeading<Rb, X>::list>;
+    typename Y::shape_type global{};
+    for (int d = 0; d < Rb; ++d) {
+      global[d] = x.global_shape()[X::rank - Rb + d];
+    }
+    return Y(x.mesh(), local::sum_to_rank<Rb>(x.local()), global);
+  }
+}
+
+enum class BinaryKind : std::uint8_t { add, sub, mul, div };
+
 } // namespace detail
+
+/// The backward context of a binary op y = a (op) b: keeps a and b (b broadcast over a's leading dims).
+template <detail::BinaryKind K, Linearity L, class A, class B>
+class BinaryBackward {
+public:
+  BinaryBackward(A a, B b) : a_(std::move(a)), b_(std::move(b)) {}
+
+  /// {da, db} from y's gradient (any placements); each in placements of its primal's gradient.
+  template <AnyDTensor G>
+  auto operator()(const G& g) const {
+    using namespace detail;
+    using Y = pointwise_result_t<A, L, A, B>;
+    using T = typename A::value_type;
+    static_assert(std::is_same_v<typename G::value_type, T> && G::rank == A::rank,
+                  "backward: the gradient must have the forward output's element type and rank");
+    DTENSOR_CHECK(g.global_shape() == a_.global_shape(),
+                  "backward of a pointwise op: the gradient's global shape differs from the output's");
+    using Target =
+        dtensor_from_t<T, A::rank, typename dtensor_traits<A>::shape_type, &GradTarget<Y, G>::list>;
+    const Target gt = redistribute_as<Target, G>::run(g);
+    if constexpr (K == BinaryKind::add) {
+      return std::pair{as_gradient_of<A>(gt), as_gradient_of<B>(sum_leading<B::rank>(gt))};
+    } else if constexpr (K == BinaryKind::sub) {
+      return std::pair{as_gradient_of<A>(gt), as_gradient_of<B>(sum_leading<B::rank>(
+                                                  unary<Linearity::linear>(local::Scale{-1.0}, gt)))};
+    } else if constexpr (K == BinaryKind::mul) {
+      return std::pair{as_gradient_of<A>(apply_pointwise<Linearity::multiplicative>(local::Mul{}, gt, b_)),
+                       as_gradient_of<B>(sum_leading<B::rank>(
+                           apply_pointwise<Linearity::multiplicative>(local::Mul{}, gt, a_)))};
+    } else {
+      return std::pair{as_gradient_of<A>(apply_pointwise<Linearity::quotient>(local::Div{}, gt, b_)),
+                       as_gradient_of<B>(sum_leading<B::rank>(
+                           apply_pointwise<Linearity::multiplicative>(local::DivisorGrad{}, gt, a_, b_)))};
+    }
+  }
+
+private:
+  A a_;
+  B b_;
+};
 
 /// max(x, 0). Not for Partial inputs.
 template <AnyDTensor X>
@@ -189,20 +269,44 @@ template <AnyDTensor A, AnyDTensor B>
 auto add(const A& a, const B& b) {
   return detail::binary<Linearity::additive>(local::Add{}, a, b);
 }
+template <AnyDTensor A, AnyDTensor B>
+auto add(const A& a, const B& b, WithBackwardTag) {
+  using Back = BinaryBackward<detail::BinaryKind::add, Linearity::additive, A, B>;
+  auto y = add(a, b);
+  return WithBackward<decltype(y), Back>{std::move(y), Back(a, b)};
+}
 /// a - b.
 template <AnyDTensor A, AnyDTensor B>
 auto sub(const A& a, const B& b) {
   return detail::binary<Linearity::additive>(local::Sub{}, a, b);
+}
+template <AnyDTensor A, AnyDTensor B>
+auto sub(const A& a, const B& b, WithBackwardTag) {
+  using Back = BinaryBackward<detail::BinaryKind::sub, Linearity::additive, A, B>;
+  auto y = sub(a, b);
+  return WithBackward<decltype(y), Back>{std::move(y), Back(a, b)};
 }
 /// a * b elementwise: at most one Partial factor, the other Replicate.
 template <AnyDTensor A, AnyDTensor B>
 auto mul(const A& a, const B& b) {
   return detail::binary<Linearity::multiplicative>(local::Mul{}, a, b);
 }
+template <AnyDTensor A, AnyDTensor B>
+auto mul(const A& a, const B& b, WithBackwardTag) {
+  using Back = BinaryBackward<detail::BinaryKind::mul, Linearity::multiplicative, A, B>;
+  auto y = mul(a, b);
+  return WithBackward<decltype(y), Back>{std::move(y), Back(a, b)};
+}
 /// a / b elementwise: a Partial numerator over a Replicate divisor stays Partial.
 template <AnyDTensor A, AnyDTensor B>
 auto div(const A& a, const B& b) {
   return detail::binary<Linearity::quotient>(local::Div{}, a, b);
+}
+template <AnyDTensor A, AnyDTensor B>
+auto div(const A& a, const B& b, WithBackwardTag) {
+  using Back = BinaryBackward<detail::BinaryKind::div, Linearity::quotient, A, B>;
+  auto y = div(a, b);
+  return WithBackward<decltype(y), Back>{std::move(y), Back(a, b)};
 }
 
 } // namespace dtensor
