@@ -56,4 +56,5 @@
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/reduce.hpp"
 #include "dtensor/ops/rules.hpp"
+#include "dtensor/ops/shape.hpp"
 #include "dtensor/ops/typed.hpp"

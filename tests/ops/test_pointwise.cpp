@@ -6,6 +6,7 @@
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops/pointwise.hpp>
 #include <dtensor/ops/reduce.hpp>
+#include <dtensor/ops/shape.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
 #include <cmath>
@@ -303,6 +304,18 @@ void reduce_cases(int ranks, Opts opts, Sizes... sizes) {
       using X = typename dt<Mesh, 2, PL>::type;
       const X x = make<X>(mesh, {5, 3}, 1);
       check_reductions<0>(x, to_string(X::placements));
+      // transpose: element (i, j) of the result is x's (j, i); its backward swaps the gradient back.
+      const std::int64_t cols = x.global_shape()[1];
+      const std::int64_t rows = x.global_shape()[0];
+      auto [t, back] = transpose<0, 1>(x, with_backward);
+      check_full(
+          t, [&](std::int64_t e) { return value(1, (e % rows) * cols + e / rows); }, 0,
+          "transpose " + to_string(X::placements));
+      using GT = std::remove_cvref_t<decltype(t)>;
+      auto dx = back(make<GT>(mesh, t.global_shape(), 6));
+      check_full(
+          dx, [&](std::int64_t e) { return value(6, (e % cols) * rows + e / cols); }, 0,
+          "transpose backward " + to_string(X::placements));
       check_reductions<1>(x, to_string(X::placements));
     });
   });
@@ -310,8 +323,9 @@ void reduce_cases(int ranks, Opts opts, Sizes... sizes) {
 
 } // namespace
 
-TEST_CASE("reductions over each dim: every placement on 1-D meshes of 1-4 ranks and on (2,2), (3,2)",
-          "[ops]") {
+TEST_CASE(
+    "reductions over each dim and transpose: every placement on 1-D meshes of 1-4 ranks and on (2,2), (3,2)",
+    "[ops]") {
   for (int n = 1; n <= 4; ++n) {
     INFO("ranks " << n);
     reduce_cases<Mesh1>(n, One{});
