@@ -55,20 +55,21 @@ double value(int seed, std::int64_t flat) {
   return double((flat * 7 + seed * 13 + (flat * flat) % 5) % 7 - 3);
 }
 
-// This rank's local tensor of a DTensor of type DT holding value(seed, .): Partial axes hold noise that
-// cancels (sum: the value on the first coordinate; avg: the value everywhere), as any partial values may.
+// This rank's local tensor of a DTensor of type DT holding value(seed, .): the first coordinate of the
+// Partial axes holds the value (times the Partial<avg> axes' sizes, which the avg divides away), every
+// coordinate noise that cancels, as any partial values may.
 template <class DT, class Mesh>
 DT make(const Mesh& mesh, const typename DT::shape_type& shape, int seed) {
   const Extents global = detail::to_extents(shape);
   const Block b = spec_block(global, DT::spec, mesh.sizes(), mesh.coordinate());
   int index = 0;
   int count = 1;
-  bool avg = false;
+  double avg = 1; // product of the Partial<avg> axes' sizes
   for (int a = 0; a < DT::placements.size(); ++a) {
     if (DT::placements[a].is_partial()) {
       index = index * mesh.size(a) + mesh.coordinate()[a];
       count *= mesh.size(a);
-      avg = DT::placements[a].op == ReduceOp::avg;
+      avg *= DT::placements[a].op == ReduceOp::avg ? mesh.size(a) : 1;
     }
   }
   typename DT::shape_type local_shape{};
@@ -90,7 +91,7 @@ DT make(const Mesh& mesh, const typename DT::shape_type& shape, int seed) {
     const double v = value(seed, flat);
     const double k = double(flat % 3 + 1);
     const double noise = count == 1 ? 0 : (index == 0 ? -(count - 1) * k : k);
-    t.data()[e] = (avg || index == 0 ? v : 0) + noise;
+    t.data()[e] = (index == 0 ? v * avg : 0) + noise;
   }
   return DT(mesh, t, shape);
 }
@@ -304,6 +305,23 @@ void reduce_cases(int ranks, Opts opts, Sizes... sizes) {
       using X = typename dt<Mesh, 2, PL>::type;
       const X x = make<X>(mesh, {5, 3}, 1);
       check_reductions<0>(x, to_string(X::placements));
+      // sum / mean backward: the gradient (placed like the output) repeated along the reduced dim, divided
+      // by its length for mean.
+      auto grad_cases = [&]<int D>() {
+        auto [y, back] = sum<D>(x, with_backward);
+        auto [m, mback] = mean<D>(x, with_backward);
+        using GY = std::remove_cvref_t<decltype(y)>;
+        const std::int64_t len = x.global_shape()[D];
+        const std::int64_t other = x.global_shape()[1 - D];
+        auto want = [&](std::int64_t e) { return value(7, D == 0 ? e % other : e / len); };
+        const std::string what = to_string(X::placements) + " over dim " + std::to_string(D);
+        check_full(back(make<GY>(mesh, y.global_shape(), 7)), want, 0, "sum backward " + what);
+        check_full(
+            mback(make<GY>(mesh, y.global_shape(), 7)), [&](std::int64_t e) { return want(e) / len; }, 1e-15,
+            "mean backward " + what);
+      };
+      grad_cases.template operator()<0>();
+      grad_cases.template operator()<1>();
       // transpose: element (i, j) of the result is x's (j, i); its backward swaps the gradient back.
       const std::int64_t cols = x.global_shape()[1];
       const std::int64_t rows = x.global_shape()[0];

@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 
+#include "dtensor/core/with_backward.hpp"
 #include "dtensor/ops/local/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"
@@ -72,7 +73,91 @@ auto reduce_dim(const X& x) {
   return Y(x.mesh(), kept.template view<X::rank - 1>(local_shape), global);
 }
 
+/// X's placements with Partial made Replicate: the layout of X's blocks, which its gradient takes.
+template <class X>
+struct BlocksOf {
+  static constexpr PlacementList list() {
+    PlacementList l = X::placements;
+    for (Placement& p : l) {
+      p = p.is_partial() ? Placement::replicate() : p;
+    }
+    return l;
+  }
+  using type = dtensor_from_t<typename X::value_type, X::rank, typename dtensor_traits<X>::shape_type, &list>;
+};
+
+/// The rule of spreading a gradient G (x's labels without Dim) over x's blocks.
+template <int Dim, class X, class G>
+struct ExpandOut {
+  static constexpr RuleResult rule() {
+    OpSpec s;
+    Labels full;
+    Labels less;
+    for (int d = 0; d < X::rank; ++d) {
+      full.push_back(static_cast<char>('a' + d));
+      if (d != Dim) {
+        less.push_back(static_cast<char>('a' + d));
+      }
+    }
+    s.in.push_back(full);
+    s.in.push_back(less);
+    s.out = full;
+    s.linearity = Linearity::multiplicative;
+    return apply_rule(s, {BlocksOf<X>::list(), G::placements});
+  }
+  static constexpr PlacementList list() { return rule().out; }
+};
+
 } // namespace detail
+
+/// The backward context of sum<Dim> / mean<Dim> of X: keeps the mesh and x's global shape.
+template <ReduceOp Op, int Dim, class X>
+class ReduceBackward {
+  static_assert(Op == ReduceOp::sum || Op == ReduceOp::avg,
+                "backward of max/min over a dim is not implemented yet: redistribute and use sum/mean");
+
+public:
+  ReduceBackward(typename X::mesh_type mesh, typename X::shape_type global)
+      : mesh_(std::move(mesh)), global_(global) {}
+
+  /// x's gradient: y's gradient repeated along Dim (divided by its global length for a mean).
+  template <AnyDTensor G>
+  auto operator()(const G& g) const {
+    using namespace detail;
+    using T = typename X::value_type;
+    using Shape = typename dtensor_traits<X>::shape_type;
+    using Y = dtensor_from_t<T, X::rank - 1, Shape, &ReduceOut<Op, Dim, X>::list>;
+    static_assert(std::is_same_v<typename G::value_type, T> && G::rank == X::rank - 1,
+                  "backward: the gradient must have the forward output's element type and rank");
+    using Target = dtensor_from_t<T, X::rank - 1, Shape, &GradTarget<Y, G>::list>;
+    const Target gt = redistribute_as<Target, G>::run(g);
+    static_assert(check_rule<ExpandOut<Dim, X, Target>::rule().error>());
+    using DX = dtensor_from_t<T, X::rank, Shape, &ExpandOut<Dim, X, Target>::list>;
+    Labels full;
+    Labels less;
+    for (int d = 0; d < X::rank; ++d) {
+      full.push_back(static_cast<char>('a' + d));
+      if (d != Dim) {
+        less.push_back(static_cast<char>('a' + d));
+      }
+    }
+    const Block out = spec_block(to_extents(global_), DX::spec, mesh_.sizes(), mesh_.coordinate());
+    const auto v = operand_view(gt, less, full, out).contiguous();
+    std::array<std::int64_t, X::rank> with_dim{};
+    std::array<std::int64_t, X::rank> shape{};
+    for (int d = 0, o = 0; d < X::rank; ++d) {
+      with_dim[d] = d == Dim ? 1 : v.shape()[o++];
+      shape[d] = out.shape[d];
+    }
+    const double factor = Op == ReduceOp::avg ? 1.0 / static_cast<double>(global_[Dim]) : 1.0;
+    auto local = local::expand(local::Scale{factor}, v.template view<X::rank>(with_dim), shape);
+    return as_gradient_of<X>(DX(mesh_, std::move(local), global_));
+  }
+
+private:
+  typename X::mesh_type mesh_;
+  typename X::shape_type global_;
+};
 
 /// The sum over dim Dim (a template argument: the output placements depend on it).
 template <int Dim, AnyDTensor X>
@@ -83,6 +168,21 @@ auto sum(const X& x) {
 template <int Dim, AnyDTensor X>
 auto mean(const X& x) {
   return detail::reduce_dim<ReduceOp::avg, Dim>(x);
+}
+/// sum / mean with the context of the backward: `auto [y, back] = sum<1>(x, with_backward); dx = back(dy);`
+template <int Dim, AnyDTensor X>
+auto sum(const X& x, WithBackwardTag) {
+  constexpr int dim = Dim < 0 ? Dim + X::rank : Dim;
+  auto y = sum<dim>(x);
+  using Back = ReduceBackward<ReduceOp::sum, dim, X>;
+  return WithBackward<decltype(y), Back>{std::move(y), Back(x.mesh(), x.global_shape())};
+}
+template <int Dim, AnyDTensor X>
+auto mean(const X& x, WithBackwardTag) {
+  constexpr int dim = Dim < 0 ? Dim + X::rank : Dim;
+  auto y = mean<dim>(x);
+  using Back = ReduceBackward<ReduceOp::avg, dim, X>;
+  return WithBackward<decltype(y), Back>{std::move(y), Back(x.mesh(), x.global_shape())};
 }
 /// The maximum over dim Dim (NaN wins, as in torch). Not for Partial inputs.
 template <int Dim, AnyDTensor X>

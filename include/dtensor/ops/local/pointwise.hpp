@@ -307,6 +307,30 @@ Tensor<T, R> map(F f, const Tensor<T, R>& a, const Tensor<T, Rs>&... rest) {
   return out;
 }
 
+/// f(in) broadcast to `shape`: in's dims of size 1 repeat (stride 0), the others must equal shape's.
+template <class F, class T, int R>
+Tensor<T, R> expand(F f, const Tensor<T, R>& in, const typename Tensor<T, R>::Shape& shape) {
+  auto strides = in.strides();
+  for (int d = 0; d < R; ++d) {
+    DTENSOR_CHECK(in.shape()[d] == shape[d] || in.shape()[d] == 1,
+                  "local::expand: " + dtensor::detail::shape_to_string(in.shape()) + " does not expand to " +
+                      dtensor::detail::shape_to_string(shape));
+    if (in.shape()[d] != shape[d]) {
+      strides[d] = 0;
+    }
+  }
+  Tensor<T, R> out = detail::empty_like(shape, in);
+  const bool host = in.device().is_cpu();
+  MapRuns<T, R, 2, F> run{
+      local_ops::make_run_layout<R, 2>(shape, {out.strides(), strides},
+                                       host ? local_ops::host_tile : local_ops::cuda_tile),
+      out.data(),
+      {in.data()},
+      f};
+  launch(run, in.device(), in.stream_handle(), "local::expand");
+  return out;
+}
+
 /// The reduction by `op` of `x` over dim `dim`, keeping it with size 1; `divide` divides the result (a
 /// mean over a global count). An empty dim gives the op's identity (0 for sum, mean).
 template <class T, int R>
