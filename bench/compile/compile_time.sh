@@ -6,6 +6,8 @@
 #  - redistributions_20: bench/compile/redistributions_tu.cpp -- the umbrella plus DTensor and 20 different
 #    redistributions instantiated on 1-, 2- and 3-axis meshes -- next to a TU with only the standard
 #    headers that TU reaches through dtensor;
+#  - ops_20: bench/compile/ops_tu.cpp -- the umbrella plus 20 different ops on DTensors (pointwise,
+#    reductions, transpose, matmul/linear when OpenBLAS's header is found) -- next to the umbrella alone;
 #  - new_combination: the cost of a second (element type, rank, mesh) combination, i.e.
 #    bench/compile/combination_new.cpp (two combinations, each distributed, redistributed twice and
 #    gathered) next to combination_first.cpp (the first one alone).
@@ -26,6 +28,12 @@ int main() { return 0; }
 CPP
 cp bench/compile/redistributions_tu.cpp "$tmp/redistributions.cpp"
 cp bench/compile/combination_first.cpp bench/compile/combination_new.cpp "$tmp/"
+cp bench/compile/ops_tu.cpp "$tmp/ops.cpp"
+# The ops TU instantiates matmul where a BLAS header is found (as a dtensor::blas build would).
+blas_flags=()
+if [ -f /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h ]; then
+  blas_flags=(-DDTENSOR_HAS_BLAS=1 -isystem /usr/include/x86_64-linux-gnu/openblas-pthread)
+fi
 
 # A TU with the standard headers that the dtensor headers reachable from $1 include.
 std_only() {
@@ -37,10 +45,11 @@ std_only() {
 std_only "$tmp/umbrella.cpp" > "$tmp/std_only.cpp"
 std_only "$tmp/redistributions.cpp" > "$tmp/std_only_redist.cpp"
 
-measure() { # file -> "median_seconds peak_kib"
+measure() { # file [extra flags...] -> "median_seconds peak_kib"
   local f=$1 times=() peak=0
+  shift
   for _ in $(seq "$reps"); do
-    /usr/bin/time -f '%e %M' -o "$tmp/t" "$cxx" -std=c++20 -O2 -Iinclude -c "$f" -o "$tmp/o.o"
+    /usr/bin/time -f '%e %M' -o "$tmp/t" "$cxx" -std=c++20 -O2 -Iinclude "$@" -c "$f" -o "$tmp/o.o"
     read -r s kib < "$tmp/t"
     times+=("$s")
     (( kib > peak )) && peak=$kib
@@ -54,6 +63,7 @@ read -r u_s u_kib < <(measure "$tmp/umbrella.cpp")
 read -r s_s s_kib < <(measure "$tmp/std_only.cpp")
 read -r r_s r_kib < <(measure "$tmp/redistributions.cpp")
 read -r rs_s rs_kib < <(measure "$tmp/std_only_redist.cpp")
+read -r o_s o_kib < <(measure "$tmp/ops.cpp" "${blas_flags[@]}")
 read -r c1_s c1_kib < <(measure "$tmp/combination_first.cpp")
 read -r c2_s c2_kib < <(measure "$tmp/combination_new.cpp")
 delta=$(awk -v a="$c2_s" -v b="$c1_s" 'BEGIN { printf "%.2f", a - b }')
@@ -62,6 +72,7 @@ printf '%-52s %10s %12d\n' "#include <dtensor/dtensor.hpp>" "$u_s" $((u_kib / 10
 printf '%-52s %10s %12d\n' "std headers dtensor uses" "$s_s" $((s_kib / 1024))
 printf '%-52s %10s %12d\n' "dtensor + DTensor + 20 redistributions" "$r_s" $((r_kib / 1024))
 printf '%-52s %10s %12d\n' "std headers that TU reaches" "$rs_s" $((rs_kib / 1024))
+printf '%-52s %10s %12d\n' "dtensor + 20 ops on DTensors" "$o_s" $((o_kib / 1024))
 printf '%-52s %10s %12d\n' "one (T, Rank, Mesh) combination" "$c1_s" $((c1_kib / 1024))
 printf '%-52s %10s %12d\n' "two combinations" "$c2_s" $((c2_kib / 1024))
 printf '%-52s %10s\n' "cost of the new combination (difference)" "$delta"
@@ -80,6 +91,10 @@ cat > bench/results/compile_time.json <<JSON
    "ours_us": $(us "$r_s"), "ref_name": "std_headers_only", "ref_us": $(us "$rs_s"), "ratio": $(ratio "$r_s" "$rs_s"),
    "compiler": "$compiler", "reps": $reps,
    "seconds": $r_s, "peak_kib": $r_kib, "ref_seconds": $rs_s, "ref_peak_kib": $rs_kib, "date": "$date"},
+  {"suite": "compile", "name": "ops_20", "backend": "none", "ranks": 1, "bytes": 0,
+   "ours_us": $(us "$o_s"), "ref_name": "umbrella_header", "ref_us": $(us "$u_s"), "ratio": $(ratio "$o_s" "$u_s"),
+   "compiler": "$compiler", "reps": $reps, "blas": "${#blas_flags[@]}",
+   "seconds": $o_s, "peak_kib": $o_kib, "ref_seconds": $u_s, "ref_peak_kib": $u_kib, "date": "$date"},
   {"suite": "compile", "name": "new_combination", "backend": "none", "ranks": 1, "bytes": 0,
    "ours_us": $(us "$c2_s"), "ref_name": "first_combination_only", "ref_us": $(us "$c1_s"), "ratio": $(ratio "$c2_s" "$c1_s"),
    "compiler": "$compiler", "reps": $reps, "delta_seconds": $delta,

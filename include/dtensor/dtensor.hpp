@@ -52,6 +52,7 @@
 
 #include "dtensor/ops/local/gemm.hpp"
 #include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/ops/local_map.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/reduce.hpp"

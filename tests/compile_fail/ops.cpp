@@ -83,3 +83,13 @@ void f(const X<Shard<0>, Shard<0>>& a, const X<R, Shard<0>>& b) {
   (void)add(a, b);
 }
 #endif
+
+//! CASE local_map_placements an input.s placements are not the declared ones
+#ifdef CASE_local_map_placements
+#include <dtensor/ops/local_map.hpp>
+void f(const X<R, R>& x) {
+  auto g = local_map<In<Placements<Shard<0>, R>>, Out<Placements<Shard<0>, R>>>(
+      [](const Tensor<float, 2>& t) { return t; });
+  (void)g(x);
+}
+#endif
