@@ -6,7 +6,7 @@
 #  - redistributions_20: bench/compile/redistributions_tu.cpp -- the umbrella plus DTensor and 20 different
 #    redistributions instantiated on 1-, 2- and 3-axis meshes -- next to a TU with only the standard
 #    headers that TU reaches through dtensor;
-#  - ops_20: bench/compile/ops_tu.cpp -- the umbrella plus 20 different ops on DTensors (pointwise,
+#  - ops_20: bench/compile/ops_tu.cpp -- <dtensor/ops.hpp> plus 20 different ops on DTensors (pointwise,
 #    reductions, transpose, matmul/linear when OpenBLAS's header is found) -- next to the umbrella alone;
 #  - new_combination: the cost of a second (element type, rank, mesh) combination, i.e.
 #    bench/compile/combination_new.cpp (two combinations, each distributed, redistributed twice and

@@ -1,7 +1,7 @@
-// Compile-cost probe (bench/compile/compile_time.sh): the umbrella header plus 20 different ops on DTensors
+// Compile-cost probe (bench/compile/compile_time.sh): <dtensor/ops.hpp> (the umbrella plus ops/) and 20 different ops on DTensors
 // (pointwise, reductions, transpose, matmul/linear where a BLAS is found), several with their backward;
 // each op's output placements are decided at compile time.
-#include <dtensor/dtensor.hpp>
+#include <dtensor/ops.hpp>
 
 using namespace dtensor;
 using M1 = MeshShape<Axis<"x">>;

@@ -2,7 +2,8 @@
 // dtensor: distributed tensors for C++20. The umbrella header: includes every public header except the
 // backends' own (pulled in by comm/init.hpp when their targets are linked), testing/ and the store it uses
 // (rendezvous/in_process_store.hpp), and
-// plan/torch_reference.hpp (a model of PyTorch's planner, for comparisons).
+// plan/torch_reference.hpp (a model of PyTorch's planner, for comparisons), and ops/ (compute on DTensors:
+// <dtensor/ops.hpp> includes it with this header).
 // Each header also compiles on its own; include the ones you use to keep compile times down.
 
 #include "dtensor/core/any_tensor.hpp"
@@ -50,12 +51,3 @@
 #include "dtensor/tensor/dtensor.hpp"
 #include "dtensor/tensor/visualize.hpp"
 
-#include "dtensor/ops/local/gemm.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
-#include "dtensor/ops/local_map.hpp"
-#include "dtensor/ops/matmul.hpp"
-#include "dtensor/ops/pointwise.hpp"
-#include "dtensor/ops/reduce.hpp"
-#include "dtensor/ops/rules.hpp"
-#include "dtensor/ops/shape.hpp"
-#include "dtensor/ops/typed.hpp"
