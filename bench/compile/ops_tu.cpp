@@ -1,6 +1,6 @@
-// Compile-cost probe (bench/compile/compile_time.sh): <dtensor/ops.hpp> (the umbrella plus ops/) and 20 different ops on DTensors
-// (pointwise, reductions, transpose, matmul/linear where a BLAS is found), several with their backward;
-// each op's output placements are decided at compile time.
+// Compile-cost probe (bench/compile/compile_time.sh): <dtensor/ops.hpp> (the umbrella plus ops/) and 20
+// different ops on DTensors (pointwise, reductions, transpose, matmul/linear where a BLAS is found), several
+// with their backward; each op's output placements are decided at compile time.
 #include <dtensor/ops.hpp>
 
 using namespace dtensor;

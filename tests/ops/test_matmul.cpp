@@ -8,18 +8,17 @@
 #include <dtensor/ops/matmul.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
+#include "../support/ops_tensors.hpp"
+
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 using namespace dtensor;
+using namespace dtensor::test_support;
 
 namespace {
-
-void expect(bool ok, const std::string& what) {
-  DTENSOR_CHECK(ok, what);
-}
 
 using R = Replicate;
 using P = Partial<>;
@@ -27,59 +26,6 @@ template <int D>
 using S = Shard<D>;
 using Mesh1 = MeshShape<Axis<"x">>;
 using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
-
-template <class... T>
-struct TypeList {};
-template <class F, class... T>
-void for_each(TypeList<T...>, F f) {
-  (f.template operator()<T>(), ...);
-}
-
-template <class Mesh, int Rank, class PL>
-struct dt;
-template <class Mesh, int Rank, class... Ps>
-struct dt<Mesh, Rank, Placements<Ps...>> {
-  using type = DTensor<double, Rank, Mesh, Ps...>;
-};
-
-double value(int seed, std::int64_t flat) {
-  return double((flat * 7 + seed * 13 + (flat * flat) % 5) % 7 - 3);
-}
-
-// This rank's block of value(seed, .) as a DTensor of type DT; Partial axes hold cancelling noise.
-template <class DT, class Mesh>
-DT make(const Mesh& mesh, const typename DT::shape_type& shape, int seed) {
-  const Extents global = detail::to_extents(shape);
-  const Block b = spec_block(global, DT::spec, mesh.sizes(), mesh.coordinate());
-  int index = 0;
-  int count = 1;
-  for (int a = 0; a < DT::placements.size(); ++a) {
-    if (DT::placements[a].is_partial()) {
-      index = index * mesh.size(a) + mesh.coordinate()[a];
-      count *= mesh.size(a);
-    }
-  }
-  typename DT::shape_type local_shape{};
-  for (int d = 0; d < DT::rank; ++d) {
-    local_shape[d] = b.shape[d];
-  }
-  typename DT::local_type t(local_shape);
-  for (std::int64_t e = 0; e < t.numel(); ++e) {
-    std::int64_t rest = e;
-    std::int64_t flat = 0;
-    std::int64_t stride = 1;
-    for (int d = DT::rank - 1; d >= 0; --d) {
-      const std::int64_t i = rest % b.shape[d];
-      rest /= b.shape[d];
-      flat += (b.offset[d] + i) * stride;
-      stride *= global[d];
-    }
-    const double k = double(flat % 3 + 1);
-    t.data()[e] =
-        (index == 0 ? value(seed, flat) : 0) + (count == 1 ? 0 : (index == 0 ? -(count - 1) * k : k));
-  }
-  return DT(mesh, t, shape);
-}
 
 // The reference as flat row-major vectors: C = A op(B) and the gradients for dC, batch-aware.
 struct Ref {

@@ -27,15 +27,6 @@ namespace dtensor {
 
 namespace detail {
 
-/// "abcdefgh" cut to `rank` labels, the last `rank` of a tensor of `of` dims (for rank broadcasting).
-constexpr Labels trailing_labels(int rank, int of) {
-  Labels l;
-  for (int d = of - rank; d < of; ++d) {
-    l.push_back(static_cast<char>('a' + d));
-  }
-  return l;
-}
-
 /// The rule of a pointwise op over operands X... (the first of the highest rank).
 template <Linearity L, class... X>
 constexpr RuleResult pointwise_rule() {

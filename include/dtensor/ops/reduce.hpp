@@ -26,14 +26,8 @@ namespace detail {
 template <ReduceOp Op, int Dim, class X>
 constexpr RuleResult reduce_rule() {
   OpSpec s;
-  Labels in;
-  Labels out;
-  for (int d = 0; d < X::rank; ++d) {
-    in.push_back(static_cast<char>('a' + d));
-    if (d != Dim) {
-      out.push_back(static_cast<char>('a' + d));
-    }
-  }
+  const Labels in = trailing_labels(X::rank, X::rank);
+  const Labels out = labels_without(X::rank, Dim);
   s.in.push_back(in);
   s.out = out;
   s.linearity = Op == ReduceOp::sum || Op == ReduceOp::avg ? Linearity::linear : Linearity::nonlinear;
@@ -91,14 +85,8 @@ template <int Dim, class X, class G>
 struct ExpandOut {
   static constexpr RuleResult rule() {
     OpSpec s;
-    Labels full;
-    Labels less;
-    for (int d = 0; d < X::rank; ++d) {
-      full.push_back(static_cast<char>('a' + d));
-      if (d != Dim) {
-        less.push_back(static_cast<char>('a' + d));
-      }
-    }
+    const Labels full = trailing_labels(X::rank, X::rank);
+    const Labels less = labels_without(X::rank, Dim);
     s.in.push_back(full);
     s.in.push_back(less);
     s.out = full;
@@ -133,14 +121,8 @@ public:
     const Target gt = redistribute_as<Target, G>::run(g);
     static_assert(check_rule<ExpandOut<Dim, X, Target>::rule().error>());
     using DX = dtensor_from_t<T, X::rank, Shape, &ExpandOut<Dim, X, Target>::list>;
-    Labels full;
-    Labels less;
-    for (int d = 0; d < X::rank; ++d) {
-      full.push_back(static_cast<char>('a' + d));
-      if (d != Dim) {
-        less.push_back(static_cast<char>('a' + d));
-      }
-    }
+    const Labels full = trailing_labels(X::rank, X::rank);
+    const Labels less = labels_without(X::rank, Dim);
     const Block out = spec_block(to_extents(global_), DX::spec, mesh_.sizes(), mesh_.coordinate());
     const auto v = operand_view(gt, less, full, out).contiguous();
     std::array<std::int64_t, X::rank> with_dim{};

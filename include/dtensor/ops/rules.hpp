@@ -129,6 +129,26 @@ constexpr Labels labels(std::string_view s) noexcept {
   return l;
 }
 
+/// "abcdefgh" cut to `rank` labels, the last `rank` of a tensor of `of` dims (for rank broadcasting).
+constexpr Labels trailing_labels(int rank, int of) {
+  Labels l;
+  for (int d = of - rank; d < of; ++d) {
+    l.push_back(static_cast<char>('a' + d));
+  }
+  return l;
+}
+
+/// "abc.." for `rank` dims without the label of `dim`: a reduction's output, a reduced gradient's dims.
+constexpr Labels labels_without(int rank, int dim) {
+  Labels l;
+  for (int d = 0; d < rank; ++d) {
+    if (d != dim) {
+      l.push_back(static_cast<char>('a' + d));
+    }
+  }
+  return l;
+}
+
 /// Position of `c` in `l`, or -1.
 constexpr int find_label(const Labels& l, char c) noexcept {
   for (int i = 0; i < l.size(); ++i) {

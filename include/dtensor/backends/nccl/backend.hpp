@@ -39,11 +39,11 @@
 //    (as in torch's NCCL backend).
 
 #include "dtensor/backends/backend.hpp"
+#include "dtensor/backends/group_generations.hpp"
 #include "dtensor/backends/nccl/rendezvous.hpp"
 #include "dtensor/backends/nccl/types.hpp"
 #include "dtensor/backends/nccl/work.hpp"
 #include "dtensor/backends/registry.hpp"
-#include "dtensor/backends/group_generations.hpp"
 #include "dtensor/backends/split.hpp"
 #include "dtensor/core/env.hpp"
 #include "dtensor/core/error.hpp"
