@@ -7,6 +7,7 @@
 
 #include "dtensor/dtensor.hpp"
 
+#include "dtensor/ops/custom.hpp"
 #include "dtensor/ops/local/gemm.hpp"
 #include "dtensor/ops/local/pointwise.hpp"
 #include "dtensor/ops/local_map.hpp"

@@ -2,6 +2,7 @@
 // redistribute to write.
 #include <dtensor/ops/pointwise.hpp>
 #include <dtensor/ops/reduce.hpp>
+#include <dtensor/ops/shape.hpp>
 
 using namespace dtensor;
 using Mesh = MeshShape<Axis<"dp">, Axis<"tp">>;
@@ -18,7 +19,10 @@ void control(const X<P, R>& p, const X<R, R>& r, const X<Shard<0>, R>& s) {
   (void)scale(p, 2.0);
   (void)relu(s);
   (void)sum<0>(p);
-  (void)max<1>(s);
+  (void)max<1>(s, with_backward);
+  (void)flatten<0, 1>(s);
+  (void)permute<1, 0>(s);
+  (void)reshape<1>(r, {4});
 }
 
 //! CASE relu_partial a Partial input to a nonlinear op .relu, gelu, silu, exp, max, x . scalar, ...
@@ -91,5 +95,49 @@ void f(const X<R, R>& x) {
   auto g = local_map<In<Placements<Shard<0>, R>>, Out<Placements<Shard<0>, R>>>(
       [](const Tensor<float, 2>& t) { return t; });
   (void)g(x);
+}
+#endif
+
+//! CASE flatten_inner_shard a Shard on a merged dim other than the first cannot survive the merge
+#ifdef CASE_flatten_inner_shard
+void f(const X<R, Shard<1>>& x) {
+  (void)flatten<0, 1>(x);
+}
+#endif
+
+//! CASE reshape_sharded reshape: the DTensor shards a dim; use flatten / unflatten
+#ifdef CASE_reshape_sharded
+void f(const X<Shard<0>, R>& x) {
+  (void)reshape<1>(x, {4});
+}
+#endif
+
+//! CASE permute_not_permutation permute: the dims must be a permutation
+#ifdef CASE_permute_not_permutation
+void f(const X<Shard<0>, R>& x) {
+  (void)permute<0, 0>(x);
+}
+#endif
+
+//! CASE custom_op_partial a Partial input to a nonlinear op
+#ifdef CASE_custom_op_partial
+#include <dtensor/ops/custom.hpp>
+struct Gate {
+  static constexpr OpSpec sharding{{labels("ab"), labels("ab")}, labels("ab"), Linearity::nonlinear};
+  Tensor<float, 2> operator()(const Tensor<float, 2>& a, const Tensor<float, 2>&) const { return a; }
+};
+void f(const X<P, R>& p, const X<R, R>& r) {
+  (void)apply_op(Gate{}, p, r);
+}
+#endif
+
+//! CASE custom_op_no_rule apply_op: the op has no sharding rule
+#ifdef CASE_custom_op_no_rule
+#include <dtensor/ops/custom.hpp>
+struct NoRule {
+  Tensor<float, 2> operator()(const Tensor<float, 2>& a) const { return a; }
+};
+void f(const X<R, R>& r) {
+  (void)apply_op(NoRule{}, r);
 }
 #endif

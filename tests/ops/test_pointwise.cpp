@@ -5,8 +5,6 @@
 
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops/pointwise.hpp>
-#include <dtensor/ops/reduce.hpp>
-#include <dtensor/ops/shape.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
 #include "../support/ops_tensors.hpp"
@@ -33,19 +31,6 @@ using One = TypeList<Placements<R>, Placements<S<0>>, Placements<S<1>>, Placemen
 using Two = TypeList<Placements<R, R>, Placements<S<0>, R>, Placements<R, S<1>>, Placements<S<0>, S<1>>,
                      Placements<S<1>, S<0>>, Placements<S<0>, S<0>>, Placements<P, R>, Placements<R, P>,
                      Placements<P, P>, Placements<P, S<0>>, Placements<Pavg, S<1>>, Placements<Pavg, Pavg>>;
-
-// Every element of full(y) equals want(flat index).
-template <class Y, class F>
-void check_full(const Y& y, F want, double tol, const std::string& what) {
-  const auto full = y.full_tensor();
-  for (std::int64_t e = 0; e < full.numel(); ++e) {
-    const double got = full.data()[e];
-    const double w = want(e);
-    expect(std::abs(got - w) <= tol * (1 + std::abs(w)), what + ": element " + std::to_string(e) + " is " +
-                                                             std::to_string(got) + ", want " +
-                                                             std::to_string(w));
-  }
-}
 
 template <class X, class F>
 constexpr bool accepts_unary() {
@@ -202,93 +187,7 @@ void binary_cases(int ranks, Opts opts, Sizes... sizes) {
   });
 }
 
-// The reductions of x over dim D, against loops over the global tensor.
-template <int D, class X>
-void check_reductions(const X& x, const std::string& name) {
-  const std::int64_t rows = x.global_shape()[0];
-  const std::int64_t cols = x.global_shape()[1];
-  auto fold = [&](std::int64_t e, double init, auto f) {
-    double acc = init;
-    const std::int64_t n = D == 0 ? rows : cols;
-    for (std::int64_t k = 0; k < n; ++k) {
-      acc = f(acc, value(1, D == 0 ? k * cols + e : e * cols + k));
-    }
-    return acc;
-  };
-  const double n = double(D == 0 ? rows : cols);
-  const std::string what = name + " over dim " + std::to_string(D);
-  check_full(
-      sum<D>(x), [&](std::int64_t e) { return fold(e, 0, [](double a, double v) { return a + v; }); }, 0,
-      "sum " + what);
-  check_full(
-      mean<D>(x), [&](std::int64_t e) { return fold(e, 0, [](double a, double v) { return a + v; }) / n; },
-      1e-15, "mean " + what);
-  if constexpr (detail::reduce_rule<ReduceOp::max, D, X>().ok()) {
-    check_full(
-        max<D>(x),
-        [&](std::int64_t e) { return fold(e, -1e300, [](double a, double v) { return std::max(a, v); }); }, 0,
-        "max " + what);
-    check_full(
-        min<D>(x),
-        [&](std::int64_t e) { return fold(e, 1e300, [](double a, double v) { return std::min(a, v); }); }, 0,
-        "min " + what);
-  }
-}
-
-template <class Mesh, class Opts, class... Sizes>
-void reduce_cases(int ranks, Opts opts, Sizes... sizes) {
-  testing::run_ranks(ranks, [&](ProcessGroup& world) {
-    auto mesh = init_device_mesh<Mesh>(world, sizes...);
-    for_each(opts, [&]<class PL>() {
-      using X = typename dt<Mesh, 2, PL>::type;
-      const X x = make<X>(mesh, {5, 3}, 1);
-      check_reductions<0>(x, to_string(X::placements));
-      // sum / mean backward: the gradient (placed like the output) repeated along the reduced dim, divided
-      // by its length for mean.
-      auto grad_cases = [&]<int D>() {
-        auto [y, back] = sum<D>(x, with_backward);
-        auto [m, mback] = mean<D>(x, with_backward);
-        using GY = std::remove_cvref_t<decltype(y)>;
-        const std::int64_t len = x.global_shape()[D];
-        const std::int64_t other = x.global_shape()[1 - D];
-        auto want = [&](std::int64_t e) { return value(7, D == 0 ? e % other : e / len); };
-        const std::string what = to_string(X::placements) + " over dim " + std::to_string(D);
-        check_full(back(make<GY>(mesh, y.global_shape(), 7)), want, 0, "sum backward " + what);
-        check_full(
-            mback(make<GY>(mesh, y.global_shape(), 7)), [&](std::int64_t e) { return want(e) / len; }, 1e-15,
-            "mean backward " + what);
-      };
-      grad_cases.template operator()<0>();
-      grad_cases.template operator()<1>();
-      // transpose: element (i, j) of the result is x's (j, i); its backward swaps the gradient back.
-      const std::int64_t cols = x.global_shape()[1];
-      const std::int64_t rows = x.global_shape()[0];
-      auto [t, back] = transpose<0, 1>(x, with_backward);
-      check_full(
-          t, [&](std::int64_t e) { return value(1, (e % rows) * cols + e / rows); }, 0,
-          "transpose " + to_string(X::placements));
-      using GT = std::remove_cvref_t<decltype(t)>;
-      auto dx = back(make<GT>(mesh, t.global_shape(), 6));
-      check_full(
-          dx, [&](std::int64_t e) { return value(6, (e % cols) * rows + e / cols); }, 0,
-          "transpose backward " + to_string(X::placements));
-      check_reductions<1>(x, to_string(X::placements));
-    });
-  });
-}
-
 } // namespace
-
-TEST_CASE(
-    "reductions over each dim and transpose: every placement on 1-D meshes of 1-4 ranks and on (2,2), (3,2)",
-    "[ops]") {
-  for (int n = 1; n <= 4; ++n) {
-    INFO("ranks " << n);
-    reduce_cases<Mesh1>(n, One{});
-  }
-  reduce_cases<Mesh2>(4, Two{}, 2, 2);
-  reduce_cases<Mesh2>(6, Two{}, 3, 2);
-}
 
 TEST_CASE("pointwise unary ops and their backward on 1-D meshes, every placement, 1-4 ranks", "[ops]") {
   for (int n = 1; n <= 4; ++n) {

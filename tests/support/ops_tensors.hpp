@@ -7,6 +7,7 @@
 #include <dtensor/plan/shard_spec.hpp>
 #include <dtensor/tensor/dtensor.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -75,6 +76,19 @@ DT make(const Mesh& mesh, const typename DT::shape_type& shape, int seed) {
     t.data()[e] = (index == 0 ? v * avg : 0) + noise;
   }
   return DT(mesh, t, shape);
+}
+
+// Every element of full(y) equals want(flat index), within tol relative.
+template <class Y, class F>
+void check_full(const Y& y, F want, double tol, const std::string& what) {
+  const auto full = y.full_tensor();
+  for (std::int64_t e = 0; e < full.numel(); ++e) {
+    const double got = full.data()[e];
+    const double w = want(e);
+    expect(std::abs(got - w) <= tol * (1 + std::abs(w)), what + ": element " + std::to_string(e) + " is " +
+                                                             std::to_string(got) + ", want " +
+                                                             std::to_string(w));
+  }
 }
 
 } // namespace dtensor::test_support

@@ -8,7 +8,9 @@
 // The dim is dropped (torch's keepdim=False). A reduction over a sharded dim gives Partial<op> (sum and
 // mean: Partial<sum>; a mean divides each rank's local sum by the global count, so uneven shards are
 // exact); sum and mean are linear (a Partial<sum/avg> input stays Partial), max and min are not (a Partial
-// input does not compile). An empty shard contributes the op's identity.
+// input does not compile). An empty shard contributes the op's identity. Every reduction has a backward
+// (`auto [y, back] = max<1>(x, with_backward)`); max and min split the gradient between ties, as torch's
+// amax and amin.
 
 #include <array>
 #include <cstdint>
@@ -101,9 +103,6 @@ struct ExpandOut {
 /// The backward context of sum<Dim> / mean<Dim> of X: keeps the mesh and x's global shape.
 template <ReduceOp Op, int Dim, class X>
 class ReduceBackward {
-  static_assert(Op == ReduceOp::sum || Op == ReduceOp::avg,
-                "backward of max/min over a dim is not implemented yet: redistribute and use sum/mean");
-
 public:
   ReduceBackward(typename X::mesh_type mesh, typename X::shape_type global)
       : mesh_(std::move(mesh)), global_(global) {}
@@ -141,6 +140,85 @@ private:
   typename X::shape_type global_;
 };
 
+namespace detail {
+
+/// Y's placements with Partial<max/min> made Partial<sum>: where y was pending a max, a count is pending
+/// a sum.
+template <class Y>
+struct CountOf {
+  static constexpr PlacementList list() {
+    PlacementList l = Y::placements;
+    for (Placement& p : l) {
+      p = p.is_partial() ? Placement::partial(ReduceOp::sum) : p;
+    }
+    return l;
+  }
+  using type = dtensor_from_t<typename Y::value_type, Y::rank, typename dtensor_traits<Y>::shape_type, &list>;
+};
+
+} // namespace detail
+
+/// The backward context of max<Dim> / min<Dim> of X (torch's amax/amin): the gradient goes to every
+/// element that attains the extremum, split evenly between ties. Keeps x and the forward's output; the
+/// backward completes the extremum over Dim (an all_reduce where Dim is sharded) and counts the ties
+/// (another, of the counts).
+template <ReduceOp Op, int Dim, class X, class Y>
+class ExtremumBackward {
+public:
+  ExtremumBackward(X x, Y y) : x_(std::move(x)), y_(std::move(y)) {}
+
+  template <AnyDTensor G>
+  auto operator()(const G& g) const {
+    using namespace detail;
+    using T = typename X::value_type;
+    using Shape = typename dtensor_traits<X>::shape_type;
+    static_assert(std::is_same_v<typename G::value_type, T> && G::rank == X::rank - 1,
+                  "backward: the gradient must have the forward output's element type and rank");
+    using Target = dtensor_from_t<T, X::rank - 1, Shape, &GradTarget<Y, G>::list>;
+    const Target gt = redistribute_as<Target, G>::run(g);
+    static_assert(check_rule<ExpandOut<Dim, X, Target>::rule().error>());
+    using DX = dtensor_from_t<T, X::rank, Shape, &ExpandOut<Dim, X, Target>::list>;
+    using YB = typename BlocksOf<Y>::type;
+    using YC = typename CountOf<Y>::type;
+    const Labels full = trailing_labels(X::rank, X::rank);
+    const Labels less = labels_without(X::rank, Dim);
+    const auto& mesh = x_.mesh();
+    const Extents global = to_extents(x_.global_shape());
+    const Block held = spec_block(global, X::spec, mesh.sizes(), mesh.coordinate());
+    const Block out = spec_block(global, DX::spec, mesh.sizes(), mesh.coordinate());
+    auto with_dim = [&](const auto& t, const Block& b) {
+      std::array<std::int64_t, X::rank> one{};
+      std::array<std::int64_t, X::rank> shape{};
+      for (int d = 0, o = 0; d < X::rank; ++d) {
+        one[d] = d == Dim ? 1 : t.shape()[o++];
+        shape[d] = b.shape[d];
+      }
+      return local::expand(local::Scale{1}, t.contiguous().template view<X::rank>(one), shape);
+    };
+    // The extremum over all of Dim, on x's block; where x attains it; how many do, over all of Dim.
+    const YB m = redistribute_as<YB, Y>::run(y_);
+    const auto attained =
+        local::map(local::Attained{}, x_.local(), with_dim(operand_view(m, less, full, held), held));
+    const auto counted = local::reduce(ReduceOp::sum, attained, Dim);
+    std::array<std::int64_t, X::rank - 1> count_shape{};
+    for (int d = 0, o = 0; d < X::rank; ++d) {
+      if (d != Dim) {
+        count_shape[o++] = counted.shape()[d];
+      }
+    }
+    const YB count = redistribute_as<YB, YC>::run(
+        YC(mesh, counted.template view<X::rank - 1>(count_shape), y_.global_shape()));
+    const auto share = local::map(local::Div{}, operand_view(gt, less, full, out).contiguous(),
+                                  operand_view(count, less, full, out));
+    auto local = local::map(local::Mul{}, cut<T, X::rank>(attained, held, out), with_dim(share, out));
+    return as_gradient_of<X>(DX(mesh, std::move(local), x_.global_shape()));
+  }
+
+private:
+  X x_;
+  Y y_;
+};
+
 /// The sum over dim Dim (a template argument: the output placements depend on it).
 template <int Dim, AnyDTensor X>
 auto sum(const X& x) {
@@ -175,6 +253,21 @@ auto max(const X& x) {
 template <int Dim, AnyDTensor X>
 auto min(const X& x) {
   return detail::reduce_dim<ReduceOp::min, Dim>(x);
+}
+/// max / min with the context of the backward (torch's amax/amin: ties share the gradient evenly).
+template <int Dim, AnyDTensor X>
+auto max(const X& x, WithBackwardTag) {
+  constexpr int dim = Dim < 0 ? Dim + X::rank : Dim;
+  auto y = max<dim>(x);
+  using Back = ExtremumBackward<ReduceOp::max, dim, X, decltype(y)>;
+  return WithBackward<decltype(y), Back>{y, Back(x, y)};
+}
+template <int Dim, AnyDTensor X>
+auto min(const X& x, WithBackwardTag) {
+  constexpr int dim = Dim < 0 ? Dim + X::rank : Dim;
+  auto y = min<dim>(x);
+  using Back = ExtremumBackward<ReduceOp::min, dim, X, decltype(y)>;
+  return WithBackward<decltype(y), Back>{y, Back(x, y)};
 }
 
 } // namespace dtensor

@@ -155,6 +155,13 @@ struct Div {
     return a / b;
   }
 };
+/// 1 where x equals m (NaN equals NaN), else 0: where a max/min was attained.
+struct Attained {
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C x, C m) const {
+    return x == m || (x != x && m != m) ? C(1) : C(0);
+  }
+};
 /// The backward of a unary F: (x, g) -> F.backward(x, g).
 template <class F>
 struct BackwardOf {
