@@ -11,7 +11,8 @@
 // 2000 back-to-back calls; the table gives the median ns per call (min-max over samples) and the heap
 // allocations per call (replaced operator new). Redistributions run on 1-rank meshes (1-, 2- and 3-axis),
 // with the plan fixed at compile time; they execute every step kind. The second method, ours minus raw
-// gloo at 4 B in the collectives sweep (same run, 2 processes), is in BENCHMARKS.md.
+// gloo at 4 B in the collectives sweep (same run, 2 processes), is in BENCHMARKS.md. The exchange
+// geometry and the cost model (bytes_per_rank) run on simulated meshes, next to their brute-force oracles.
 // Writes bench/results/overhead.json.
 
 #include "../../tests/support/exchange_reference.hpp"
@@ -43,13 +44,14 @@ struct Ctx {
   bench::Results results;
   bench::Table table{{"call", "ns per call [min-max]", "allocations per call", "lower bound"}};
   int calls = 2000;
+  int samples = 15;
 };
 
 template <class F>
 void row(Ctx& c, const std::string& suite_name, const std::string& name, F&& f) {
   bench::SamplePlan p;
   p.warmup = c.opt.smoke ? 0 : 1;
-  p.samples = bench::scaled(c.opt, 15);
+  p.samples = bench::scaled(c.opt, c.samples);
   p.batch = c.opt.smoke ? 1 : c.calls;
   bench::Stats s = bench::measure(p, f);
   const std::int64_t a0 = bench::alloc::count();
@@ -117,7 +119,7 @@ void row_vs(Ctx& c, const std::string& suite_name, const std::string& name, cons
             F&& f, G&& g) {
   bench::SamplePlan p;
   p.warmup = c.opt.smoke ? 0 : 1;
-  p.samples = bench::scaled(c.opt, 15);
+  p.samples = bench::scaled(c.opt, c.samples);
   p.batch = c.opt.smoke ? 1 : c.calls;
   const auto [s, ref] = bench::compare(p, f, g);
   bench::Record r{"overhead", name, "gloo", 1, 64, s, ref_name, ref, {}};
@@ -241,6 +243,41 @@ int main(int argc, char** argv) {
         "brute force over the group", [&] { exchange_pieces(st, global, sizes, me, sends, recvs); },
         [&] { test_support::reference_pieces(st, global, sizes, me, sends, recvs); });
     c.calls = saved;
+  }
+
+  // The cost model on a simulated (8, 16, 8) mesh: bytes_per_rank in closed form (the product of each
+  // component's axes' sizes at most) next to the oracle that finds every rank's pieces, one call each.
+  {
+    const MeshSizes sizes{8, 16, 8};
+    const Extents global{4096, 4096, 4096};
+    const Placement r = Placement::replicate();
+    auto s = [](int d) { return Placement::shard(d); };
+    const Plan permute = make_plan(PlacementList{r, s(1), s(2)}, PlacementList{s(0), s(2), s(1)}, 3);
+    const Plan a2a = make_plan(PlacementList{s(0), s(0), s(0)}, PlacementList{s(1), s(1), s(1)}, 3);
+    // Every axis moves to another dim: one component of all three axes (1,024 coordinates).
+    const Plan rotate = make_plan(PlacementList{s(0), s(1), s(2)}, PlacementList{s(1), s(2), s(0)}, 3);
+    const int saved_calls = c.calls;
+    const int saved_samples = c.samples;
+    c.calls = 1;
+    c.samples = 9;
+    for (const Plan* plan : {&permute, &rotate, &a2a}) {
+      const Step& st = plan->steps[plan->size() - 1];
+      std::int64_t ours = 0;
+      std::int64_t ref = 0;
+      row_vs(
+          c, "cost_model",
+          "bytes_per_rank (8,16,8) " + std::string(to_string(st.kind)) + " " + to_string(plan->src) + "->" +
+              to_string(plan->dst),
+          "oracle: every rank's pieces", [&] { ours = bytes_per_rank(*plan, global, sizes, 4); },
+          [&] { ref = test_support::reference_bytes_per_rank(*plan, global, sizes, 4); });
+      if (ours != ref) {
+        std::fprintf(stderr, "bytes_per_rank: closed form %lld, oracle %lld\n", static_cast<long long>(ours),
+                     static_cast<long long>(ref));
+        return 1;
+      }
+    }
+    c.calls = saved_calls;
+    c.samples = saved_samples;
   }
 
   std::printf("host overhead per call (1-rank gloo group / 1-rank meshes: no communication; float32, 16 "

@@ -1,6 +1,6 @@
 #pragma once
-// The brute-force exchange geometry: what plan/exchange.hpp computed before it became O(pieces). The
-// test oracle of exchange_pieces (tests/plan/test_exchange.cpp) and the reference row of its cost
+// The brute-force exchange geometry and cost: the test oracles of exchange_pieces and bytes_per_rank
+// (tests/plan/test_exchange.cpp, tests/plan/test_cost.cpp) and the reference rows of their cost
 // (bench/overhead).
 
 #include <dtensor/plan/exchange.hpp>
@@ -56,6 +56,22 @@ inline void reference_pieces(const Step& st, const Extents& global, const MeshSi
       recvs.push_back({q, piece});
     }
   }
+}
+
+/// The oracle of bytes_per_rank: for each step the largest step_elements_received over every rank of the
+/// mesh (each exchange's pieces found rank by rank), summed over the steps.
+inline std::int64_t reference_bytes_per_rank(const Plan& plan, const Extents& global, const MeshSizes& sizes,
+                                             std::int64_t element_size) {
+  std::int64_t total = 0;
+  for (const Step& st : plan.steps) {
+    std::int64_t most = 0;
+    for (int r = 0; r < mesh_numel(sizes); ++r) {
+      const std::int64_t e = step_elements_received(st, global, sizes, rank_to_coord(r, sizes));
+      most = e > most ? e : most;
+    }
+    total += most * element_size;
+  }
+  return total;
 }
 
 } // namespace dtensor::test_support

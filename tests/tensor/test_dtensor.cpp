@@ -191,6 +191,7 @@ TEST_CASE("printing: plans, types, sharding tables, comm counts", "[dtensor]") {
   CHECK(plan_of<Mesh2, 2, Placements<Shard<0>, Shard<1>>, Placements<Shard<1>, Shard<0>>>().to_string() ==
         "[S(0),S(1)] -> [S(1),S(0)]: permute(dp*tp)");
   CHECK(X::plan_to<Replicate, Shard<1>>().bytes_per_rank({8, 6}, {2, 2}, 4) == 4 * 4 * 3);
+  STATIC_REQUIRE(X::plan_to<Replicate, Shard<1>>().bytes_per_rank({8, 6}, {2, 2}, 4) == 4 * 4 * 3);
   testing::run_ranks(4, [](ProcessGroup& world) {
     auto mesh = init_device_mesh<Mesh2>(world);
     auto x = zeros<float, Shard<0>, Shard<1>>(mesh, {7, 5});

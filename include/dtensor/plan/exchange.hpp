@@ -1,6 +1,7 @@
 #pragma once
-// Geometry of plan steps at run time: which piece of which block goes between which ranks, and how many
-// bytes each rank receives. The executor moves exactly these pieces; the cost model counts them.
+// Geometry of plan steps: which piece of which block goes between which ranks, and how many bytes each
+// rank receives. The executor moves exactly these pieces; the cost model (bytes_per_rank) counts them in
+// closed form, without visiting the ranks, so it also runs in constant expressions.
 //
 // Blocks of a layout tile the tensor: two ranks' blocks are identical (replicas) or disjoint. An exchange
 // over a group of axes sends every rank the intersection of its target block with each distinct source
@@ -260,18 +261,337 @@ inline std::int64_t step_elements_received(const Step& st, const Extents& global
   return 0;
 }
 
+namespace detail {
+
+/// A part [offset, offset + size) of a dim.
+struct Span {
+  std::int64_t offset = 0;
+  std::int64_t size = 0;
+};
+
+/// Chunk `c` of `k` (torch.chunk) of a span.
+constexpr Span chunk_of(const Span& s, int k, int c) noexcept {
+  const std::int64_t full = (s.size + k - 1) / k;
+  const std::int64_t begin = full * c;
+  const std::int64_t end = begin + full < s.size ? begin + full : s.size;
+  return {s.offset + (begin < s.size ? begin : s.size), end > begin ? end - begin : 0};
+}
+
+constexpr std::int64_t overlap(const Span& a, const Span& b) noexcept {
+  const std::int64_t lo = a.offset > b.offset ? a.offset : b.offset;
+  const std::int64_t hi = a.offset + a.size < b.offset + b.size ? a.offset + a.size : b.offset + b.size;
+  return hi > lo ? hi - lo : 0;
+}
+
+/// The span of a dim of `n` items that the axes of `order` (outermost first) leave at `coord`.
+constexpr Span nested_chunk(std::int64_t n, const AxisOrder& order, const MeshSizes& sizes,
+                            const MeshCoord& coord) noexcept {
+  Span s{0, n};
+  for (std::int8_t a : order) {
+    s = chunk_of(s, sizes[a], coord[a]);
+  }
+  return s;
+}
+
+/// One coordinate's elements of its target block (`target`) and of the part of it it already holds
+/// (`kept`), over some dims.
+struct Held {
+  std::int64_t target = 0;
+  std::int64_t kept = 0;
+};
+
+/// The Pareto front of Held values: a value with no smaller target and no larger kept part than another
+/// makes it redundant, for target - kept and for every product with other non-negative Held values.
+/// `overflow` says that a value was dropped for lack of room (the front is then not to be used).
+template <int Capacity>
+struct HeldFront {
+  static constexpr int capacity = Capacity;
+  StaticVector<Held, Capacity> points;
+  bool overflow = false;
+
+  constexpr void insert(Held h) {
+    int n = 0; // the points h does not make redundant, moved to the front
+    for (int i = 0; i < points.size(); ++i) {
+      const Held& p = points[i];
+      if (p.target >= h.target && p.kept <= h.kept) {
+        return;
+      }
+      if (!(h.target >= p.target && h.kept <= p.kept)) {
+        points[n++] = p;
+      }
+    }
+    while (points.size() > n) {
+      points.pop_back();
+    }
+    if (points.size() == capacity) {
+      overflow = true;
+      return;
+    }
+    points.push_back(h);
+  }
+};
+
+/// Calls f(Held) for every value of the mesh axes in `axes`: the target and kept elements of that
+/// coordinate over the dims in `dims` (a bit per dim), whose splitting axes must all be in `axes`.
+///
+/// Depth first over the axes in increasing order, carrying the spans down: an axis advances the (at most
+/// two) spans it splits by one chunk step, a span whose order is not increasing is computed whole once
+/// its last axis has a value, and a dim enters the running products once all its axes have one. So a
+/// coordinate costs a few chunk steps, not a walk over every dim's splits.
+template <class F>
+struct HeldWalk {
+  static constexpr int max_sides = 2 * max_tensor_rank; ///< side 2d: dim d before the step, 2d + 1: after
+
+  const Step& st;
+  const Extents& global;
+  const MeshSizes& sizes;
+  F& f;
+  int axes[max_mesh_rank]{}; ///< increasing
+  int count = 0;
+  MeshCoord coord{};
+  Span span[max_sides]{};
+  int steps[max_mesh_rank][2]{}; ///< per depth, the sides its axis advances by one chunk step
+  int num_steps[max_mesh_rank]{};
+  int whole[max_mesh_rank][max_sides]{}; ///< per depth, the sides computed whole
+  int num_whole[max_mesh_rank]{};
+  int done[max_mesh_rank][max_tensor_rank]{}; ///< per depth, the dims complete there
+  int num_done[max_mesh_rank]{};
+
+  constexpr const AxisOrder& order(int side) const {
+    return side % 2 ? st.after.order[side / 2] : st.before.order[side / 2];
+  }
+
+  constexpr void run(AxisMask axis_set, unsigned dims) {
+    int depth_of[max_mesh_rank]{};
+    for (int a = 0; a < sizes.size(); ++a) {
+      if (axis_set & axis_bit(a)) {
+        depth_of[a] = count;
+        axes[count++] = a;
+      }
+    }
+    coord = MeshCoord(sizes.size(), 0);
+    Held h{1, 1}; // the dims no axis splits
+    for (int d = 0; d < global.size(); ++d) {
+      if (!(dims & (1u << d))) {
+        continue;
+      }
+      int complete = -1; // the depth where the dim's last axis gets its value
+      for (int side : {2 * d, 2 * d + 1}) {
+        const AxisOrder& o = order(side);
+        span[side] = {0, global[d]};
+        bool increasing = true;
+        int last = -1;
+        for (int i = 0; i < o.size(); ++i) {
+          increasing = increasing && (i == 0 || o[i - 1] < o[i]);
+          last = depth_of[o[i]] > last ? depth_of[o[i]] : last;
+        }
+        if (increasing) {
+          for (std::int8_t a : o) {
+            steps[depth_of[a]][num_steps[depth_of[a]]++] = side;
+          }
+        } else {
+          whole[last][num_whole[last]++] = side;
+        }
+        complete = last > complete ? last : complete;
+      }
+      if (complete < 0) {
+        h.target *= global[d];
+        h.kept *= global[d];
+      } else {
+        done[complete][num_done[complete]++] = d;
+      }
+    }
+    visit(0, h);
+  }
+
+  constexpr void visit(int i, const Held& h) {
+    if (i == count || i == max_mesh_rank) { // (count <= max_mesh_rank: the second test tells the compiler)
+      f(h);
+      return;
+    }
+    const int a = axes[i];
+    const int k = sizes[a];
+    Span parent[2]{};
+    for (int t = 0; t < num_steps[i]; ++t) {
+      parent[t] = span[steps[i][t]];
+    }
+    for (int c = 0; c < k; ++c) {
+      coord[a] = c;
+      for (int t = 0; t < num_steps[i]; ++t) {
+        span[steps[i][t]] = chunk_of(parent[t], k, c);
+      }
+      for (int w = 0; w < num_whole[i]; ++w) {
+        const int side = whole[i][w];
+        span[side] = nested_chunk(global[side / 2], order(side), sizes, coord);
+      }
+      Held g = h;
+      for (int j = 0; j < num_done[i]; ++j) {
+        const int d = done[i][j];
+        g.target *= span[2 * d + 1].size;
+        g.kept *= overlap(span[2 * d], span[2 * d + 1]);
+      }
+      visit(i + 1, g);
+    }
+    for (int t = 0; t < num_steps[i]; ++t) { // as found, for the next visit from above
+      span[steps[i][t]] = parent[t];
+    }
+  }
+};
+
+template <class F>
+constexpr void for_each_held(const Step& st, const Extents& global, const MeshSizes& sizes, AxisMask axes,
+                             unsigned dims, F&& f) {
+  HeldWalk<F> walk{st, global, sizes, f};
+  walk.run(axes, dims);
+}
+
+/// The most any rank lacks of its target block in step `st`: max over coordinates of
+/// numel(after) - numel(intersect(after, before)).
+///
+/// A dim's extents depend only on the axes that split it before or after the step, so the dims fall into
+/// components joined by shared axes (an axis splitting dim i before and dim j after joins i and j). Each
+/// component's coordinates (the values of its axes only) give (target, kept) pairs over its dims; the
+/// total of a rank is prod target - prod kept over the components, maximised over the product of the
+/// components' Pareto fronts. A component where target == kept everywhere (a dim that the step leaves
+/// alone) only scales the result, by its largest value. The cost: for each component, the product of its
+/// axes' sizes times a few chunk steps (HeldWalk), plus the products of the fronts (a few points each);
+/// at most the mesh's size times a few steps. Where a front outgrows `FrontCapacity` points, every
+/// coordinate of the varying components' axes is visited at once instead.
+template <int FrontCapacity = 64>
+constexpr std::int64_t most_lacking(const Step& st, const Extents& global, const MeshSizes& sizes) {
+  const int rank = global.size();
+  // Union-find over dims: parent[d] == d for a component's root.
+  int parent[max_tensor_rank]{};
+  for (int d = 0; d < rank; ++d) {
+    parent[d] = d;
+  }
+  auto root = [&](int d) {
+    while (parent[d] != d) {
+      d = parent[d];
+    }
+    return d;
+  };
+  int dim_before[max_mesh_rank]{};
+  int dim_after[max_mesh_rank]{};
+  for (int a = 0; a < sizes.size(); ++a) {
+    dim_before[a] = dim_after[a] = -1;
+  }
+  for (int d = 0; d < rank; ++d) {
+    for (std::int8_t a : st.before.order[d]) {
+      dim_before[a] = d;
+    }
+    for (std::int8_t a : st.after.order[d]) {
+      dim_after[a] = d;
+    }
+  }
+  for (int a = 0; a < sizes.size(); ++a) {
+    if (dim_before[a] >= 0 && dim_after[a] >= 0) {
+      parent[root(dim_before[a])] = root(dim_after[a]);
+    }
+  }
+  std::int64_t scale = 1;            // the components that only scale the result
+  HeldFront<FrontCapacity> combined; // the products over the other components so far
+  combined.insert({1, 1});
+  bool overflow = false; // a front ran out of room: fall back to every coordinate (below)
+  AxisMask varying = 0;  // the axes and dims of the components that do not only scale
+  unsigned varying_dims = 0;
+  for (int r = 0; r < rank; ++r) {
+    if (root(r) != r) {
+      continue;
+    }
+    unsigned dims = 0;
+    AxisMask axes = 0;
+    for (int d = 0; d < rank; ++d) {
+      if (root(d) == r) {
+        dims |= 1u << d;
+        for (std::int8_t a : st.before.order[d]) {
+          axes |= axis_bit(a);
+        }
+        for (std::int8_t a : st.after.order[d]) {
+          axes |= axis_bit(a);
+        }
+      }
+    }
+    HeldFront<FrontCapacity> front;
+    bool diagonal = true;
+    std::int64_t largest = 0;
+    for_each_held(st, global, sizes, axes, dims, [&](const Held& h) {
+      diagonal = diagonal && h.target == h.kept;
+      largest = h.target > largest ? h.target : largest;
+      front.insert(h);
+    });
+    if (diagonal) {
+      scale *= largest;
+      continue;
+    }
+    varying |= axes;
+    varying_dims |= dims;
+    overflow = overflow || front.overflow;
+    if (!overflow) {
+      HeldFront<FrontCapacity> next;
+      for (const Held& p : combined.points) {
+        for (const Held& q : front.points) {
+          next.insert({p.target * q.target, p.kept * q.kept});
+        }
+      }
+      combined = next;
+      overflow = combined.overflow;
+    }
+  }
+  std::int64_t most = 0;
+  if (!overflow) {
+    for (const Held& p : combined.points) {
+      most = p.target - p.kept > most ? p.target - p.kept : most;
+    }
+  } else { // too many points to keep: every coordinate of the varying components' axes
+    for_each_held(st, global, sizes, varying, varying_dims,
+                  [&](const Held& h) { most = h.target - h.kept > most ? h.target - h.kept : most; });
+  }
+  return scale * most;
+}
+
+} // namespace detail
+
+/// The most elements any rank receives in step `st` (the largest step_elements_received over the mesh),
+/// in closed form: no rank is visited, so it runs in constant expressions.
+///   local_partial, local_chunk   0
+///   reduce_scatter, all_reduce   from the largest block, which coordinate 0 holds (chunk 0 is a largest
+///                                chunk of every split, and chunk sizes grow with what is split)
+///   all_gather, all_to_all,      the most any rank lacks of its target block: the pieces it receives
+///   permute                      tile its target block, and the one it keeps is the part it holds
+/// @pre `st` is a step of a plan (make_plan, make_exchange_plan): each group of an exchange holds all the
+/// data its members need.
+constexpr std::int64_t most_elements_received(const Step& st, const Extents& global, const MeshSizes& sizes) {
+  const std::int64_t n = group_size(st.axes, sizes);
+  const MeshCoord origin(sizes.size(), 0);
+  switch (st.kind) {
+  case StepKind::local_partial:
+  case StepKind::local_chunk:
+    return 0;
+  case StepKind::reduce_scatter:
+    return (n - 1) * numel(spec_block(global, st.after, sizes, origin).shape);
+  case StepKind::all_reduce:
+    return (2 * (n - 1) * numel(spec_block(global, st.before, sizes, origin).shape) + n - 1) / n;
+  case StepKind::all_gather:
+  case StepKind::all_to_all:
+  case StepKind::permute:
+    return detail::most_lacking(st, global, sizes);
+  }
+  return 0;
+}
+
 /// Bytes per rank of a plan for a tensor of `global` shape on a mesh of `sizes`: for each step the most
-/// any rank receives, summed over the steps.
-inline std::int64_t bytes_per_rank(const Plan& plan, const Extents& global, const MeshSizes& sizes,
-                                   std::int64_t element_size) {
+/// any rank receives (most_elements_received), summed over the steps. Constexpr: a compile-time policy
+/// may cost plans for static meshes.
+/// @pre the steps are those of a plan (see most_elements_received).
+///
+///   constexpr Plan p = make_plan({Placement::shard(0)}, {Placement::shard(1)}, 2);
+///   static_assert(bytes_per_rank(p, {8, 6}, {2}, 4) == 4 * 4 * 3);
+constexpr std::int64_t bytes_per_rank(const Plan& plan, const Extents& global, const MeshSizes& sizes,
+                                      std::int64_t element_size) {
   std::int64_t total = 0;
   for (const Step& st : plan.steps) {
-    std::int64_t most = 0;
-    for (int r = 0; r < mesh_numel(sizes); ++r) {
-      const std::int64_t e = step_elements_received(st, global, sizes, rank_to_coord(r, sizes));
-      most = e > most ? e : most;
-    }
-    total += most * element_size;
+    total += most_elements_received(st, global, sizes) * element_size;
   }
   return total;
 }

@@ -84,8 +84,8 @@ struct MeshBackwardPlan {
 
   /// "[P(sum)] -> [S(0)]: reduce_scatter(x, dim 0, sum)", with any Partial<avg> factor after it.
   std::string to_string() const { return dtensor::to_string(backward, Shape::names); }
-  std::int64_t bytes_per_rank(const Extents& global, const MeshSizes& sizes,
-                              std::int64_t element_size = 4) const {
+  constexpr std::int64_t bytes_per_rank(const Extents& global, const MeshSizes& sizes,
+                                        std::int64_t element_size = 4) const {
     return dtensor::bytes_per_rank(backward.plan, global, sizes, element_size);
   }
 };

@@ -56,8 +56,8 @@ struct MeshPlan {
   /// e.g. "[S(0),R] -> [R,S(1)]: local_chunk(tp, dim 1); all_gather(dp, dim 0)".
   std::string to_string() const { return dtensor::to_string(plan, Shape::names); }
   /// Bytes per rank (see plan/exchange.hpp) for a global shape on a mesh of `sizes`.
-  std::int64_t bytes_per_rank(const Extents& global, const MeshSizes& sizes,
-                              std::int64_t element_size = 4) const {
+  constexpr std::int64_t bytes_per_rank(const Extents& global, const MeshSizes& sizes,
+                                        std::int64_t element_size = 4) const {
     return dtensor::bytes_per_rank(plan, global, sizes, element_size);
   }
 };
