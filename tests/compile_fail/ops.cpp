@@ -1,8 +1,10 @@
 // Compile-fail cases for the sharding rules of ops/ (format: see vocabulary.cpp): each names the
 // redistribute to write.
+#include <dtensor/ops/norm.hpp>
 #include <dtensor/ops/pointwise.hpp>
 #include <dtensor/ops/reduce.hpp>
 #include <dtensor/ops/shape.hpp>
+#include <dtensor/ops/softmax.hpp>
 
 using namespace dtensor;
 using Mesh = MeshShape<Axis<"dp">, Axis<"tp">>;
@@ -12,7 +14,8 @@ using P = Partial<>;
 using R = Replicate;
 
 // The control: what the rules accept compiles.
-void control(const X<P, R>& p, const X<R, R>& r, const X<Shard<0>, R>& s) {
+void control(const X<P, R>& p, const X<R, R>& r, const X<Shard<0>, R>& s,
+             const DTensor<float, 1, Mesh, R, R>& w) {
   (void)add(p, p);
   (void)mul(p, r);
   (void)div(p, r);
@@ -23,6 +26,8 @@ void control(const X<P, R>& p, const X<R, R>& r, const X<Shard<0>, R>& s) {
   (void)flatten<0, 1>(s);
   (void)permute<1, 0>(s);
   (void)reshape<1>(r, {4});
+  (void)softmax<1>(s);
+  (void)layer_norm<1>(s, w, w);
 }
 
 //! CASE relu_partial a Partial input to a nonlinear op .relu, gelu, silu, exp, max, x . scalar, ...
@@ -139,5 +144,29 @@ struct NoRule {
 };
 void f(const X<R, R>& r) {
   (void)apply_op(NoRule{}, r);
+}
+#endif
+
+//! CASE softmax_partial a Partial input to a nonlinear op
+#ifdef CASE_softmax_partial
+#include <dtensor/ops/softmax.hpp>
+void f(const X<P, R>& p) {
+  (void)softmax<1>(p);
+}
+#endif
+
+//! CASE norm_sharded_dim a normalized .trailing. dim is sharded: redistribute it to Replicate
+#ifdef CASE_norm_sharded_dim
+#include <dtensor/ops/norm.hpp>
+void f(const X<R, Shard<1>>& x, const DTensor<float, 1, Mesh, R, R>& w) {
+  (void)rms_norm<1>(x, w);
+}
+#endif
+
+//! CASE norm_weight_sharded the weight and bias must be Replicate
+#ifdef CASE_norm_weight_sharded
+#include <dtensor/ops/norm.hpp>
+void f(const X<Shard<0>, R>& x, const DTensor<float, 1, Mesh, R, Shard<0>>& w) {
+  (void)rms_norm<1>(x, w);
 }
 #endif

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "dtensor/core/with_backward.hpp"
+#include "dtensor/ops/fit.hpp"
 #include "dtensor/ops/local/gemm.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
@@ -171,12 +172,49 @@ private:
   B b_;
 };
 
+namespace op_spec {
+
+/// matmul's OpSpec for A of rank `ra` ((m, k) or (b, m, k)) and B of rank `rb`.
+constexpr OpSpec matmul(int ra, int rb) {
+  OpSpec s;
+  s.in.push_back(detail::mm_labels(ra, 'm', 'k'));
+  s.in.push_back(detail::mm_labels(rb, 'k', 'n'));
+  s.out = detail::mm_labels(ra, 'm', 'n');
+  s.linearity = Linearity::multiplicative;
+  return s;
+}
+/// linear's OpSpec for x of rank `rx` and the weight (out, in).
+constexpr OpSpec linear(int rx) {
+  OpSpec s = matmul(rx, 2);
+  s.in[1] = detail::mm_labels(2, 'n', 'k');
+  return s;
+}
+
+} // namespace op_spec
+
+namespace detail {
+
+template <bool Linear, class A, class B>
+struct ProductSpec {
+  static constexpr OpSpec spec() {
+    return Linear ? op_spec::linear(A::rank) : op_spec::matmul(A::rank, B::rank);
+  }
+};
+
+} // namespace detail
+
 /// A B: A (m, k) or (b, m, k), B (k, n) or (b, k, n).
 template <AnyDTensor A, AnyDTensor B>
 auto matmul(const A& a, const B& b) {
   using Ps = detail::Products<A::rank, B::rank, false>;
   using C = detail::product_result_t<&Ps::forward, A, B, A::rank>;
   return detail::run_product<C, &Ps::forward>(a, b, detail::product_shape<false>(a, b));
+}
+/// matmul after bringing a and b to the placements of a rule with the fewest bytes (ops/fit.hpp).
+template <AnyDTensor A, AnyDTensor B>
+auto matmul(const A& a, const B& b, FewestBytesTag) {
+  auto [fa, fb] = detail::fit_inputs<detail::ProductSpec<false, A, B>>(a, b);
+  return matmul(fa, fb);
 }
 template <AnyDTensor A, AnyDTensor B>
 auto matmul(const A& a, const B& b, WithBackwardTag) {
@@ -192,6 +230,13 @@ auto linear(const X& x, const W& w) {
   using Ps = detail::Products<X::rank, 2, true>;
   using Y = detail::product_result_t<&Ps::forward, X, W, X::rank>;
   return detail::run_product<Y, &Ps::forward>(x, w, detail::product_shape<true>(x, w));
+}
+/// linear after bringing x and w to the placements of a rule with the fewest bytes (ops/fit.hpp).
+template <AnyDTensor X, AnyDTensor W>
+auto linear(const X& x, const W& w, FewestBytesTag) {
+  static_assert(W::rank == 2, "linear: the weight is (out, in)");
+  auto [fx, fw] = detail::fit_inputs<detail::ProductSpec<true, X, W>>(x, w);
+  return linear(fx, fw);
 }
 template <AnyDTensor X, AnyDTensor W>
 auto linear(const X& x, const W& w, WithBackwardTag) {

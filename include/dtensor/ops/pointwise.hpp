@@ -15,9 +15,11 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <utility>
 
 #include "dtensor/core/with_backward.hpp"
+#include "dtensor/ops/fit.hpp"
 #include "dtensor/ops/local/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"
@@ -25,18 +27,38 @@
 
 namespace dtensor {
 
+namespace op_spec {
+
+/// A pointwise op's OpSpec for operands of these ranks: each labelled with the trailing dims of the
+/// highest rank (a lower-rank operand broadcasts over the leading dims).
+constexpr OpSpec pointwise(Linearity linearity, std::initializer_list<int> ranks) {
+  int rank = 0;
+  for (int r : ranks) {
+    rank = rank > r ? rank : r;
+  }
+  OpSpec s;
+  for (int r : ranks) {
+    s.in.push_back(trailing_labels(r, rank));
+  }
+  s.out = trailing_labels(rank, rank);
+  s.linearity = linearity;
+  return s;
+}
+
+} // namespace op_spec
+
 namespace detail {
 
-/// The rule of a pointwise op over operands X... (the first of the highest rank).
+/// The OpSpec of a pointwise op over operands X... (the first of the highest rank).
+template <Linearity L, class... X>
+struct PointwiseSpec {
+  static constexpr OpSpec spec() { return op_spec::pointwise(L, {X::rank...}); }
+};
+
+/// The rule of a pointwise op over operands X....
 template <Linearity L, class... X>
 constexpr RuleResult pointwise_rule() {
-  int rank = 0;
-  ((rank = rank > X::rank ? rank : X::rank), ...);
-  OpSpec s;
-  (s.in.push_back(trailing_labels(X::rank, rank)), ...);
-  s.out = trailing_labels(rank, rank);
-  s.linearity = L;
-  return apply_rule(s, {X::placements...});
+  return apply_rule(PointwiseSpec<L, X...>::spec(), {X::placements...});
 }
 
 template <Linearity L, class... X>
@@ -260,6 +282,12 @@ template <AnyDTensor A, AnyDTensor B>
 auto add(const A& a, const B& b) {
   return detail::binary<Linearity::additive>(local::Add{}, a, b);
 }
+/// add after bringing a and b to the placements of a rule with the fewest bytes (ops/fit.hpp).
+template <AnyDTensor A, AnyDTensor B>
+auto add(const A& a, const B& b, FewestBytesTag) {
+  auto [fa, fb] = detail::fit_inputs<detail::PointwiseSpec<Linearity::additive, A, B>>(a, b);
+  return add(fa, fb);
+}
 template <AnyDTensor A, AnyDTensor B>
 auto add(const A& a, const B& b, WithBackwardTag) {
   using Back = BinaryBackward<detail::BinaryKind::add, Linearity::additive, A, B>;
@@ -270,6 +298,12 @@ auto add(const A& a, const B& b, WithBackwardTag) {
 template <AnyDTensor A, AnyDTensor B>
 auto sub(const A& a, const B& b) {
   return detail::binary<Linearity::additive>(local::Sub{}, a, b);
+}
+/// sub after bringing a and b to the placements of a rule with the fewest bytes (ops/fit.hpp).
+template <AnyDTensor A, AnyDTensor B>
+auto sub(const A& a, const B& b, FewestBytesTag) {
+  auto [fa, fb] = detail::fit_inputs<detail::PointwiseSpec<Linearity::additive, A, B>>(a, b);
+  return sub(fa, fb);
 }
 template <AnyDTensor A, AnyDTensor B>
 auto sub(const A& a, const B& b, WithBackwardTag) {
@@ -282,6 +316,12 @@ template <AnyDTensor A, AnyDTensor B>
 auto mul(const A& a, const B& b) {
   return detail::binary<Linearity::multiplicative>(local::Mul{}, a, b);
 }
+/// mul after bringing a and b to the placements of a rule with the fewest bytes (ops/fit.hpp).
+template <AnyDTensor A, AnyDTensor B>
+auto mul(const A& a, const B& b, FewestBytesTag) {
+  auto [fa, fb] = detail::fit_inputs<detail::PointwiseSpec<Linearity::multiplicative, A, B>>(a, b);
+  return mul(fa, fb);
+}
 template <AnyDTensor A, AnyDTensor B>
 auto mul(const A& a, const B& b, WithBackwardTag) {
   using Back = BinaryBackward<detail::BinaryKind::mul, Linearity::multiplicative, A, B>;
@@ -292,6 +332,12 @@ auto mul(const A& a, const B& b, WithBackwardTag) {
 template <AnyDTensor A, AnyDTensor B>
 auto div(const A& a, const B& b) {
   return detail::binary<Linearity::quotient>(local::Div{}, a, b);
+}
+/// div after bringing a and b to the placements of a rule with the fewest bytes (ops/fit.hpp).
+template <AnyDTensor A, AnyDTensor B>
+auto div(const A& a, const B& b, FewestBytesTag) {
+  auto [fa, fb] = detail::fit_inputs<detail::PointwiseSpec<Linearity::quotient, A, B>>(a, b);
+  return div(fa, fb);
 }
 template <AnyDTensor A, AnyDTensor B>
 auto div(const A& a, const B& b, WithBackwardTag) {

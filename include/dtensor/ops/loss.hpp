@@ -1,0 +1,299 @@
+#pragma once
+// Cross-entropy on logits sharded on the vocab dim (torch's loss_parallel), forward and backward:
+//
+//   auto loss = cross_entropy(logits, target);     // logits [S(1)] (tokens, vocab), target [R] (tokens)
+//   auto [l, back] = cross_entropy(logits, target, with_backward);
+//   auto dlogits = back(1.0);                      // [S(1)], like the logits
+//
+// No gather of the logits: the row max is completed by an all_reduce(max) over the mesh axes that shard
+// the vocab, then the sum of exponentials and the target's logit (picked on the rank that owns its
+// column, zero elsewhere) together by one all_reduce(sum) of two values per row; the mean over the rows
+// by one all_reduce of two values over the axes that shard the rows (data parallel). Logits may be
+// Shard<1> (vocab), Shard<0> (rows) or Replicate on each axis, never Partial; the target is placed like
+// the logits' rows (Shard<0> where they are, Replicate elsewhere). Rows whose target is ignore_index
+// (-100, as torch) count neither in the sum nor in the mean. The loss is a rank-0 DTensor, Replicate.
+// The backward gives (softmax(x) - onehot(target)) * g / count, placed like the logits, with no
+// communication (the forward keeps the row statistics).
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/with_backward.hpp"
+#include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/ops/typed.hpp"
+#include "dtensor/plan/shard_spec.hpp"
+#include "dtensor/tensor/dtensor.hpp"
+
+namespace dtensor {
+
+inline constexpr std::int64_t ignore_index = -100;
+
+namespace local {
+
+/// Row r of a (rows, width) block: the target's logit if its column [begin, begin + width) holds it,
+/// else 0; written to stats[r * 2 + 1] next to the sum of exp(x - m) in stats[r * 2].
+template <class T, class I>
+struct CrossEntropyRows {
+  struct {
+    std::int64_t count;
+  } layout;
+  T* stats;
+  const T* x;
+  const T* m;
+  const I* target;
+  std::int64_t width;
+  std::int64_t begin;
+
+  DTENSOR_HOST_DEVICE void operator()(std::int64_t r) const {
+    using C = compute_t<T>;
+    const C mr = static_cast<C>(m[r]);
+    C s = 0;
+    for (std::int64_t k = 0; k < width; ++k) {
+      s += std::exp(static_cast<C>(x[r * width + k]) - mr);
+    }
+    const std::int64_t c = static_cast<std::int64_t>(target[r]) - begin;
+    stats[r * 2] = T(s);
+    stats[r * 2 + 1] = c >= 0 && c < width ? x[r * width + c] : T(0);
+  }
+};
+
+/// dx = (exp(x - m) / s - [column is the target]) * scale, zero on ignored rows.
+template <class T, class I>
+struct CrossEntropyGrad {
+  struct {
+    std::int64_t count;
+  } layout;
+  T* dx;
+  const T* x;
+  const T* m;
+  const T* stats; ///< completed: the sum of exponentials at 2 r
+  const I* target;
+  std::int64_t width;
+  std::int64_t begin;
+  double scale;
+
+  DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    const std::int64_t r = i / width;
+    const std::int64_t k = i % width;
+    const auto t = static_cast<std::int64_t>(target[r]);
+    if (t == -100) {
+      dx[i] = T(0);
+      return;
+    }
+    const C p = std::exp(static_cast<C>(x[i]) - static_cast<C>(m[r])) / static_cast<C>(stats[r * 2]);
+    dx[i] = T((p - (t - begin == k ? C(1) : C(0))) * C(scale));
+  }
+};
+
+} // namespace local
+
+namespace detail {
+
+enum class LossError : std::uint8_t { none, partial_logits, target_placement, types };
+
+template <class X, class Target>
+constexpr LossError loss_check() {
+  if (X::rank != 2 || Target::rank != 1) {
+    return LossError::types;
+  }
+  for (int a = 0; a < X::placements.size(); ++a) {
+    const Placement x = normalize(X::placements[a], 2);
+    if (x.is_partial()) {
+      return LossError::partial_logits;
+    }
+    const Placement want = x == Placement::shard(0) ? Placement::shard(0) : Placement::replicate();
+    if (!(normalize(Target::placements[a], 1) == want)) {
+      return LossError::target_placement;
+    }
+  }
+  return LossError::none;
+}
+
+template <LossError E>
+consteval bool check_loss() {
+  static_assert(E != LossError::types, "cross_entropy: logits (rows, vocab) and an integer target (rows)");
+  static_assert(E != LossError::partial_logits,
+                "cross_entropy: Partial logits (the loss is not linear in them): redistribute<Replicate> or "
+                "reduce_scatter them to Shard<1> first");
+  static_assert(E != LossError::target_placement,
+                "cross_entropy: the target must be placed like the logits' rows: Shard<0> on the axes where "
+                "the logits are Shard<0>, Replicate on the others");
+  return E == LossError::none;
+}
+
+/// Placements of per-row statistics (rows, 2): Shard<0> where the logits shard the rows; Partial<Op> where
+/// they shard the vocab (before completing) or Replicate (after); Replicate elsewhere.
+template <class X, bool Done, ReduceOp Op>
+struct LossRows {
+  static constexpr PlacementList list() {
+    PlacementList l;
+    for (Placement p : X::placements) {
+      p = normalize(p, 2);
+      l.push_back(p == Placement::shard(1) ? (Done ? Placement::replicate() : Placement::partial(Op)) : p);
+    }
+    return l;
+  }
+};
+/// Placements of the loss's (sum, count): Partial<sum> where the logits shard the rows, else Replicate.
+template <class X, bool Done>
+struct LossTotal {
+  static constexpr PlacementList list() {
+    PlacementList l;
+    for (Placement p : X::placements) {
+      l.push_back(!Done && normalize(p, 2) == Placement::shard(0) ? Placement::partial(ReduceOp::sum)
+                                                                  : Placement::replicate());
+    }
+    return l;
+  }
+};
+template <class X>
+struct LossReplicate {
+  static constexpr PlacementList list() {
+    return PlacementList(X::placements.size(), Placement::replicate());
+  }
+};
+
+/// What the backward needs: the row max, the completed row statistics, the count of counted rows.
+template <class T, class I>
+struct LossSaved {
+  Tensor<T, 1> m;
+  Tensor<T, 2> stats;
+  Tensor<I, 1> target;
+  std::int64_t begin = 0;
+  double count = 0;
+};
+
+template <class X, class Target>
+using loss_t = dtensor_from_t<typename X::value_type, 0, typename dtensor_traits<X>::shape_type,
+                              &LossReplicate<X>::list>;
+
+template <class X, class Target>
+loss_t<X, Target>
+cross_entropy_forward(const X& x, const Target& target,
+                      LossSaved<typename X::value_type, typename Target::value_type>* saved) {
+  static_assert(std::is_same_v<typename Target::value_type, std::int32_t> ||
+                    std::is_same_v<typename Target::value_type, std::int64_t>,
+                "cross_entropy: the target is a DTensor of int32 or int64 class indices");
+  static_assert(check_loss<loss_check<X, Target>()>());
+  using T = typename X::value_type;
+  using I = typename Target::value_type;
+  using Shape = typename dtensor_traits<X>::shape_type;
+  const auto& mesh = x.mesh();
+  const std::int64_t rows = x.global_shape()[0];
+  const std::int64_t vocab = x.global_shape()[1];
+  DTENSOR_CHECK(target.global_shape()[0] == rows, "cross_entropy: logits of " + std::to_string(rows) +
+                                                      " rows and a target of " +
+                                                      std::to_string(target.global_shape()[0]));
+  const Block held = spec_block(to_extents(x.global_shape()), X::spec, mesh.sizes(), mesh.coordinate());
+  const auto xl = x.local().contiguous();
+  const auto tl = target.local().contiguous();
+  const std::int64_t n = xl.shape()[0];
+  const std::int64_t width = xl.shape()[1];
+  if (tl.device().is_cpu()) {
+    for (std::int64_t r = 0; r < n; ++r) {
+      const auto t = static_cast<std::int64_t>(tl.data()[r]);
+      DTENSOR_CHECK(t == ignore_index || (t >= 0 && t < vocab),
+                    "cross_entropy: target " + std::to_string(t) + " of row " +
+                        std::to_string(held.offset[0] + r) + " is outside [0, " + std::to_string(vocab) +
+                        ") and not ignore_index (-100)");
+    }
+  }
+  // 1. The row max over the whole vocab.
+  using MaxPart = dtensor_from_t<T, 2, Shape, &LossRows<X, false, ReduceOp::max>::list>;
+  using MaxDone = dtensor_from_t<T, 2, Shape, &LossRows<X, true, ReduceOp::max>::list>;
+  const Tensor<T, 2> m_local = local::reduce(ReduceOp::max, xl, 1);
+  const Tensor<T, 2> m =
+      redistribute_as<MaxDone, MaxPart>::run(MaxPart(mesh, m_local, {rows, 1})).local().contiguous();
+  // 2. The sum of exponentials and the target's logit, completed together.
+  using SumPart = dtensor_from_t<T, 2, Shape, &LossRows<X, false, ReduceOp::sum>::list>;
+  using SumDone = dtensor_from_t<T, 2, Shape, &LossRows<X, true, ReduceOp::sum>::list>;
+  Tensor<T, 2> stats_local = empty_like(std::array<std::int64_t, 2>{n, 2}, xl);
+  local::CrossEntropyRows<T, I> rows_run{{n},   stats_local.data(), xl.data(), m.data(), tl.data(),
+                                         width, held.offset[1]};
+  local::launch(rows_run, xl.device(), xl.stream_handle(), "cross_entropy");
+  const Tensor<T, 2> stats =
+      redistribute_as<SumDone, SumPart>::run(SumPart(mesh, stats_local, {rows, 2})).local().contiguous();
+  // 3. The rows' losses summed with their count, over the rows this rank holds, completed over the axes
+  //    that shard the rows. Small: on the host.
+  const auto ms = m.to(Device::cpu());
+  const auto ss = stats.to(Device::cpu());
+  const auto ts = tl.to(Device::cpu());
+  double total = 0;
+  double count = 0;
+  for (std::int64_t r = 0; r < n; ++r) {
+    if (static_cast<std::int64_t>(ts.data()[r]) == ignore_index) {
+      continue;
+    }
+    total += std::log(double(ss.data()[r * 2])) + double(ms.data()[r]) - double(ss.data()[r * 2 + 1]);
+    count += 1;
+  }
+  using TotalPart = dtensor_from_t<double, 1, Shape, &LossTotal<X, false>::list>;
+  using TotalDone = dtensor_from_t<double, 1, Shape, &LossTotal<X, true>::list>;
+  Tensor<double, 1> pair({2});
+  pair.data()[0] = total;
+  pair.data()[1] = count;
+  const auto sums = redistribute_as<TotalDone, TotalPart>::run(TotalPart(mesh, pair, {2})).local();
+  total = sums.data()[0];
+  count = sums.data()[1];
+  Tensor<T, 0> loss(std::array<std::int64_t, 0>{});
+  loss.data()[0] = T(count > 0 ? total / count : std::nan(""));
+  if (saved != nullptr) {
+    *saved = {m.template view<1>({n}), stats, tl, held.offset[1], count};
+  }
+  return loss_t<X, Target>(mesh, loss.to(xl.device()), std::array<std::int64_t, 0>{});
+}
+
+} // namespace detail
+
+/// The backward of cross_entropy: the logits' gradient for a loss gradient g (a number, or a rank-0
+/// DTensor), placed like the logits.
+template <class X, class Target>
+class CrossEntropyBackward {
+  using T = typename X::value_type;
+  using I = typename Target::value_type;
+
+public:
+  CrossEntropyBackward(X x, detail::LossSaved<T, I> saved) : x_(std::move(x)), saved_(std::move(saved)) {}
+
+  X operator()(double g = 1.0) const {
+    const auto xl = x_.local().contiguous();
+    Tensor<T, 2> dx = detail::empty_like(xl.shape(), xl);
+    const double scale = saved_.count > 0 ? g / saved_.count : 0.0;
+    local::CrossEntropyGrad<T, I> run{{xl.numel()},    dx.data(),           xl.data(),
+                                      saved_.m.data(), saved_.stats.data(), saved_.target.data(),
+                                      xl.shape()[1],   saved_.begin,        scale};
+    local::launch(run, xl.device(), xl.stream_handle(), "cross_entropy backward");
+    return X(x_.mesh(), std::move(dx), x_.global_shape());
+  }
+  template <AnyDTensor G>
+  requires(G::rank == 0) X operator()(const G& g) const {
+    const auto full = g.full_tensor().to(Device::cpu());
+    return (*this)(double(full.data()[0]));
+  }
+
+private:
+  X x_;
+  detail::LossSaved<T, I> saved_;
+};
+
+/// The mean cross-entropy of `logits` (rows, vocab) against class indices `target` (see the top of this
+/// file); a rank-0 Replicate DTensor.
+template <AnyDTensor X, AnyDTensor Target>
+auto cross_entropy(const X& logits, const Target& target) {
+  return detail::cross_entropy_forward(logits, target, nullptr);
+}
+template <AnyDTensor X, AnyDTensor Target>
+auto cross_entropy(const X& logits, const Target& target, WithBackwardTag) {
+  detail::LossSaved<typename X::value_type, typename Target::value_type> saved;
+  auto loss = detail::cross_entropy_forward(logits, target, &saved);
+  using Back = CrossEntropyBackward<X, Target>;
+  return WithBackward<decltype(loss), Back>{std::move(loss), Back(logits, std::move(saved))};
+}
+
+} // namespace dtensor
