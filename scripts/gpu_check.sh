@@ -261,6 +261,10 @@ else
   cmake_args+=("-DCMAKE_DISABLE_FIND_PACKAGE_Gloo=ON")
 fi
 
+if [ -f "$deps/random123/include/Random123/philox.h" ]; then # rand, randn, dropout (tests/ops/test_random*)
+  cmake_args+=("-DDTENSOR_RANDOM123_INCLUDE_DIR=$deps/random123/include")
+fi
+
 # ---- 2. configure and build -------------------------------------------------------------------------
 step "configure (CUDA + NCCL)" 120 60 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DNCCL_ROOT="$nccl_cmake_root" \

@@ -1,9 +1,11 @@
 #pragma once
-// dtensor/ops.hpp: compute on DTensors (ops/): the sharding rules, pointwise ops, reductions, transpose,
-// matmul / linear, local_map, and the local kernels under them. Kept out of <dtensor/dtensor.hpp>: with
-// them there, every new (element type, rank, mesh) combination of a TU that only moves data cost ~0.5 s
-// more to compile (bench/compile/combination_*.cpp); include this where you compute. matmul and linear
-// need the dtensor::blas target (OpenBLAS) on the host.
+// dtensor/ops.hpp: compute on DTensors (ops/): the sharding rules, pointwise ops, reductions, shapes,
+// matmul / linear, softmax, norms, embedding, loss, users' ops, local_map, rand / randn / dropout, and the
+// local kernels under them. Kept out of
+// <dtensor/dtensor.hpp>: with them there, every new (element type, rank, mesh) combination of a TU that
+// only moves data cost ~0.5 s more to compile (bench/compile/combination_*.cpp); include this where you
+// compute. matmul and linear need the dtensor::blas target (OpenBLAS) on the host; rand, randn and
+// dropout need Random123's headers (the dtensor::random target).
 
 #include "dtensor/dtensor.hpp"
 
@@ -12,11 +14,13 @@
 #include "dtensor/ops/fit.hpp"
 #include "dtensor/ops/local/gemm.hpp"
 #include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/ops/local/random.hpp"
 #include "dtensor/ops/local_map.hpp"
 #include "dtensor/ops/loss.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/norm.hpp"
 #include "dtensor/ops/pointwise.hpp"
+#include "dtensor/ops/random.hpp"
 #include "dtensor/ops/reduce.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/shape.hpp"

@@ -1,9 +1,13 @@
 // The consumer: a one-rank job through the public API (init_process_group without a launcher is rank 0
-// of 1), a mesh, a redistribution; and a local GEMM where dtensor::blas is linked.
+// of 1), a mesh, a redistribution; a local GEMM where dtensor::blas is linked, and a random fill where
+// dtensor::random is.
 #include <dtensor/comm/init.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #if DTENSOR_HAS_BLAS
 #include <dtensor/ops/local/gemm.hpp>
+#endif
+#if DTENSOR_HAS_RANDOM123
+#include <dtensor/ops/local/random.hpp>
 #endif
 
 int main() {
@@ -16,6 +20,12 @@ int main() {
   static_assert(sizeof(bfloat16) == 2, "dtensor's bfloat16, not ambiguous with OpenBLAS's (gemm.hpp)");
   const Tensor<float, 2> p = local::matmul(y.local(), y.local(), false, true); // (4, 4), every element 3
   if (p(3, 0) != 3.0f) {
+    return 1;
+  }
+#endif
+#if DTENSOR_HAS_RANDOM123
+  const Tensor<float, 1> u = local::rand<float, 1>({4}, 1);
+  if (!(u(0) > 0.0f && u(0) < 1.0f)) {
     return 1;
   }
 #endif
