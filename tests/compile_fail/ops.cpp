@@ -170,3 +170,27 @@ void f(const X<Shard<0>, R>& x, const DTensor<float, 1, Mesh, R, Shard<0>>& w) {
   (void)rms_norm<1>(x, w);
 }
 #endif
+
+//! CASE embedding_ids_and_vocab_sharded the operands are sharded on different dims along one mesh axis
+#ifdef CASE_embedding_ids_and_vocab_sharded
+#include <dtensor/ops/embedding.hpp>
+void f(const DTensor<std::int64_t, 1, Mesh, Shard<0>, R>& ids, const X<Shard<0>, R>& w) {
+  (void)embedding(ids, w);
+}
+#endif
+
+//! CASE loss_partial_logits cross_entropy: Partial logits
+#ifdef CASE_loss_partial_logits
+#include <dtensor/ops/loss.hpp>
+void f(const X<R, P>& logits, const DTensor<std::int64_t, 1, Mesh, R, R>& t) {
+  (void)cross_entropy(logits, t);
+}
+#endif
+
+//! CASE loss_target_placement cross_entropy: the target must be placed like the logits. rows
+#ifdef CASE_loss_target_placement
+#include <dtensor/ops/loss.hpp>
+void f(const X<Shard<0>, Shard<1>>& logits, const DTensor<std::int64_t, 1, Mesh, R, R>& t) {
+  (void)cross_entropy(logits, t);
+}
+#endif
