@@ -1,0 +1,200 @@
+#pragma once
+// Tensor-parallel linear layers whose wiring is checked by the types (Megatron's column- and row-parallel
+// linear, torch's ColwiseParallel / RowwiseParallel), with sequence parallelism as an option:
+//
+//   using Mesh = MeshShape<Axis<"dp">, Axis<"tp">>;
+//   ColumnParallelLinear<float, Mesh> up(mesh, hidden, ffn, /*seed=*/1);     // W (ffn, hidden): S(0) on tp
+//   RowParallelLinear<float, Mesh> down(mesh, ffn, hidden, /*seed=*/2);      // W (hidden, ffn): S(1) on tp
+//   auto [h, up_back] = up.forward(x, with_backward);           // x [S(0),R] -> h [S(0),S(1)]: no comm
+//   auto [a, act_back] = gelu(h, with_backward);
+//   auto [y, down_back] = down.forward(a, with_backward);       // [S(0),P] -> all_reduce -> [S(0),R]
+//   auto [da, dw2, db2] = down_back(dy);
+//   auto [dx, dw1, db1] = up_back(act_back(da));                // dx [S(0),R], like x
+//
+// The column layer's output is Shard<last> on the tp axis, which is exactly what the row layer accepts: feed
+// it anything else (a Replicate activation, a column output on another axis) and it does not compile, with
+// a message naming the placement it needs. With SequenceParallel the column layer takes its input
+// Shard<SeqDim> on tp and all_gathers it on entry, and the row layer reduce_scatters its output to
+// Shard<SeqDim> instead of all_reducing it, so the activations between blocks (norms, dropout, residuals)
+// stay sharded on the sequence. Other mesh axes pass through (a batch Shard<0> on dp stays). Each forward
+// returns the context of its backward, which gives the input's gradient in the input's placements
+// (Megatron's f and g: the duals of the gather, all_reduce or reduce_scatter) and the weight's and bias's
+// gradients, Partial<sum> over the axes that shard the batch (what DDP / FSDP reduce). Weights start from
+// the sharding-invariant randn (normal, std 1 / sqrt(in_features)), biases from zeros, so any mesh starts
+// from the same numbers as one rank.
+
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "dtensor/core/fixed_string.hpp"
+#include "dtensor/core/placement.hpp"
+#include "dtensor/core/with_backward.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/ops/matmul.hpp"
+#include "dtensor/ops/pointwise.hpp"
+#include "dtensor/ops/random.hpp"
+#include "dtensor/ops/typed.hpp"
+#include "dtensor/tensor/backward.hpp"
+#include "dtensor/tensor/distribute.hpp"
+#include "dtensor/tensor/dtensor.hpp"
+
+namespace dtensor {
+
+namespace detail {
+
+/// Replicate on every axis of the mesh except `Axis`, which holds Shard<Dim>.
+template <class Mesh, int Axis, int Dim>
+struct ShardOn {
+  static constexpr PlacementList list() {
+    PlacementList l(Mesh::rank, Placement::replicate());
+    l[Axis] = Placement::shard(Dim);
+    return l;
+  }
+};
+
+/// Replicate on every axis.
+template <class Mesh>
+struct ReplicatedOn {
+  static constexpr PlacementList list() { return PlacementList(Mesh::rank, Placement::replicate()); }
+};
+
+/// X's placements with `Axis` replaced: Shard<Dim> (Dim >= 0) or Replicate (Dim < 0).
+template <class X, int Axis, int Dim>
+struct ReplaceOn {
+  static constexpr PlacementList list() {
+    PlacementList l = X::placements;
+    l[Axis] = Dim >= 0 ? Placement::shard(Dim) : Placement::replicate();
+    return l;
+  }
+};
+template <class X, int Axis, int Dim>
+using replace_on_t = dtensor_from_t<typename X::value_type, X::rank, typename dtensor_traits<X>::shape_type,
+                                    &ReplaceOn<X, Axis, Dim>::list>;
+
+/// redistribute_with_backward to the placements of the DTensor type D.
+template <class D>
+struct with_backward_to;
+template <class T, int R, class Shape, class... Q>
+struct with_backward_to<DTensor<T, R, Shape, Q...>> {
+  template <class X>
+  static auto run(const X& x) {
+    return redistribute_with_backward<Q...>(x);
+  }
+};
+
+/// randn / zeros with the placements of the DTensor type D.
+template <class D>
+struct factory_of;
+template <class T, int R, class Shape, class... Q>
+struct factory_of<DTensor<T, R, Shape, Q...>> {
+  static auto randn(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[R], std::uint64_t seed) {
+    return dtensor::randn<T, Q...>(mesh, shape, seed);
+  }
+  static auto zeros(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[R]) {
+    return dtensor::zeros<T, Q...>(mesh, shape);
+  }
+};
+
+} // namespace detail
+
+/// y = x W^T + b, W (out, in) sharded on its output features over the tp axis (see the top of this file).
+template <class T, class Mesh, fixed_string Tp = "tp", bool SequenceParallel = false, int SeqDim = 0>
+class ColumnParallelLinear {
+  static constexpr int tp = Mesh::template index_of<Tp>();
+
+public:
+  using weight_type = dtensor_from_t<T, 2, Mesh, &detail::ShardOn<Mesh, tp, 0>::list>;
+  using bias_type = dtensor_from_t<T, 1, Mesh, &detail::ShardOn<Mesh, tp, 0>::list>;
+
+  ColumnParallelLinear(const DeviceMesh<Mesh>& mesh, std::int64_t in, std::int64_t out, std::uint64_t seed)
+      : weight(scale(detail::factory_of<weight_type>::randn(mesh, {out, in}, seed),
+                     1.0 / std::sqrt(double(in)))),
+        bias(detail::factory_of<bias_type>::zeros(mesh, {out})) {}
+
+  weight_type weight;
+  bias_type bias;
+
+  /// x: Replicate on tp (Shard<SeqDim> with sequence parallelism, gathered on entry). Returns Shard<last>
+  /// on tp.
+  template <AnyDTensor X>
+  auto forward(const X& x) const {
+    return forward(x, with_backward).output;
+  }
+
+  template <AnyDTensor X>
+  auto forward(const X& x, WithBackwardTag) const {
+    constexpr Placement on_tp = normalize(placements_of<X>[tp], X::rank);
+    static_assert(
+        SequenceParallel ? on_tp == Placement::shard(SeqDim) : on_tp.is_replicate(),
+        "ColumnParallelLinear: the input must be Replicate on the tp axis (Shard<SeqDim> there with "
+        "sequence parallelism): redistribute it first, or choose the matching SequenceParallel");
+    auto [xg, gather_back] = detail::with_backward_to<detail::replace_on_t<X, tp, -1>>::run(x);
+    auto [y, linear_back] = linear(xg, weight, with_backward);
+    auto [out, bias_back] = add(y, bias, with_backward);
+    auto back = [gather_back = std::move(gather_back), linear_back = std::move(linear_back),
+                 bias_back = std::move(bias_back)](const auto& dy) {
+      auto [dyy, db] = bias_back(dy);
+      auto [dxg, dw] = linear_back(dyy);
+      return std::tuple{redistribute_as_type<X>(gather_back(dxg)), std::move(dw), std::move(db)};
+    };
+    return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
+  }
+
+private:
+  template <class D, class G>
+  static D redistribute_as_type(const G& g) {
+    return detail::redistribute_as<D, G>::run(g);
+  }
+};
+
+/// y = x W^T + b, W (out, in) sharded on its input features over the tp axis: the input is the column
+/// layer's output (Shard<last> on tp); the product is Partial on tp until the all_reduce (or, with
+/// sequence parallelism, the reduce_scatter to Shard<SeqDim>). The bias is Replicate, added after.
+template <class T, class Mesh, fixed_string Tp = "tp", bool SequenceParallel = false, int SeqDim = 0>
+class RowParallelLinear {
+  static constexpr int tp = Mesh::template index_of<Tp>();
+
+public:
+  using weight_type = dtensor_from_t<T, 2, Mesh, &detail::ShardOn<Mesh, tp, 1>::list>;
+  using bias_type = dtensor_from_t<T, 1, Mesh, &detail::ReplicatedOn<Mesh>::list>;
+
+  RowParallelLinear(const DeviceMesh<Mesh>& mesh, std::int64_t in, std::int64_t out, std::uint64_t seed)
+      : weight(scale(detail::factory_of<weight_type>::randn(mesh, {out, in}, seed),
+                     1.0 / std::sqrt(double(in)))),
+        bias(detail::factory_of<bias_type>::zeros(mesh, {out})) {}
+
+  weight_type weight;
+  bias_type bias;
+
+  /// x: Shard<last> on tp (a ColumnParallelLinear's output). Returns Replicate on tp (Shard<SeqDim> with
+  /// sequence parallelism).
+  template <AnyDTensor X>
+  auto forward(const X& x) const {
+    return forward(x, with_backward).output;
+  }
+
+  template <AnyDTensor X>
+  auto forward(const X& x, WithBackwardTag) const {
+    static_assert(
+        normalize(placements_of<X>[tp], X::rank) == Placement::shard(X::rank - 1),
+        "RowParallelLinear: the input must be Shard<last> on the tp axis, as a ColumnParallelLinear's "
+        "output is: wire a column-parallel layer (or redistribute) before it");
+    auto [y, linear_back] = linear(x, weight, with_backward);
+    using Y = decltype(y);
+    auto [yr, reduce_back] =
+        detail::with_backward_to<detail::replace_on_t<Y, tp, SequenceParallel ? SeqDim : -1>>::run(y);
+    auto [out, bias_back] = add(yr, bias, with_backward);
+    auto back = [reduce_back = std::move(reduce_back), linear_back = std::move(linear_back),
+                 bias_back = std::move(bias_back)](const auto& dy) {
+      auto [dyr, db] = bias_back(dy);
+      auto [dx, dw] = linear_back(reduce_back(dyr));
+      return std::tuple{std::move(dx), std::move(dw), std::move(db)};
+    };
+    return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
+  }
+};
+
+} // namespace dtensor
