@@ -1,0 +1,219 @@
+// Pipeline parallelism (parallel/pipeline.hpp): a chain of gelu(x W_s) stages trained one step with 1F1B and
+// GPipe on 2 and 4 stages with 1-8 micro-batches; every micro-batch's loss and every stage's weight gradient
+// equal the unpipelined model run on one rank; composed with data parallelism on a (dp, pp) = (2, 2) mesh;
+// and the ordering that would deadlock with blocking sends (send, then receive, on both sides of a pair)
+// does deadlock, which the group's timeout reports, while the schedule's batched exchanges do not.
+#include <catch2/catch.hpp>
+
+#include <dtensor/comm/collectives.hpp>
+#include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/ops/local/gemm.hpp>
+#include <dtensor/ops/local/pointwise.hpp>
+#include <dtensor/ops/local/random.hpp>
+#include <dtensor/parallel/pipeline.hpp>
+#include <dtensor/testing/run_ranks.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace dtensor;
+
+namespace {
+
+void expect(bool ok, const std::string& what) {
+  DTENSOR_CHECK(ok, what);
+}
+
+constexpr std::int64_t kRows = 3, kHidden = 4;
+using M = Tensor<double, 2>;
+
+M weight(int s) {
+  return local::map(local::Scale{0.5},
+                    local::randn<double, 2>({kHidden, kHidden}, 1, static_cast<std::uint64_t>(s)));
+}
+M data(int replica, int mb) {
+  return local::randn<double, 2>({kRows, kHidden}, 2 + static_cast<std::uint64_t>(replica),
+                                 static_cast<std::uint64_t>(mb));
+}
+
+// One stage: y = gelu(x W); the last stage's loss is 0.5 * sum(y^2), so dy = y.
+struct Stage {
+  int s = 0;
+  bool last = false;
+  int replica = 0;
+  M w;
+  M dw;
+  std::map<int, std::pair<M, M>> saved; // mb -> (x, x W)
+  std::map<int, double> loss;
+
+  M forward(int mb, const M& in) {
+    const M x = in.numel() == 0 && s == 0 ? data(replica, mb) : in;
+    const M pre = local::matmul(x, w);
+    M y = local::map(local::Gelu{}, pre);
+    saved[mb] = {x, pre};
+    if (last) {
+      double l = 0;
+      for (std::int64_t e = 0; e < y.numel(); ++e) {
+        l += 0.5 * y.data()[e] * y.data()[e];
+      }
+      loss[mb] = l;
+    }
+    return y;
+  }
+  M backward(int mb, const M& dout) {
+    auto [x, pre] = saved.at(mb);
+    saved.erase(mb);
+    const M dy = last ? local::map(local::Gelu{}, pre) : dout;
+    const M dpre = local::map(local::BackwardOf<local::Gelu>{}, pre, dy);
+    const M g = local::matmul(x, dpre, true, false);
+    dw = dw.numel() == 0 ? g : local::map(local::Add{}, dw, g);
+    return local::matmul(dpre, w, false, true);
+  }
+};
+
+// The unpipelined model on one process: per micro-batch the stages in order, then back.
+struct Unpipelined {
+  std::vector<M> dw;
+  std::map<int, double> loss;
+};
+Unpipelined unpipelined(int stages, int m, int replicas) {
+  std::vector<Stage> st(static_cast<std::size_t>(stages));
+  for (int s = 0; s < stages; ++s) {
+    st[s].s = s;
+    st[s].last = s == stages - 1;
+    st[s].w = weight(s);
+  }
+  Unpipelined u;
+  for (int r = 0; r < replicas; ++r) {
+    for (int mb = 0; mb < m; ++mb) {
+      M a;
+      for (int s = 0; s < stages; ++s) {
+        st[s].replica = r;
+        a = st[s].forward(mb, a);
+      }
+      M g;
+      for (int s = stages - 1; s >= 0; --s) {
+        g = st[s].backward(mb, g);
+      }
+      u.loss[r * 100 + mb] = st[stages - 1].loss[mb];
+    }
+  }
+  for (auto& s : st) {
+    u.dw.push_back(s.dw);
+  }
+  return u;
+}
+
+PipelineStage<double> as_stage(Stage& st) {
+  PipelineStage<double> p;
+  p.forward = [&st](int mb, const M& in) { return st.forward(mb, in); };
+  p.backward = [&st](int mb, const M& g) { return st.backward(mb, g); };
+  p.input_shape = {kRows, kHidden};
+  p.output_shape = {kRows, kHidden};
+  return p;
+}
+
+void close(const M& got, const M& want, const std::string& what) {
+  for (std::int64_t e = 0; e < want.numel(); ++e) {
+    expect(std::abs(got.data()[e] - want.data()[e]) <= 1e-12 * (1 + std::abs(want.data()[e])),
+           what + ": element " + std::to_string(e));
+  }
+}
+
+void pipeline_case(int stages, int m, Schedule schedule) {
+  const Unpipelined want = unpipelined(stages, m, 1);
+  const std::string name = std::string(schedule == Schedule::gpipe ? "GPipe" : "1F1B") + " " +
+                           std::to_string(stages) + " stages, " + std::to_string(m) + " micro-batches";
+  testing::run_ranks(stages, [&](ProcessGroup& pp) {
+    Stage st;
+    st.s = pp.rank();
+    st.last = st.s == stages - 1;
+    st.w = weight(st.s);
+    PipelineStage<double> stage = as_stage(st);
+    const PipelineStats stats = run_pipeline(pp, stage, m, {schedule});
+    expect(stats.forwards == m && stats.backwards == m, name + ": every micro-batch once each way");
+    close(st.dw, want.dw[st.s], name + ": stage " + std::to_string(st.s) + "'s gradient");
+    if (st.last) {
+      for (int mb = 0; mb < m; ++mb) {
+        expect(std::abs(st.loss[mb] - want.loss.at(mb)) <= 1e-12 * want.loss.at(mb), name + ": loss");
+      }
+    }
+  });
+}
+
+} // namespace
+
+TEST_CASE(
+    "1F1B and GPipe on 2 and 4 stages, 1-8 micro-batches: losses and gradients equal the unpipelined model",
+    "[parallel]") {
+  for (int stages : {2, 4}) {
+    for (int m = 1; m <= 8; ++m) {
+      pipeline_case(stages, m, Schedule::one_f_one_b);
+      pipeline_case(stages, m, Schedule::gpipe);
+    }
+  }
+}
+
+TEST_CASE(
+    "pipeline x data parallel on (dp, pp) = (2, 2): gradients all_reduced over dp equal the unpipelined "
+    "model over both replicas' data",
+    "[parallel]") {
+  using Mesh = MeshShape<Axis<"dp">, Axis<"pp">>;
+  const int m = 4;
+  const Unpipelined want = unpipelined(2, m, 2);
+  testing::run_ranks(4, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh>(world, 2, 2);
+    const ProcessGroup& dp = mesh.group(0);
+    const ProcessGroup& pp = mesh.group(1);
+    Stage st;
+    st.s = pp.rank();
+    st.last = st.s == 1;
+    st.replica = dp.rank();
+    st.w = weight(st.s);
+    PipelineStage<double> stage = as_stage(st);
+    run_pipeline(pp, stage, m);
+    M dw = st.dw.clone();
+    all_reduce(dw, ReduceOp::sum, dp);
+    close(dw, want.dw[st.s], "(2,2): stage " + std::to_string(st.s) + "'s gradient");
+  });
+}
+
+TEST_CASE("blocking send-then-receive on both sides of a stage pair deadlocks (the timeout says so); the "
+          "schedule's batched exchanges do not",
+          "[parallel]") {
+  testing::RunRanksOptions o;
+  o.timeout = std::chrono::milliseconds(1500);
+  // 1F1B with 2 stages and 2 micro-batches: stage 0's steady step sends its activation and receives a
+  // gradient while stage 1's sends a gradient and receives the next activation.
+  testing::run_ranks(
+      2,
+      [&](ProcessGroup& pp) {
+        Stage st;
+        st.s = pp.rank();
+        st.last = st.s == 1;
+        st.w = weight(st.s);
+        PipelineStage<double> stage = as_stage(st);
+        run_pipeline(pp, stage, 2, {Schedule::one_f_one_b});
+        Stage again;
+        again.s = st.s;
+        again.last = st.last;
+        again.w = weight(st.s);
+        PipelineStage<double> blocking = as_stage(again);
+        bool timed_out = false;
+        try {
+          run_pipeline(pp, blocking, 2, {Schedule::one_f_one_b, /*blocking_pairs=*/true});
+        } catch (const Error& e) {
+          const std::string m = e.what();
+          timed_out = m.find("timed out") != std::string::npos ||
+                      m.find("no reply within") != std::string::npos ||
+                      m.find("Timeout") != std::string::npos || m.find("timeout") != std::string::npos;
+          expect(timed_out, "not a timeout: " + m);
+        }
+        expect(timed_out, "the blocking ordering did not deadlock");
+      },
+      o);
+}
