@@ -1,0 +1,88 @@
+// The pipeline bubble measured against the 1F1B formula (p - 1) / (m + p - 1): 4 stages (in-process rank
+// threads, gloo), 1-16 micro-batches, each stage's forward a fixed 2 ms and its backward 4 ms of sleep (a
+// stand-in for compute that does not compete for this machine's 2 cores, so what is measured is the
+// schedule), tiny activations. The measured bubble is the last stage's idle fraction (the stage that
+// waits longest to start); GPipe next to 1F1B.
+//
+//   bench_pipeline [--scale S] [--smoke] [--out DIR]     # writes DIR/pipeline.json (default bench/results)
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "dtensor/parallel/pipeline.hpp"
+#include "dtensor/testing/run_ranks.hpp"
+
+#include "../common/harness.hpp"
+
+int main(int argc, char** argv) {
+  using namespace dtensor;
+  const bench::Options opt = bench::parse_options(argc, argv);
+  const int stages = 4;
+  const auto fwd = std::chrono::milliseconds(2);
+  const auto bwd = std::chrono::milliseconds(4);
+  bench::Table table{{"schedule", "stages", "micro-batches", "bubble measured", "(p-1)/(m+p-1)", "step ms"}};
+  bench::Results results;
+  for (Schedule schedule : {Schedule::one_f_one_b, Schedule::gpipe}) {
+    for (int m : {1, 2, 4, 8, 16}) {
+      if (opt.smoke && m > 2) {
+        continue;
+      }
+      std::mutex mu;
+      double idle = 0;
+      double step = 0;
+      testing::run_ranks(stages, [&](ProcessGroup& pp) {
+        PipelineStage<float> st;
+        st.forward = [&](int, const Tensor<float, 2>&) {
+          std::this_thread::sleep_for(fwd);
+          return Tensor<float, 2>({1, 4});
+        };
+        st.backward = [&](int, const Tensor<float, 2>&) {
+          std::this_thread::sleep_for(bwd);
+          return Tensor<float, 2>({1, 4});
+        };
+        st.input_shape = {1, 4};
+        st.output_shape = {1, 4};
+        run_pipeline(pp, st, m, {schedule}); // warm-up: groups, connections
+        double best_idle = 1;
+        double best_total = 1e9;
+        for (int r = 0; r < (opt.smoke ? 1 : 3); ++r) {
+          const PipelineStats s = run_pipeline(pp, st, m, {schedule});
+          if (s.total_s < best_total) {
+            best_total = s.total_s;
+            best_idle = s.idle_fraction();
+          }
+        }
+        if (pp.rank() == stages - 1) {
+          std::lock_guard lock(mu);
+          idle = best_idle;
+          step = best_total * 1e3;
+        }
+      });
+      const char* name = schedule == Schedule::gpipe ? "GPipe" : "1F1B";
+      const double formula = pipeline_bubble(stages, m);
+      table.row({name, std::to_string(stages), std::to_string(m), bench::fmt("%.3f", idle),
+                 bench::fmt("%.3f", formula), bench::fmt("%.1f", step)});
+      bench::Stats st{};
+      st.median = step * 1e3;
+      st.min = st.median;
+      st.max = st.median;
+      bench::Record rec{"pipeline", std::string(name) + " m=" + std::to_string(m),
+                        "gloo",     stages,
+                        0,          st,
+                        "formula",  bench::Stats{},
+                        {}};
+      rec.add_num("bubble", idle).add_num("formula", formula).add_num("microbatches", m);
+      results.add(std::move(rec));
+    }
+  }
+  std::printf(
+      "pipeline bubble: 4 stages (rank threads), forward 2 ms and backward 4 ms of sleep per micro-batch; "
+      "bubble = the last stage's idle fraction, best of 3 steps\n");
+  table.print();
+  results.write(opt, "pipeline.json");
+  return 0;
+}
