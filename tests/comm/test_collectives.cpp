@@ -6,6 +6,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <limits>
+#include <string>
+
 using namespace comm_test;
 
 namespace {
@@ -348,4 +352,35 @@ TEST_CASE("async collectives overlap compute, stay ordered, and complete at wait
           parts[m], [&](auto) { return static_cast<float>(m); }, "functional::all_gather");
     }
   });
+}
+
+TEST_CASE("max and min propagate NaN whichever rank holds it (all_reduce, reduce_scatter)",
+          "[comm][collectives]") {
+  const int world = GENERATE(2, 3, 4);
+  for (int holder = 0; holder < world; ++holder) {
+    testing::run_ranks(world, [&](ProcessGroup& g) {
+      const int n = g.size();
+      const int r = g.rank();
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      // Element 0 is NaN on `holder` only; element 1 is an ordinary value everywhere.
+      for (ReduceOp op : {ReduceOp::max, ReduceOp::min}) {
+        auto t = Tensor<float, 1>::full({2}, static_cast<float>(r));
+        t(0) = r == holder ? nan : static_cast<float>(r);
+        all_reduce(t, op, g);
+        DTENSOR_CHECK(std::isnan(t(0)), "all_reduce " + std::string(to_string(op)) + ": NaN on rank " +
+                                            std::to_string(holder) + " lost on rank " + std::to_string(r));
+        DTENSOR_CHECK(t(1) == (op == ReduceOp::max ? float(n - 1) : 0.0f),
+                      "all_reduce: the ordinary element");
+        auto in = Tensor<float, 1>::full({n}, static_cast<float>(r));
+        if (r == holder) {
+          in(0) = nan;
+        }
+        auto out = Tensor<float, 1>::full({1}, -777.0f);
+        reduce_scatter_tensor(out, in, op, g);
+        DTENSOR_CHECK(r == 0 ? std::isnan(out(0)) : !std::isnan(out(0)),
+                      "reduce_scatter " + std::string(to_string(op)) + ": NaN of rank " +
+                          std::to_string(holder) + " in block 0 only, on rank " + std::to_string(r));
+      }
+    });
+  }
 }

@@ -52,10 +52,10 @@ T reduce_one(ReduceOp op, T a, T b) {
       return a + b;
     case ReduceOp::product:
       return a * b;
-    case ReduceOp::max:
-      return std::max(a, b);
+    case ReduceOp::max: // NaN wins, whichever rank holds it (torch's max and min propagate NaN)
+      return a != a ? a : b != b ? b : std::max(a, b);
     case ReduceOp::min:
-      return std::min(a, b);
+      return a != a ? a : b != b ? b : std::min(a, b);
     }
     return a;
   }
