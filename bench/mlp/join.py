@@ -81,7 +81,8 @@ def main():
         rec["date"], rec["host"] = o[0].get("date"), o[0].get("host")
         for k in ("tokens", "hidden", "ffn", "act", "placements", "blas_threads"):
             rec[k] = o[0][k]
-        for k in ("gemm_us", "act_us", "comm_us", "gflops_per_rank"):
+        for k in ("gemm_us", "act_us", "comm_us", "gflops_per_rank", "page_faults_per_iter",
+                  "voluntary_switches_per_iter", "involuntary_switches_per_iter", "cpu_us_per_iter"):
             rec[k] = med(r[k] for r in o)
             rec["ref_" + k] = med(r[k] for r in t) if t else None
         rec["ref_blas_threads"] = t[0]["blas_threads"] if t else None
@@ -124,6 +125,27 @@ def main():
         print("  ".join(h.ljust(w[i]) for i, h in enumerate(head)))
         for r in rows:
             print("  ".join(str(c).rjust(w[i]) if 1 < i < 8 else str(c).ljust(w[i]) for i, c in enumerate(r)))
+    # Where the time goes besides the parts: first touches of fresh memory, context switches, CPU per forward
+    # (all threads of the process; on an oversubscribed machine the CPU a forward needs sets its pace).
+    print("per forward, the largest over ranks: page faults, context switches (voluntary+involuntary), CPU µs")
+    diag = [["tokens x hidden x ffn", "faults ours", "faults torch", "switches ours", "switches torch",
+             "CPU µs ours", "CPU µs torch"]]
+    for x in out:
+        sw = lambda p: (f'{x[p + "voluntary_switches_per_iter"]:.1f}+{x[p + "involuntary_switches_per_iter"]:.1f}'
+                        if x[p + "voluntary_switches_per_iter"] is not None else "-")
+        f0 = lambda v: "-" if v is None else f"{v:.0f}"
+        diag.append([f'{x["tokens"]} x {x["hidden"]} x {x["ffn"]}', f0(x["page_faults_per_iter"]),
+                     f0(x["ref_page_faults_per_iter"]), sw(""), sw("ref_"), f0(x["cpu_us_per_iter"]),
+                     f0(x["ref_cpu_us_per_iter"])])
+    if args.markdown:
+        for i, r in enumerate(diag):
+            print("| " + " | ".join(r) + " |")
+            if i == 0:
+                print("|" + "---|" * len(r))
+    else:
+        w = [max(len(r[i]) for r in diag) for i in range(len(diag[0]))]
+        for r in diag:
+            print("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
     for p in problems:
         print("join: " + p, file=sys.stderr)
     if args.out:

@@ -129,11 +129,14 @@ std::vector<double> world_max(const ProcessGroup& g, const std::vector<double>& 
   return {t.data(), t.data() + t.numel()};
 }
 
-/// Minor page faults of this process so far (first touches of fresh memory: ~1-13 us each on this VM).
-long minor_faults() {
+/// This process's counts so far (every thread): minor page faults (first touches of fresh memory, ~1-13
+/// us each on this VM), voluntary context switches (blocking waits), involuntary ones (preemptions), and
+/// CPU time in us (user + system).
+std::array<double, 4> usage() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
-  return u.ru_minflt;
+  const auto us = [](const timeval& t) { return double(t.tv_sec) * 1e6 + double(t.tv_usec); };
+  return {double(u.ru_minflt), double(u.ru_nvcsw), double(u.ru_nivcsw), us(u.ru_utime) + us(u.ru_stime)};
 }
 
 int blas_threads() {
@@ -150,7 +153,7 @@ struct Ctx {
   Act act = Act::relu;
   bench::Results results;
   bench::Table table{{"tokens x hidden x ffn", "act", "forward us [min-max]", "gemm us", "act us", "comm us",
-                      "GFLOP/s/rank", "faults/iter", "check"}};
+                      "GFLOP/s/rank", "faults/iter", "switches/iter vol+invol", "CPU us/iter", "check"}};
   bool failed = false;
 };
 
@@ -169,10 +172,10 @@ void run_size(Ctx& c, const DeviceMesh<Mesh>& mesh, const Size& z) {
   const int samples = bench::scaled(c.opt, z.samples);
   const int warmup = c.opt.smoke ? 0 : z.warmup;
   barrier(c.world);
-  long faults = 0;
+  std::array<double, 4> use{}; // per timed iteration, once the loop is done
   for (int it = 0; it < warmup + samples; ++it) {
     if (it == warmup) {
-      faults = minor_faults();
+      use = usage();
     }
     const auto t0 = bench::Clock::now();
     auto h = matmul(x, w1); //                                           [S(1)] (tokens, ffn/n)
@@ -195,7 +198,10 @@ void run_size(Ctx& c, const DeviceMesh<Mesh>& mesh, const Size& z) {
       comm.push_back(us(t4 - t3).count());
     }
     if (it + 1 == warmup + samples) {
-      faults = minor_faults() - faults;
+      const auto end = usage();
+      for (int k = 0; k < 4; ++k) {
+        use[k] = (end[k] - use[k]) / samples;
+      }
       last = y.local();
     }
   }
@@ -203,7 +209,7 @@ void run_size(Ctx& c, const DeviceMesh<Mesh>& mesh, const Size& z) {
   // Slowest rank's medians; the range over every rank's samples (min as -max of the negated).
   const auto m =
       world_max(c.world, {st.median, bench::stats_of(gemm).median, bench::stats_of(act).median,
-                          bench::stats_of(comm).median, -st.min, st.max, double(faults) / samples});
+                          bench::stats_of(comm).median, -st.min, st.max, use[0], use[1], use[2], use[3]});
   bench::Stats row = st;
   row.median = m[0];
   row.min = -m[4];
@@ -258,6 +264,9 @@ void run_size(Ctx& c, const DeviceMesh<Mesh>& mesh, const Size& z) {
       .add_num("comm_us", m[3])
       .add_num("gflops_per_rank", flops_rank / (m[1] * 1e3))
       .add_num("page_faults_per_iter", m[6])
+      .add_num("voluntary_switches_per_iter", m[7])
+      .add_num("involuntary_switches_per_iter", m[8])
+      .add_num("cpu_us_per_iter", m[9])
       .add_num("blas_threads", blas_threads())
       .add_str("glibc_tunables", std::getenv("GLIBC_TUNABLES") ? std::getenv("GLIBC_TUNABLES") : "")
       .add("checksum", exact_json(sum))
@@ -269,7 +278,7 @@ void run_size(Ctx& c, const DeviceMesh<Mesh>& mesh, const Size& z) {
   c.table.row({std::to_string(z.tokens) + " x " + std::to_string(z.hidden) + " x " + std::to_string(z.ffn),
                act_name(c.act), bench::range(row), bench::num(m[1]), bench::num(m[2]), bench::num(m[3]),
                bench::fmt("%.1f", flops_rank / (m[1] * 1e3)), bench::fmt("%.0f", m[6]),
-               ok ? "ok" : "FAILED"});
+               bench::fmt("%.1f+%.1f", m[7], m[8]), bench::num(m[9]), ok ? "ok" : "FAILED"});
   c.results.add(std::move(rec));
 }
 

@@ -6,16 +6,17 @@
 # python3-torch, ours runs alone (no ratio).
 #
 # usage: bench/mlp/mlp_vs_torch.sh [--passes K] [--nproc N] [--threads T] [--scale S] [--act relu|gelu|none]
-#                                  [--sizes TxHxF,...] [--markdown]
-#   defaults: 3 passes, 4 processes, 1 thread, relu. Threads: OPENBLAS_NUM_THREADS=T and OMP_NUM_THREADS=T
-#   for both sides, torch.set_num_threads(T) for torch. BUILD_DIR (default build-bench) is configured as
-#   scripts/bench.sh does if needed, and bench_mlp and dtensor-run are built in it.
+#                                  [--sizes TxHxF,...] [--markdown] [--out DIR]
+#   defaults: 3 passes, 4 processes, 1 thread, relu, DIR bench/results. Threads: OPENBLAS_NUM_THREADS=T and
+#   OMP_NUM_THREADS=T for both sides, torch.set_num_threads(T) for torch. BUILD_DIR (default build-bench) is
+#   configured as scripts/bench.sh does if needed, and bench_mlp and dtensor-run are built in it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${BUILD_DIR:-build-bench}
 passes=3
 nproc=4
 threads=1
+out=bench/results
 common=()
 join_args=()
 while [[ $# -gt 0 ]]; do
@@ -25,6 +26,7 @@ while [[ $# -gt 0 ]]; do
   --threads) threads=$2; shift 2 ;;
   --scale | --act | --sizes) common+=("$1" "$2"); shift 2 ;;
   --markdown) join_args+=(--markdown); shift ;;
+  --out) out=$2; shift 2 ;;
   *) echo "mlp_vs_torch.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -64,5 +66,5 @@ for ((p = 1; p <= passes; ++p)); do
     fi
   fi
 done
-mkdir -p bench/results
-"$torch_py" bench/mlp/join.py --ranks "$nproc" --out bench/results "${join_args[@]}" "${dirs[@]}"
+mkdir -p "$out"
+"$torch_py" bench/mlp/join.py --ranks "$nproc" --out "$out" "${join_args[@]}" "${dirs[@]}"

@@ -91,11 +91,14 @@ def run_size(args, size, rank, n):
     total, gemm, actt, comm = [], [], [], []
     clock = time.perf_counter
     y = None
-    faults = 0
+    def usage():  # page faults, voluntary and involuntary context switches, CPU us of this process (bench_mlp's)
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        return [u.ru_minflt, u.ru_nvcsw, u.ru_nivcsw, (u.ru_utime + u.ru_stime) * 1e6]
+    use = [0, 0, 0, 0]
     dist.barrier()
     for it in range(warmup + samples):
         if it == warmup:
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            use = usage()
         t0 = clock()
         h = torch.mm(x, w1)
         t1 = clock()
@@ -111,9 +114,9 @@ def run_size(args, size, rank, n):
             gemm.append((t1 - t0 + t3 - t2) * 1e6)
             actt.append((t2 - t1) * 1e6)
             comm.append((t4 - t3) * 1e6)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    use = [(b - a) / samples for a, b in zip(use, usage())]
     med = statistics.median
-    m = world_max([med(total), med(gemm), med(actt), med(comm), -min(total), max(total), faults / samples])
+    m = world_max([med(total), med(gemm), med(actt), med(comm), -min(total), max(total)] + use)
 
     ok, max_err = True, 0.0
     if rank == 0:
@@ -136,7 +139,9 @@ def run_size(args, size, rank, n):
             "ranks": n, "bytes": tokens * hidden * 4, "torch_us": m[0], "torch_min_us": -m[4],
             "torch_max_us": m[5], "samples": samples, "tokens": tokens, "hidden": hidden, "ffn": ffn,
             "act": args.act, "gemm_us": m[1], "act_us": m[2], "comm_us": m[3],
-            "gflops_per_rank": flops_rank / (m[1] * 1e3), "page_faults_per_iter": m[6], "torch_threads": torch.get_num_threads(),
+            "gflops_per_rank": flops_rank / (m[1] * 1e3), "page_faults_per_iter": m[6],
+            "voluntary_switches_per_iter": m[7], "involuntary_switches_per_iter": m[8],
+            "cpu_us_per_iter": m[9], "torch_threads": torch.get_num_threads(),
             "blas_threads": blas_threads(),
             "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "checksum": s, "checksum_weighted": ws,
             "checksum_abs": abs_sum,
@@ -168,12 +173,13 @@ def main():
         print(f"TP MLP forward through torch {torch.__version__} (torch.mm, dist.all_reduce) on gloo, {n} processes, "
               f"float32, torch threads {torch.get_num_threads()}, OpenBLAS threads {blas_threads()} (medians of the "
               f"slowest rank, us)")
-        print(f'{"size":<20}{"act":<6}{"forward us [min-max]":>28}{"gemm":>10}{"act":>9}{"comm":>10}{"faults":>8}  check')
+        print(f'{"size":<20}{"act":<6}{"forward us [min-max]":>28}{"gemm":>10}{"act":>9}{"comm":>10}{"faults":>8}{"switches":>14}{"CPU us":>9}  check')
         for r in rows:
             print(f'{r["name"].split()[0]:<20}{r["act"]:<6}'
                   f'{r["torch_us"]:>10.0f} [{r["torch_min_us"]:.0f}-{r["torch_max_us"]:.0f}]'.ljust(54)
                   + f'{r["gemm_us"]:>10.1f}{r["act_us"]:>9.1f}{r["comm_us"]:>10.0f}{r["page_faults_per_iter"]:>8.0f}'
-                  + f'  {r["check"]}')
+                  + f'{r["voluntary_switches_per_iter"]:>8.1f}+{r["involuntary_switches_per_iter"]:<5.1f}'
+                  + f'{r["cpu_us_per_iter"]:>9.0f}  {r["check"]}')
         if args.out and not args.smoke:
             date, host = time.strftime("%Y-%m-%d", time.gmtime()), socket.gethostname()
             path = os.path.join(args.out, f"torch_mlp_n{n}.json")
