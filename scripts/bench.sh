@@ -3,9 +3,11 @@
 #   1. collectives sweep on gloo, 2 and 4 processes (ours vs raw gloo), then the same sweep through
 #      torch.distributed (Debian's python3-torch, if installed) and the join (ours/torch);
 #   2. redistribution suite at 2, 4 (1-D, 2-D, uneven variable vs padded) and 8 processes (3-D);
-#   3. host overhead per call (one process);
-#   4. compile cost (bench/compile/compile_time.sh).
-# About 7-9 minutes on the 2-core dev machine.
+#   3. TP MLP forward on 4 processes, ours vs torch.mm + dist.all_reduce (bench/mlp/mlp_vs_torch.sh; ours
+#      alone without python3-torch);
+#   4. host overhead per call (one process);
+#   5. compile cost (bench/compile/compile_time.sh).
+# About 8-10 minutes on the 2-core dev machine.
 #
 # usage: scripts/bench.sh [--quick]     (--quick: half the samples, sweeps up to 1 MiB, one pass, 1 compile rep)
 #   BUILD_DIR (default build-bench) is configured and built here if needed (Release, no CUDA language).
@@ -26,7 +28,7 @@ fi
 if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
 fi
-cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead
+cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead bench_mlp
 run="$build/tools/dtensor-run/dtensor-run --standalone --tee 0"
 mkdir -p bench/results
 common=(--scale "$scale" --out bench/results)
@@ -59,10 +61,13 @@ for n in 2 4 8; do
   $run --nproc-per-node "$n" "$build/bench/bench_redistribution" "${common[@]}"
 done
 
-echo "== 3. host overhead"
+echo "== 3. TP MLP forward (gloo, 4 processes, 1 thread each), ours vs torch"
+BUILD_DIR="$build" bench/mlp/mlp_vs_torch.sh --passes "$passes" --scale "$scale"
+
+echo "== 4. host overhead"
 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_overhead" "${common[@]}"
 
-echo "== 4. compile cost"
+echo "== 5. compile cost"
 bench/compile/compile_time.sh "$compile_reps"
 
 echo "== done in $((SECONDS - start)) s; results in bench/results/"
