@@ -28,7 +28,7 @@ fi
 if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
 fi
-cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead bench_mlp
+cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead bench_mlp bench_loss bench_pipeline bench_gemm
 run="$build/tools/dtensor-run/dtensor-run --standalone --tee 0"
 mkdir -p bench/results
 common=(--scale "$scale" --out bench/results)
@@ -67,7 +67,12 @@ BUILD_DIR="$build" bench/mlp/mlp_vs_torch.sh --passes "$passes" --scale "$scale"
 echo "== 4. host overhead"
 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_overhead" "${common[@]}"
 
-echo "== 5. compile cost"
+echo "== 5. transformer and parallel layers: loss_parallel vs gather + local loss, the pipeline bubble, local GEMM"
+env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_loss" "${common[@]}"
+env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_pipeline" "${common[@]}"
+env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_gemm" "${common[@]}"
+
+echo "== 6. compile cost"
 bench/compile/compile_time.sh "$compile_reps"
 
 echo "== done in $((SECONDS - start)) s; results in bench/results/"
