@@ -20,6 +20,7 @@
 
 #include <array>
 #include <cstdint>
+#include <tuple>
 #include <utility>
 
 #include "dtensor/core/with_backward.hpp"
@@ -223,7 +224,7 @@ auto matmul(const A& a, const B& b, WithBackwardTag) {
                                                                  ProductBackward<false, A, B>(a, b)};
 }
 
-/// x W^T with W (out, in), as torch.nn.functional.linear (without bias: add(linear(x, w), bias)).
+/// x W^T with W (out, in), as torch.nn.functional.linear without a bias (linear(x, w, b) below has one).
 template <AnyDTensor X, AnyDTensor W>
 auto linear(const X& x, const W& w) {
   static_assert(W::rank == 2, "linear: the weight is (out, in)");
@@ -243,6 +244,26 @@ auto linear(const X& x, const W& w, WithBackwardTag) {
   auto y = linear(x, w);
   return WithBackward<decltype(y), ProductBackward<true, X, W>>{std::move(y),
                                                                 ProductBackward<true, X, W>(x, w)};
+}
+
+/// x W^T + b (torch.nn.functional.linear with a bias): the bias (out) is added over x's leading dims.
+template <AnyDTensor X, AnyDTensor W, AnyDTensor B>
+auto linear(const X& x, const W& w, const B& b) {
+  static_assert(B::rank == 1, "linear: the bias is (out)");
+  return add(linear(x, w), b);
+}
+/// With the backward: `auto [y, back] = linear(x, w, b, with_backward); auto [dx, dw, db] = back(dy);`.
+template <AnyDTensor X, AnyDTensor W, AnyDTensor B>
+auto linear(const X& x, const W& w, const B& b, WithBackwardTag) {
+  static_assert(B::rank == 1, "linear: the bias is (out)");
+  auto [y, linear_back] = linear(x, w, with_backward);
+  auto [out, bias_back] = add(y, b, with_backward);
+  auto back = [linear_back = std::move(linear_back), bias_back = std::move(bias_back)](const auto& dy) {
+    auto [dyy, db] = bias_back(dy);
+    auto [dx, dw] = linear_back(dyy);
+    return std::tuple{std::move(dx), std::move(dw), std::move(db)};
+  };
+  return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
 }
 
 } // namespace dtensor
