@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/comm_debug.hpp>
+#include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/parallel/moe.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
@@ -178,5 +179,35 @@ TEST_CASE("MoE on one rank: gradients by central finite differences (top-2, no c
     check(moe.w1[1], g.w1[1], "W1 of expert 1");
     check(moe.w2[2], g.w2[2], "W2 of expert 2");
     check(x, g.dx, "dx");
+  });
+}
+
+TEST_CASE(
+    "MoE on a (dp, ep) = (2, 2) mesh: experts over ep, replicas over dp; gradients reduced over dp equal "
+    "one rank",
+    "[parallel]") {
+  using Mesh = MeshShape<Axis<"dp">, Axis<"ep">>;
+  const MoEConfig c{6, 5, 4, 2, 1.0};
+  const std::vector<std::int64_t> t{5, 3, 6, 4};
+  const Reference ref = reference(c, 4, t);
+  testing::run_ranks(4, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh>(world, 2, 2);
+    const ProcessGroup& dp = mesh.group(0);
+    const ProcessGroup& ep = mesh.group(1);
+    const int w = world.rank();
+    MoE<double> moe(ep, c, 7);
+    auto [y, back] = moe.forward(tokens_of(w, t[w], c.hidden), with_backward);
+    MoEGrads<double> g = back(grad_of(w, t[w], c.hidden));
+    close(y, ref.y[w], "(dp, ep): y");
+    close(g.dx, ref.dx[w], "(dp, ep): dx");
+    Tensor<double, 2> router = g.router.clone();
+    all_reduce(router, ReduceOp::sum, world);
+    close(router, ref.router, "(dp, ep): router gradient");
+    for (int j = 0; j < moe.local_experts(); ++j) {
+      const int e = ep.rank() * moe.local_experts() + j;
+      Tensor<double, 2> w1 = g.w1[j].clone();
+      all_reduce(w1, ReduceOp::sum, dp);
+      close(w1, ref.w1[e], "(dp, ep): W1 gradient of expert " + std::to_string(e));
+    }
   });
 }
