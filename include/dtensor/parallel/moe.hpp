@@ -59,7 +59,8 @@ struct MoEGrads {
 
 namespace local {
 
-/// out[i, :] = in[index[i], :], or zeros where index[i] < 0.
+/// Row i: out[i, :] = in[index[i], :], or zeros where index[i] < 0 (one index per row: the inner loop is a
+/// contiguous copy).
 template <class T>
 struct GatherRows {
   struct {
@@ -70,15 +71,23 @@ struct GatherRows {
   const std::int64_t* index;
   std::int64_t width;
 
-  DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
-    const std::int64_t r = i / width;
-    const std::int64_t c = i % width;
+  DTENSOR_HOST_DEVICE void operator()(std::int64_t r) const {
     const std::int64_t s = index[r];
-    out[i] = s >= 0 ? in[s * width + c] : T(0);
+    T* o = out + r * width;
+    if (s < 0) {
+      for (std::int64_t c = 0; c < width; ++c) {
+        o[c] = T(0);
+      }
+      return;
+    }
+    const T* src = in + s * width;
+    for (std::int64_t c = 0; c < width; ++c) {
+      o[c] = src[c];
+    }
   }
 };
 
-/// out[t, :] = sum over j < k of weight[t, j] * rows[slot[t, j], :] (slot < 0: nothing).
+/// Row t: out[t, :] = sum over j < k of weight[t, j] * rows[slot[t, j], :] (slot < 0: nothing).
 template <class T>
 struct CombineRows {
   struct {
@@ -91,22 +100,27 @@ struct CombineRows {
   std::int64_t k;
   std::int64_t width;
 
-  DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
+  DTENSOR_HOST_DEVICE void operator()(std::int64_t t) const {
     using C = compute_t<T>;
-    const std::int64_t t = i / width;
-    const std::int64_t c = i % width;
-    C acc = 0;
+    T* o = out + t * width;
+    for (std::int64_t c = 0; c < width; ++c) {
+      o[c] = T(0);
+    }
     for (std::int64_t j = 0; j < k; ++j) {
       const std::int64_t s = slot[t * k + j];
-      if (s >= 0) {
-        acc += static_cast<C>(weight[t * k + j]) * static_cast<C>(rows[s * width + c]);
+      if (s < 0) {
+        continue;
+      }
+      const C w = static_cast<C>(weight[t * k + j]);
+      const T* src = rows + s * width;
+      for (std::int64_t c = 0; c < width; ++c) {
+        o[c] = T(static_cast<C>(o[c]) + w * static_cast<C>(src[c]));
       }
     }
-    out[i] = T(acc);
   }
 };
 
-/// out[i, :] = weight[i] * in[index[i], :]: each kept assignment's row of dy, scaled by its gate.
+/// Row i: out[i, :] = weight[i] * in[index[i], :]: each kept assignment's row of dy, scaled by its gate.
 template <class T>
 struct ScaledGatherRows {
   struct {
@@ -118,10 +132,14 @@ struct ScaledGatherRows {
   const T* weight;
   std::int64_t width;
 
-  DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
-    const std::int64_t r = i / width;
-    out[i] =
-        T(static_cast<compute_t<T>>(weight[r]) * static_cast<compute_t<T>>(in[index[r] * width + i % width]));
+  DTENSOR_HOST_DEVICE void operator()(std::int64_t r) const {
+    using C = compute_t<T>;
+    const C w = static_cast<C>(weight[r]);
+    const T* src = in + index[r] * width;
+    T* o = out + r * width;
+    for (std::int64_t c = 0; c < width; ++c) {
+      o[c] = T(w * static_cast<C>(src[c]));
+    }
   }
 };
 
@@ -153,7 +171,7 @@ Tensor<T, 2> gather_rows(const Tensor<T, 2>& in, const std::vector<std::int64_t>
       empty_like(std::array<std::int64_t, 2>{static_cast<std::int64_t>(index.size()), width}, in);
   const auto idx = index_tensor(index, in);
   const auto src = in.contiguous();
-  local::GatherRows<T> run{{out.numel()}, out.data(), src.data(), idx.data(), width};
+  local::GatherRows<T> run{{out.shape()[0]}, out.data(), src.data(), idx.data(), width};
   local::launch(run, in.device(), in.stream_handle(), "MoE: gather rows");
   return out;
 }
@@ -167,7 +185,7 @@ Tensor<T, 2> combine_rows(const Tensor<T, 2>& rows, const std::vector<std::int64
   const auto s = index_tensor(slot, rows);
   const auto w = value_tensor<T>(weight, rows);
   const auto src = rows.contiguous();
-  local::CombineRows<T> run{{out.numel()}, out.data(), src.data(), s.data(), w.data(), k, width};
+  local::CombineRows<T> run{{tokens}, out.data(), src.data(), s.data(), w.data(), k, width};
   local::launch(run, rows.device(), rows.stream_handle(), "MoE: combine");
   return out;
 }
@@ -434,8 +452,8 @@ MoEGrads<T> MoEBackward<T>::operator()(const Tensor<T, 2>& dy_in) const {
   {
     const auto idx = detail::index_tensor(send_rows_, dy);
     const auto w = detail::value_tensor<T>(send_gate, dy);
-    local::ScaledGatherRows<T> run{{d_send.numel()}, d_send.data(), dy.data(),
-                                   idx.data(),       w.data(),      c.hidden};
+    local::ScaledGatherRows<T> run{{d_send.shape()[0]}, d_send.data(), dy.data(),
+                                   idx.data(),          w.data(),      c.hidden};
     local::launch(run, dy.device(), dy.stream_handle(), "MoE backward: rows");
   }
   std::int64_t received = 0;
