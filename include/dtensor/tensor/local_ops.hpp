@@ -8,6 +8,7 @@
 //   dtensor::local_ops::copy(packed, t.narrow(1, 2, 3));   // packed[i][j] = t[i][2 + j]
 //   dtensor::local_ops::fill(t.narrow(0, 0, 2), 1.0f);     // rows 0 and 1 of t
 //   dtensor::local_ops::scale(t, 0.5);                      // t *= 0.5 (floating types)
+//   dtensor::local_ops::convert(t16, t);                    // bfloat16 <- float, elementwise
 //
 // How it runs:
 //  - The kernel, once. A strided region is collapsed into a RunLayout: size-1 dims dropped, dims that are
@@ -316,6 +317,27 @@ struct ScaleRuns {
   }
 };
 
+/// Index i converts tile i: operand 0 is the destination (element type D), operand 1 the source (S);
+/// each element goes through double when either type is double, else through float.
+template <class D, class S, int R>
+struct ConvertRuns {
+  using via_type = std::conditional_t<std::is_same_v<D, double> || std::is_same_v<S, double>, double, float>;
+  RunLayout<R, 2> layout;
+  D* dst;
+  const S* src;
+
+  DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
+    const Tile<2> t = layout.locate(i);
+    for (std::int64_t r = 0; r < t.rows; ++r) {
+      D* d = dst + t.offset[0] + r * t.row_stride[0];
+      const S* s = src + t.offset[1] + r * t.row_stride[1];
+      for (std::int64_t k = 0; k < t.n; ++k) {
+        d[k] = D(static_cast<via_type>(s[k]));
+      }
+    }
+  }
+};
+
 /// Runs f(i) for every i in [0, f.layout.count) on the host: Thrust's cpp system, or a plain loop.
 template <class F>
 void run_host(const F& f) {
@@ -418,6 +440,51 @@ void scale(const Tensor<T, R>& t, double factor) {
       ": scaling a CUDA tensor needs a kernel; compile this translation unit with nvcc (and the "
       "CUDA Toolkit's Thrust headers)");
 #endif
+}
+
+/// dst = src converted element by element to dst's element type (float <-> bfloat16, half, double: through
+/// float, or double when either side is double; rounding to nearest even). Shapes must match; strides may
+/// differ; both on one device. Synchronous. CUDA tensors need an nvcc TU (a kernel).
+template <class D, class S, int R>
+void convert(const Tensor<D, R>& dst, const Tensor<S, R>& src) {
+  static_assert((std::is_floating_point_v<D> || detail::is_reduced_float_v<D>)&&(
+                    std::is_floating_point_v<S> || detail::is_reduced_float_v<S>),
+                "local_ops::convert: both element types must be floating (float, double, bfloat16, half, "
+                "float8_e4m3, float8_e5m2)");
+  DTENSOR_CHECK(dst.shape() == src.shape(), "local_ops::convert: shape mismatch: destination " +
+                                                detail::shape_to_string(dst.shape()) + " vs source " +
+                                                detail::shape_to_string(src.shape()));
+  DTENSOR_CHECK(dst.device() == src.device(), "local_ops::convert: the destination is on " +
+                                                  dst.device().to_string() + ", the source on " +
+                                                  src.device().to_string());
+  if constexpr (std::is_same_v<D, S>) {
+    copy(dst, src);
+  } else {
+    if (dst.numel() == 0) {
+      return;
+    }
+    if (dst.device().is_cpu()) {
+      run_host(
+          ConvertRuns<D, S, R>{make_run_layout<R, 2>(dst.shape(), {dst.strides(), src.strides()}, host_tile),
+                               dst.data(), src.data()});
+      return;
+    }
+#if DTENSOR_LOCAL_OPS_CUDA
+    if (src.stream() != dst.stream()) { // order after pending work on src's stream
+      detail::TensorDeviceGuard guard(src.device().index);
+      detail::check_tensor_cuda(cudaStreamSynchronize(src.stream()), "cudaStreamSynchronize",
+                                "local_ops::convert");
+    }
+    run_cuda(
+        ConvertRuns<D, S, R>{make_run_layout<R, 2>(dst.shape(), {dst.strides(), src.strides()}, cuda_tile),
+                             dst.data(), src.data()},
+        dst.device(), dst.stream(), "local_ops::convert");
+#else
+    detail::throw_error("local_ops::convert on " + dst.device().to_string() +
+                        ": converting a CUDA tensor needs a kernel; compile this translation unit with nvcc "
+                        "(and the CUDA Toolkit's Thrust headers)");
+#endif
+  }
 }
 
 } // namespace DTENSOR_LOCAL_OPS_NS
