@@ -1,0 +1,220 @@
+#pragma once
+// Gradient clipping by the global norm over sharded gradients, torch.nn.utils.clip_grad_norm_'s semantics:
+//
+//   double norm = clip_grad_norm(1.0, dw1, dw2, db);          // the 2-norm of all of them together
+//   double top = clip_grad_norm(1.0, inf_norm, dw1, dw2, db); // the largest |element|
+//   double n = total_norm(l2_norm, dw1, dw2);                 // the norm only (no scaling)
+//
+// The gradients are DTensors of one mesh with any Shard / Replicate placements (a Partial gradient does not
+// compile: reduce it first). The norm counts every element of every global gradient once: each rank sums
+// |x|^p over its shard (in double), and a gradient's sum is taken on the ranks at coordinate 0 of each
+// axis where that gradient is Replicate but some gradient of the call is Shard; the others contribute 0,
+// so replicas are not double counted. One all_reduce of one double (sum; max for the inf norm) over the
+// group of the axes where any gradient is Shard completes every gradient's sum at once, whatever mix of
+// placements they have (no all_reduce when every gradient is replicated): every rank gets the same total.
+// Then clip_coef = max_norm / (norm + 1e-6), clamped to 1; below 1 every gradient's shard is scaled by it in
+// place (torch multiplies by the clamped coefficient, 1, also when it does not clip: the same values). A
+// NaN or infinite norm scales by NaN or 0 as torch does (no error_if_nonfinite).
+//
+// The sums run as a local kernel on the library's launcher: one partial sum per tile (a whole run on the
+// host, a block of elements per thread on CUDA), added on the host.
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "dtensor/comm/collectives.hpp"
+#include "dtensor/core/element_type.hpp"
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/placement.hpp"
+#include "dtensor/core/tensor.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/ops/typed.hpp"
+#include "dtensor/tensor/dtensor.hpp"
+#include "dtensor/tensor/local_ops.hpp"
+
+namespace dtensor {
+
+/// The p of a p-norm: 2 by default, `inf_norm` for the largest absolute value.
+struct NormType {
+  double p = 2;
+  constexpr bool is_inf() const noexcept { return p == std::numeric_limits<double>::infinity(); }
+};
+inline constexpr NormType l2_norm{2};
+inline constexpr NormType inf_norm{std::numeric_limits<double>::infinity()};
+
+namespace detail {
+
+template <class G>
+consteval bool check_clip_grad() {
+  using GT = dtensor_traits<G>;
+  using T = typename GT::value_type;
+  static_assert(std::is_floating_point_v<T> || is_reduced_float_v<T>,
+                "clip_grad_norm: gradients must have a floating element type");
+  constexpr bool partial = [] {
+    for (const Placement& p : GT::placements) {
+      if (p.is_partial()) {
+        return true;
+      }
+    }
+    return false;
+  }();
+  static_assert(!partial, "clip_grad_norm: a gradient is Partial on a mesh axis (a sum still pending over "
+                          "ranks): reduce it first (redistribute<...>() to Shard/Replicate)");
+  return true;
+}
+
+/// The axes where placements `l` shard a dim.
+constexpr AxisMask shard_axes(const PlacementList& l) {
+  AxisMask m = 0;
+  for (int a = 0; a < l.size(); ++a) {
+    if (l[a].is_shard()) {
+      m |= axis_bit(a);
+    }
+  }
+  return m;
+}
+
+inline namespace DTENSOR_LOCAL_OPS_NS {
+
+/// Index i writes to out[i] tile i's sum of |x|^p (p = 2: x * x; p = 1: |x|), or its largest |x| (inf).
+template <class T>
+struct NormRuns {
+  local_ops::RunLayout<1, 1> layout;
+  const T* in;
+  double* out;
+  double p;
+  bool inf;
+
+  DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
+    const local_ops::Tile<1> t = layout.locate(i);
+    double acc = 0;
+    for (std::int64_t r = 0; r < t.rows; ++r) {
+      const T* x = in + t.offset[0] + r * t.row_stride[0];
+      for (std::int64_t k = 0; k < t.n; ++k) {
+        const double v = std::fabs(static_cast<double>(static_cast<local::compute_t<T>>(x[k])));
+        if (inf) {
+          acc = v > acc || v != v ? v : acc; // NaN propagates
+        } else if (p == 2) {
+          acc += v * v;
+        } else if (p == 1) {
+          acc += v;
+        } else {
+          acc += std::pow(v, p);
+        }
+      }
+    }
+    out[i] = acc;
+  }
+};
+
+/// Elements per CUDA thread in a norm's partial sums.
+inline constexpr std::int64_t norm_cuda_width = 4096;
+
+/// This rank's sum of |x|^p (or max |x|) over the contiguous tensor `x`.
+template <class T, int R>
+double local_norm_sum(const Tensor<T, R>& x, NormType type) {
+  const std::int64_t n = x.numel();
+  if (n == 0) {
+    return 0;
+  }
+  const bool host = x.device().is_cpu();
+  const Tensor<T, R> c = x.contiguous();
+  NormRuns<T> run{local_ops::make_run_layout<1, 1>(
+                      {n}, {{{1}}}, host ? local_ops::host_tile : local_ops::TileShape{1, norm_cuda_width}),
+                  c.data(), nullptr, type.p, type.is_inf()};
+#if DTENSOR_HAS_CUDA
+  Tensor<double, 1> partial({run.layout.count}, c.device(), c.stream());
+#else
+  Tensor<double, 1> partial({run.layout.count}, c.device());
+#endif
+  run.out = partial.data();
+  local::launch(run, c.device(), c.stream_handle(), "clip_grad_norm");
+  const Tensor<double, 1> sums = host ? partial : partial.to(Device::cpu());
+  double acc = 0;
+  for (std::int64_t i = 0; i < sums.numel(); ++i) { // one value per tile
+    const double v = sums.data()[i];
+    acc = type.is_inf() ? (v > acc || v != v ? v : acc) : acc + v;
+  }
+  return acc;
+}
+
+} // namespace DTENSOR_LOCAL_OPS_NS
+
+/// Whether this rank contributes gradient G's sum: it sits at coordinate 0 of every axis in `group_axes`
+/// where G is not sharded.
+template <class G>
+bool counts_here(const G& g, AxisMask group_axes) {
+  for (int a = 0; a < G::placements.size(); ++a) {
+    if ((group_axes & axis_bit(a)) && !G::placements[a].is_shard() && g.mesh().coordinate()[a] != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+} // namespace detail
+
+/// The norm of all the gradients' global elements together (see the header comment); the same value on
+/// every rank. Collective over the mesh axes where any gradient is Shard.
+template <AnyDTensor G0, AnyDTensor... G>
+double total_norm(NormType type, const G0& g0, const G&... grads) {
+  static_assert((detail::check_clip_grad<std::remove_cvref_t<G0>>() && ... &&
+                 detail::check_clip_grad<std::remove_cvref_t<G>>()));
+  static_assert((std::is_same_v<typename detail::dtensor_traits<std::remove_cvref_t<G0>>::shape_type,
+                                typename detail::dtensor_traits<std::remove_cvref_t<G>>::shape_type> &&
+                 ...),
+                "clip_grad_norm: every gradient must be on the same mesh");
+  DTENSOR_CHECK(type.p > 0, "clip_grad_norm: norm_type must be positive, not " + std::to_string(type.p));
+  DTENSOR_CHECK(
+      ((grads.mesh().sizes() == g0.mesh().sizes() && grads.mesh().coordinate() == g0.mesh().coordinate()) &&
+       ...),
+      "clip_grad_norm: every gradient must be on the same mesh");
+  constexpr AxisMask axes = (detail::shard_axes(G0::placements) | ... | detail::shard_axes(G::placements));
+  double acc = 0;
+  auto add = [&](const auto& g) {
+    // Every rank of the group adds to the max (replicas hold the same values); sums only once per block.
+    if (type.is_inf() || detail::counts_here(g, axes)) {
+      const double s = detail::local_norm_sum(g.local(), type);
+      acc = type.is_inf() ? (s > acc || s != s ? s : acc) : acc + s;
+    }
+  };
+  add(g0);
+  (add(grads), ...);
+  if constexpr (axes != 0) {
+    Tensor<double, 1> total = Tensor<double, 1>::full({1}, acc);
+    all_reduce(total, type.is_inf() ? ReduceOp::max : ReduceOp::sum, g0.mesh().group_over(axes));
+    acc = total.data()[0];
+  }
+  return type.is_inf() ? acc : (type.p == 2 ? std::sqrt(acc) : std::pow(acc, 1.0 / type.p));
+}
+
+/// Scales every gradient's shard in place by clip_coef = max_norm / (norm + 1e-6) when that is below 1
+/// (torch.nn.utils.clip_grads_with_norm_); `norm` is total_norm's result. No communication.
+template <AnyDTensor... G>
+void clip_grads_with_norm(double max_norm, double norm, const G&... grads) {
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1 || coef != coef) {
+    (local_ops::scale(grads.local(), coef), ...);
+  }
+}
+
+/// Clips the gradients by their global p-norm (torch.nn.utils.clip_grad_norm_): returns the norm before
+/// clipping and scales the gradients' shards in place when it exceeds max_norm.
+template <AnyDTensor G0, AnyDTensor... G>
+double clip_grad_norm(double max_norm, NormType type, const G0& g0, const G&... grads) {
+  const double norm = total_norm(type, g0, grads...);
+  clip_grads_with_norm(max_norm, norm, g0, grads...);
+  return norm;
+}
+/// The 2-norm form: clip_grad_norm(max_norm, grads...).
+template <AnyDTensor G0, AnyDTensor... G>
+double clip_grad_norm(double max_norm, const G0& g0, const G&... grads) {
+  return clip_grad_norm(max_norm, l2_norm, g0, grads...);
+}
+
+} // namespace dtensor
