@@ -21,13 +21,6 @@ using namespace dtensor::test_support;
 
 namespace {
 
-using R = Replicate;
-using P = Partial<>;
-template <int D>
-using S = Shard<D>;
-using Mesh1 = MeshShape<Axis<"x">>;
-using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
-
 // silu(gate) * up, elementwise: a nonlinear op of two operands labelled alike.
 struct SwiGlu {
   static constexpr OpSpec sharding{{labels("tf"), labels("tf")}, labels("tf"), Linearity::nonlinear};

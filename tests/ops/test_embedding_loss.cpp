@@ -25,13 +25,6 @@ using namespace dtensor::test_support;
 
 namespace {
 
-using R = Replicate;
-using P = Partial<>;
-template <int D>
-using S = Shard<D>;
-using Mesh1 = MeshShape<Axis<"x">>;
-using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
-
 constexpr std::int64_t vocab = 7;
 
 // DT with int64 elements.

@@ -21,12 +21,6 @@ using namespace dtensor::test_support;
 
 namespace {
 
-using R = Replicate;
-using P = Partial<>;
-template <int D>
-using S = Shard<D>;
-using Mesh1 = MeshShape<Axis<"x">>;
-using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
 using Four = MeshShape<Axis<"x", 4>>;
 using Big = MeshShape<Axis<"a", 8>, Axis<"b", 16>, Axis<"c", 8>>;
 

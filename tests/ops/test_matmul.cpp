@@ -20,13 +20,6 @@ using namespace dtensor::test_support;
 
 namespace {
 
-using R = Replicate;
-using P = Partial<>;
-template <int D>
-using S = Shard<D>;
-using Mesh1 = MeshShape<Axis<"x">>;
-using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
-
 // The reference as flat row-major vectors: C = A op(B) and the gradients for dC, batch-aware.
 struct Ref {
   std::vector<double> c, da, db;

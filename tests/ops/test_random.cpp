@@ -23,14 +23,7 @@ using namespace dtensor::test_support;
 
 namespace {
 
-using R = Replicate;
-using P = Partial<>;
-using Pavg = Partial<ReduceOp::avg>;
 using Pmax = Partial<ReduceOp::max>;
-template <int D>
-using S = Shard<D>;
-using Mesh1 = MeshShape<Axis<"x">>;
-using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
 
 using Elements = TypeList<float, double, bfloat16, half>;
 

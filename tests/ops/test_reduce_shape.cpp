@@ -21,14 +21,6 @@ using namespace dtensor::test_support;
 
 namespace {
 
-using R = Replicate;
-using P = Partial<>;
-using Pavg = Partial<ReduceOp::avg>;
-template <int D>
-using S = Shard<D>;
-using Mesh1 = MeshShape<Axis<"x">>;
-using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
-
 using One = TypeList<Placements<R>, Placements<S<0>>, Placements<S<1>>, Placements<P>, Placements<Pavg>>;
 using Two = TypeList<Placements<R, R>, Placements<S<0>, R>, Placements<R, S<1>>, Placements<S<0>, S<1>>,
                      Placements<S<1>, S<0>>, Placements<S<0>, S<0>>, Placements<P, R>, Placements<R, P>,

@@ -27,13 +27,6 @@ using namespace dtensor::test_support;
 
 namespace {
 
-using R = Replicate;
-using P = Partial<>;
-template <int D>
-using S = Shard<D>;
-using Mesh1 = MeshShape<Axis<"x">>;
-using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
-
 using Vec = std::vector<double>;
 using Forward = std::function<Vec(const Vec&)>;
 

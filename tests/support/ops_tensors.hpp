@@ -13,6 +13,15 @@
 
 namespace dtensor::test_support {
 
+// The placements and meshes the ops tests use.
+using R = Replicate;
+using P = Partial<>;
+using Pavg = Partial<ReduceOp::avg>;
+template <int D>
+using S = Shard<D>;
+using Mesh1 = MeshShape<Axis<"x">>;
+using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
+
 inline void expect(bool ok, const std::string& what) {
   DTENSOR_CHECK(ok, what);
 }
