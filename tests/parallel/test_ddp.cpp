@@ -29,10 +29,6 @@ using namespace dtensor::test_support;
 
 namespace {
 
-using R = Replicate;
-using P = Partial<>;
-template <int D>
-using S = Shard<D>;
 using Mesh = MeshShape<Axis<"dp">, Axis<"tp">>;
 using Buckets = std::vector<std::vector<int>>;
 

@@ -183,7 +183,7 @@ TEST_CASE("MoE on one rank: gradients by central finite differences (top-2, no c
 }
 
 TEST_CASE(
-    "MoE on a (dp, ep) = (2, 2) mesh: experts over ep, replicas over dp; gradients reduced over dp equal "
+    "MoE on a (dp, ep) = (2, 2) mesh: experts over ep, replicas over dp, gradients reduced over dp equal "
     "one rank",
     "[parallel]") {
   using Mesh = MeshShape<Axis<"dp">, Axis<"ep">>;

@@ -34,11 +34,6 @@ using namespace dtensor::test_support;
 
 namespace {
 
-using R = Replicate;
-template <int D>
-using S = Shard<D>;
-using Mesh1 = MeshShape<Axis<"x">>;
-using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
 using Vec = std::vector<double>;
 
 Vec values(int seed, std::int64_t n, double scale = 1) {

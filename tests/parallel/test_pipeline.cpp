@@ -182,7 +182,7 @@ TEST_CASE(
   });
 }
 
-TEST_CASE("blocking send-then-receive on both sides of a stage pair deadlocks (the timeout says so); the "
+TEST_CASE("blocking send-then-receive on both sides of a stage pair deadlocks (the timeout says so), the "
           "schedule's batched exchanges do not",
           "[parallel]") {
   testing::RunRanksOptions o;

@@ -24,11 +24,7 @@ using namespace dtensor::test_support;
 
 namespace {
 
-using R = Replicate;
-template <int D>
-using S = Shard<D>;
-using Mesh1 = MeshShape<Axis<"tp">>;
-using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
+using TpMesh = MeshShape<Axis<"tp">>; // the layers find their axis by name
 
 constexpr std::int64_t kTokens = 6, kHidden = 5, kFfn = 7;
 
@@ -123,17 +119,17 @@ TEST_CASE(
     "[parallel]") {
   for (int n = 1; n <= 4; ++n) {
     INFO("ranks " << n);
-    tp_case<Mesh1, Placements<R>, false>(n, "tp " + std::to_string(n));
+    tp_case<TpMesh, Placements<R>, false>(n, "tp " + std::to_string(n));
   }
   tp_case<Mesh2, Placements<S<0>, R>, false>(4, "(2,2) batch on dp", 2, 2);
   tp_case<Mesh2, Placements<S<0>, R>, false>(3, "(1,3) batch on dp", 1, 3);
 }
 
-TEST_CASE("sequence parallel: the activations Shard<0> on tp between the layers; equals one rank",
+TEST_CASE("sequence parallel: the activations Shard<0> on tp between the layers, equal to one rank",
           "[parallel]") {
   for (int n = 1; n <= 4; ++n) {
     INFO("ranks " << n);
-    tp_case<Mesh1, Placements<S<0>>, true>(n, "sp " + std::to_string(n));
+    tp_case<TpMesh, Placements<S<0>>, true>(n, "sp " + std::to_string(n));
   }
   tp_case<Mesh2, Placements<S<0>, S<0>>, true>(4, "(2,2) batch on dp, sequence on tp", 2, 2);
 }
