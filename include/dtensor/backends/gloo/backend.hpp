@@ -143,7 +143,7 @@ protected:
         });
         o.setAlgorithm(::gloo::AllreduceOptions::Algorithm::RING);
         o.setReduceFunction(reduce_function(buf.dtype, op));
-        o.setTag(od.seq);
+        o.setTag(od.tag());
         o.setTimeout(t);
         ::gloo::allreduce(o);
       }
@@ -169,7 +169,7 @@ protected:
         });
         o.setRoot(root);
         o.setReduceFunction(reduce_function(buf.dtype, op));
-        o.setTag(od.seq);
+        o.setTag(od.tag());
         o.setTimeout(t);
         ::gloo::reduce(o);
       }
@@ -190,7 +190,7 @@ protected:
         o.setOutput(static_cast<T*>(buf.data), static_cast<std::size_t>(buf.count));
       });
       o.setRoot(root);
-      o.setTag(od.seq);
+      o.setTag(od.tag());
       o.setTimeout(t);
       ::gloo::broadcast(o);
     });
@@ -201,30 +201,32 @@ protected:
     OpDesc d{"all_gather", 0, in.count, in.dtype};
     const bool even = std::all_of(counts.begin(), counts.end(), [&](auto c) { return c == counts[0]; }) &&
                       is_packed(counts, displs);
-    return submit(
-        d, opts, {counts, displs}, [this, in, out, even](const OpDesc& od, Ms t, const OpArrays& l) {
-          if (even && in.count > 0 && size() > 1) {
-            ::gloo::AllgatherOptions o(context_);
-            with_gloo_type(in.dtype, [&]<class T>(T) {
-              o.setInput(static_cast<T*>(in.data), static_cast<std::size_t>(in.count));
-              o.setOutput(static_cast<T*>(out.data), static_cast<std::size_t>(out.count));
-            });
-            o.setTag(od.seq);
-            o.setTimeout(t);
-            ::gloo::allgather(o);
-            return;
-          }
-          // Uneven or empty blocks: everyone sends its block to everyone.
-          generic::all_gather(transport_, in, out, l[0], l[1], collective_slot(od.seq), GlooClock::now() + t);
-        });
+    d.count_agrees = even;
+    return submit(d, opts, {counts, displs},
+                  [this, in, out, even](const OpDesc& od, Ms t, const OpArrays& l) {
+                    if (even && in.count > 0 && size() > 1) {
+                      ::gloo::AllgatherOptions o(context_);
+                      with_gloo_type(in.dtype, [&]<class T>(T) {
+                        o.setInput(static_cast<T*>(in.data), static_cast<std::size_t>(in.count));
+                        o.setOutput(static_cast<T*>(out.data), static_cast<std::size_t>(out.count));
+                      });
+                      o.setTag(od.tag());
+                      o.setTimeout(t);
+                      ::gloo::allgather(o);
+                      return;
+                    }
+                    // Uneven or empty blocks: everyone sends its block to everyone.
+                    generic::all_gather(transport_, in, out, l[0], l[1], collective_slot(od.tag()),
+                                        GlooClock::now() + t);
+                  });
   }
 
   WorkPtr do_reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
                             std::span<const std::int64_t> displs, ReduceOp op,
                             const CommOptions& opts) override {
-    OpDesc d{"reduce_scatter", 0, in.count, in.dtype, -1, static_cast<int>(op)};
+    OpDesc d{"reduce_scatter", 0, in.count, in.dtype, -1, static_cast<int>(op), false};
     return submit(d, opts, {counts, displs}, [this, in, out, op](const OpDesc& od, Ms t, const OpArrays& l) {
-      generic::reduce_scatter(transport_, in, out, l[0], l[1], op, collective_slot(od.seq),
+      generic::reduce_scatter(transport_, in, out, l[0], l[1], op, collective_slot(od.tag()),
                               GlooClock::now() + t);
     });
   }
@@ -233,35 +235,35 @@ protected:
                         std::span<const std::int64_t> send_displs, BufferRef out,
                         std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
                         const CommOptions& opts) override {
-    OpDesc d{"all_to_all", 0, in.count, in.dtype};
+    OpDesc d{"all_to_all", 0, in.count, in.dtype, -1, -1, false};
     return submit(d, opts, {send_counts, send_displs, recv_counts, recv_displs},
                   [this, in, out](const OpDesc& od, Ms t, const OpArrays& l) {
-                    generic::all_to_all(transport_, in, l[0], l[1], out, l[2], l[3], collective_slot(od.seq),
-                                        GlooClock::now() + t);
+                    generic::all_to_all(transport_, in, l[0], l[1], out, l[2], l[3],
+                                        collective_slot(od.tag()), GlooClock::now() + t);
                   });
   }
 
   WorkPtr do_gather(BufferRef in, std::span<const BufferRef> blocks, int root,
                     const CommOptions& opts) override {
-    OpDesc d{"gather", 0, in.count, in.dtype, root};
+    OpDesc d{"gather", 0, in.count, in.dtype, root, -1, false};
     OpArrays a;
     if (rank_ == root) {
       a.blocks = blocks;
     }
     return submit(d, opts, a, [this, in, root](const OpDesc& od, Ms t, const OpArrays& a) {
-      generic::gather(transport_, in, a.blocks, root, collective_slot(od.seq), GlooClock::now() + t);
+      generic::gather(transport_, in, a.blocks, root, collective_slot(od.tag()), GlooClock::now() + t);
     });
   }
 
   WorkPtr do_scatter(std::span<const BufferRef> blocks, BufferRef out, int root,
                      const CommOptions& opts) override {
-    OpDesc d{"scatter", 0, out.count, out.dtype, root};
+    OpDesc d{"scatter", 0, out.count, out.dtype, root, -1, false};
     OpArrays a;
     if (rank_ == root) {
       a.blocks = blocks;
     }
     return submit(d, opts, a, [this, out, root](const OpDesc& od, Ms t, const OpArrays& a) {
-      generic::scatter(transport_, a.blocks, out, root, collective_slot(od.seq), GlooClock::now() + t);
+      generic::scatter(transport_, a.blocks, out, root, collective_slot(od.tag()), GlooClock::now() + t);
     });
   }
 
@@ -272,7 +274,7 @@ protected:
         return;
       }
       ::gloo::BarrierOptions o(context_);
-      o.setTag(od.seq);
+      o.setTag(od.tag());
       o.setTimeout(t);
       ::gloo::barrier(o);
     });
@@ -294,7 +296,8 @@ protected:
         const int src = is_send ? rank_ : r.peer;
         const int dst = is_send ? r.peer : rank_;
         auto& seq = p2p_seq_[std::tuple{r.peer, r.tag, is_send}];
-        posted->push_back({r, p2p_slot(src < dst, r.tag, seq++)});
+        posted->push_back(
+            {r, p2p_slot(src < dst, r.tag, seq++, r.buffer.nbytes(), static_cast<int>(r.buffer.dtype))});
       }
     }
     OpDesc d{requests.size() == 1 ? (requests[0].kind == P2PRequest::Kind::send ? "send" : "recv")
