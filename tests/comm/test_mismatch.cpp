@@ -170,3 +170,50 @@ TEST_CASE("from_local of uneven shards without the global shape fails cleanly at
       {"redistribute [S(0)] -> [R]", "all_gather", "disagree", "rank 0: all_gather #0 (12 x float32)",
        "rank 1: all_gather #0 (8 x float32)"});
 }
+
+TEST_CASE("groups created in different orders fail on every member with what each member was making",
+          "[comm][mismatch][groups]") {
+  // Rank 0 makes [0,1] then [0,1,2]; ranks 1 and 2 make [0,1,2] first (rank 1 then [0,1]); or a split of
+  // the world against a new_group; or splits of two groups in different orders.
+  const int order = GENERATE(0, 1, 2);
+  INFO("order " << order);
+  std::vector<std::string> parts{"different orders"};
+  if (order == 0) {
+    parts.push_back("is at: creating new_group([0,1");
+  } else {
+    parts.push_back("is at: creating ");
+  }
+  expect_every_rank_fails(
+      [&](ProcessGroup& g) {
+        const int r = g.rank();
+        if (order == 0) {
+          if (r == 0) {
+            auto a = g.new_group({0, 1});
+            auto b = g.new_group({0, 1, 2});
+          } else if (r == 1) {
+            auto b = g.new_group({0, 1, 2});
+            auto a = g.new_group({0, 1});
+          } else {
+            auto b = g.new_group({0, 1, 2});
+          }
+        } else if (order == 1) {
+          if (r == 1) {
+            auto b = g.new_group({0, 1});
+            auto a = g.split(0, r);
+          } else {
+            auto a = g.split(0, r);
+            auto b = r == 0 ? g.new_group({0, 1}) : ProcessGroup();
+          }
+        } else {
+          auto sub = g.new_group({0, 1});
+          if (r == 1) {
+            auto b = sub.split(0, r);
+            auto a = g.split(0, r);
+          } else {
+            auto a = g.split(0, r);
+            auto b = r == 0 ? sub.split(0, r) : ProcessGroup();
+          }
+        }
+      },
+      parts, 3);
+}

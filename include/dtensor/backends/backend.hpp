@@ -304,7 +304,10 @@ public:
     for (int r : ranks) {
       global.push_back(all[static_cast<std::size_t>(r)]);
     }
-    return do_new_group(std::move(global), static_cast<int>(it - ranks.begin()));
+    const std::string desc = "new_group(" + detail::format_list(global) + ")";
+    std::vector<int> members = global;
+    return creating(desc, members,
+                    [&] { return do_new_group(std::move(global), static_cast<int>(it - ranks.begin())); });
   }
 
   /// ncclCommSplit: every member calls it; members with equal color >= 0 form one group, ordered by
@@ -318,20 +321,10 @@ public:
     g.index = splits_.fetch_add(1);
     const std::string what = describe() + ": split(color " + std::to_string(color) + ", key " +
                              std::to_string(key) + ") #" + std::to_string(g.index);
-    std::vector<detail::SplitEntry> all{{color, key}};
-    if (size() > 1) {
-      Store* store = split_store();
-      DTENSOR_CHECK(store != nullptr, what + ": no store to exchange the colours and keys through");
-      all = detail::exchange_split_colors(*store, "split" + std::to_string(g.index), rank(), size(), color,
-                                          key, timeout(), what);
-    }
-    const detail::SplitMembers members = detail::split_members(all, color, rank());
-    const auto ranks = global_ranks();
-    for (int r : members.ranks) {
-      g.global_ranks.push_back(ranks[static_cast<std::size_t>(r)]);
-    }
-    g.rank = members.me;
-    return do_split(g);
+    const auto old_members = global_ranks();
+    return creating("split #" + std::to_string(g.index) + " of group " + detail::format_list(old_members),
+                    std::vector<int>(old_members.begin(), old_members.end()),
+                    [&] { return split_hook(g, what); });
   }
 
   /// Fails every pending and future op of this communicator with `reason`, and releases peers blocked
@@ -354,7 +347,80 @@ public:
     return aborted_;
   }
 
+private:
+  std::shared_ptr<Backend> split_hook(SplitGroup& g, const std::string& what) {
+    const int color = g.color;
+    const int key = g.key;
+    std::vector<detail::SplitEntry> all{{color, key}};
+    if (size() > 1) {
+      Store* store = split_store();
+      DTENSOR_CHECK(store != nullptr, what + ": no store to exchange the colours and keys through");
+      all = detail::exchange_split_colors(*store, "split" + std::to_string(g.index), rank(), size(), color,
+                                          key, timeout(), what);
+    }
+    const detail::SplitMembers members = detail::split_members(all, color, rank());
+    const auto ranks = global_ranks();
+    for (int r : members.ranks) {
+      g.global_ranks.push_back(ranks[static_cast<std::size_t>(r)]);
+    }
+    g.rank = members.me;
+    return do_split(g);
+  }
+
+  /// Runs `make` (a group creation this rank calls `desc`, the same text on every member that makes the
+  /// same group) after leaving "creating <desc>" under "creating/<global rank>" in rank_store(), and
+  /// "created <desc>" once it returned. When it fails, the error says what each member of `members` (global
+  /// ranks) that is not making the same group was doing: members that make groups in different orders wait
+  /// for each other until the timeout, and the message then says so on every member.
+  template <class Make>
+  std::shared_ptr<Backend> creating(const std::string& desc, const std::vector<int>& members, Make&& make) {
+    Store* store = rank_store();
+    const int me = global_ranks()[static_cast<std::size_t>(rank())];
+    const auto note = [&](const std::string& what) {
+      if (store != nullptr) {
+        try {
+          store->set("creating/" + std::to_string(me), std::string_view(what));
+        } catch (...) { // the report is best effort: the store may be gone with a failed process
+        }
+      }
+    };
+    note("creating " + desc);
+    std::string elsewhere;
+    try {
+      auto group = make();
+      note("created " + desc);
+      return group;
+    } catch (const Error& e) {
+      for (int m : members) {
+        std::optional<std::vector<char>> v;
+        try {
+          v = m == me || store == nullptr ? std::nullopt : store->try_get("creating/" + std::to_string(m));
+        } catch (...) {
+        }
+        const std::string theirs = v ? std::string(v->begin(), v->end()) : "";
+        if (m != me && store != nullptr && theirs != "creating " + desc) {
+          elsewhere += (elsewhere.empty() ? "" : "; ") + std::string("global rank ") + std::to_string(m) +
+                       (theirs.empty() ? " has made no group yet" : " is at: " + theirs);
+        }
+      }
+      if (elsewhere.empty()) {
+        throw;
+      }
+      const std::string msg = std::string(e.what()) + " [while this rank (global " + std::to_string(me) +
+                              ") was making " + desc + ": " + elsewhere +
+                              "; do the members create their groups in different orders?]";
+      if (dynamic_cast<const TimeoutError*>(&e) != nullptr) {
+        throw TimeoutError(msg);
+      }
+      throw Error(msg);
+    }
+  }
+
 protected:
+  /// The store shared by every group of this rank's job (the backend's root store), through which
+  /// creating() reports what each rank is creating; nullptr when there is none.
+  virtual Store* rank_store() { return nullptr; }
+
   /// `timeout`: the default limit of every op (see timeout()).
   explicit Backend(std::chrono::milliseconds timeout) : timeout_ms_(timeout.count()) {}
 

@@ -380,6 +380,7 @@ protected:
   }
 
   Store* split_store() override { return store_.get(); }
+  Store* rank_store() override { return state_->rank_store.get(); }
 
   void do_abort(std::string_view reason) override {
     const std::string why(reason);
@@ -510,6 +511,7 @@ inline std::shared_ptr<Backend> make_gloo_backend(std::shared_ptr<Store> store, 
   state->store = std::move(store);
   state->global_rank = rank;
   state->prefix = options.prefix;
+  state->rank_store = std::make_shared<PrefixStore>(options.prefix, state->store);
   std::vector<int> all(size);
   std::iota(all.begin(), all.end(), 0);
   return detail::GlooBackendImpl::create(state, options.prefix + "/world", std::move(all), rank,

@@ -140,6 +140,8 @@ struct GlooRankState {
   int global_rank = 0;
   /// Key prefix of this rank's groups in `store` (GlooOptions::prefix).
   std::string prefix;
+  /// `store` under `prefix`: what the rank's groups share (Backend::rank_store).
+  std::shared_ptr<Store> rank_store;
   GroupGenerations generations;
 
   std::mutex m;
