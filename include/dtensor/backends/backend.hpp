@@ -34,6 +34,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
 #include "dtensor/core/reduce_op.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
 #include <algorithm>
@@ -151,8 +152,7 @@ public:
   /// Default limit of every op (and of groups created from this one).
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load()); }
   void set_timeout(std::chrono::milliseconds timeout) {
-    DTENSOR_CHECK(timeout.count() > 0, where("set_timeout") + ": the timeout must be positive, got " +
-                                           std::to_string(timeout.count()) + " ms");
+    detail::check_timeout(timeout, where("set_timeout"));
     timeout_ms_.store(timeout.count());
   }
 

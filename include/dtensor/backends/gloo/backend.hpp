@@ -491,6 +491,7 @@ inline std::shared_ptr<Backend> make_gloo_backend(std::shared_ptr<Store> store, 
                                                           " is out of range for size " +
                                                           std::to_string(size));
   DTENSOR_CHECK(store != nullptr, "make_gloo_backend: the store is null");
+  detail::check_timeout(options.timeout, "make_gloo_backend");
   // gloo's TCP transport writes without MSG_NOSIGNAL: a write to a peer that just closed (it failed or
   // aborted) would kill the process with SIGPIPE instead of failing the op. Python (hence PyTorch) ignores
   // SIGPIPE at startup; do the same unless the program installed its own handler.
