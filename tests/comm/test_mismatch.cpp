@@ -217,3 +217,109 @@ TEST_CASE("groups created in different orders fail on every member with what eac
       },
       parts, 3);
 }
+
+TEST_CASE("DTENSOR_DEBUG=detail: a desync is reported at once on every rank with each member's fields, and "
+          "nothing is sent",
+          "[comm][mismatch][desync]") {
+  struct Level { // restores the level for the other cases of this process
+    Level() { set_debug_level(DebugLevel::detail); }
+    ~Level() { set_debug_level(DebugLevel::off); }
+  } level;
+  const std::string kind = GENERATE(std::string("count"), std::string("op"), std::string("dtype"),
+                                    std::string("all_to_all splits"), std::string("gather blocks"));
+  INFO(kind);
+  testing::RunRanksOptions opts;
+  opts.timeout = 10s; // the check must not wait for it
+  std::mutex m;
+  std::vector<std::string> messages(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  testing::run_ranks(
+      3,
+      [&](ProcessGroup& g) {
+        const int r = g.rank();
+        auto t = filled<float>(r == 1 && kind == "count" ? 32 : 16, r);
+        try {
+          if (kind == "count") {
+            all_reduce(t, ReduceOp::sum, g);
+          } else if (kind == "op") {
+            if (r == 2) {
+              broadcast(t, 0, g);
+            } else {
+              all_reduce(t, ReduceOp::sum, g);
+            }
+          } else if (kind == "dtype") {
+            if (r == 2) {
+              all_reduce(filled<std::int32_t>(16, r), ReduceOp::sum, g);
+            } else {
+              all_reduce(t, ReduceOp::sum, g);
+            }
+          } else if (kind == "all_to_all splits") {
+            // Rank 0 sends rank 1 two rows; rank 1 expects one.
+            std::vector<std::int64_t> in_splits{1, 1, 1}, out_splits{1, 1, 1};
+            if (r == 0) {
+              in_splits = {1, 2, 1};
+            }
+            auto in = Tensor<float, 1>::full({in_splits[0] + in_splits[1] + in_splits[2]}, 1.0f);
+            auto out = Tensor<float, 1>::full({3}, 0.0f);
+            all_to_all_single(out, in, out_splits, in_splits, g);
+          } else {
+            // The root expects 16 from everyone; rank 2 sends 8.
+            std::vector<Tensor<float, 1>> list{filled<float>(16, 0), filled<float>(16, 0),
+                                               filled<float>(16, 0)};
+            gather(r == 2 ? filled<float>(8, r) : t, r == 0 ? &list : nullptr, 0, g);
+          }
+        } catch (const Error& e) {
+          std::lock_guard lock(m);
+          messages[static_cast<std::size_t>(r)] = e.what();
+        }
+        // Nothing was sent: the group is still in step.
+        auto one = Tensor<float, 1>::full({4}, 1.0f);
+        all_reduce(one, ReduceOp::sum, g);
+        expect_values<float>(
+            one, [](auto) { return 3.0f; }, "all_reduce after the desync error");
+      },
+      opts);
+  REQUIRE(seconds_since(t0) < 3.0);
+  const std::string field = kind == "count"               ? "disagree on the count"
+                            : kind == "op"                ? "disagree on the op"
+                            : kind == "dtype"             ? "disagree on the dtype"
+                            : kind == "all_to_all splits" ? "rank 0 sends 2 to rank 1, which expects 1"
+                                                          : "rank 2 sends 8 to rank 0, which expects 16";
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << messages[static_cast<std::size_t>(r)]);
+    CHECK_THAT(messages[static_cast<std::size_t>(r)],
+               Catch::Matchers::Contains("desync check of collective #0"));
+    CHECK_THAT(messages[static_cast<std::size_t>(r)], Catch::Matchers::Contains(field));
+    CHECK_THAT(messages[static_cast<std::size_t>(r)], Catch::Matchers::Contains("nothing was sent"));
+    CHECK_THAT(messages[static_cast<std::size_t>(r)], Catch::Matchers::Contains("rank 2: "));
+  }
+  if (kind == "count") {
+    CHECK_THAT(messages[0], Catch::Matchers::Contains("rank 0: all_reduce (16 x float32, op sum); rank 1: "
+                                                      "all_reduce (32 x float32, op sum)"));
+  }
+}
+
+TEST_CASE("DTENSOR_DEBUG=detail: a member that never comes is named with its last collective",
+          "[comm][mismatch][desync]") {
+  struct Level {
+    Level() { set_debug_level(DebugLevel::detail); }
+    ~Level() { set_debug_level(DebugLevel::off); }
+  } level;
+  testing::RunRanksOptions opts;
+  opts.timeout = 500ms;
+  testing::run_ranks(
+      3,
+      [&](ProcessGroup& g) {
+        auto t = filled<float>(4, g.rank());
+        all_reduce(t, ReduceOp::sum, g);
+        if (g.rank() == 1) {
+          return;
+        }
+        expect_throws<TimeoutError>([&] { broadcast(t, 0, g); },
+                                    {"desync check of collective #1",
+                                     "missing: rank 1 (its last checked "
+                                     "collective: #0 all_reduce (4 x float32, op sum))"},
+                                    "a member that never comes");
+      },
+      opts);
+}
