@@ -323,3 +323,33 @@ TEST_CASE("DTENSOR_DEBUG=detail: a member that never comes is named with its las
       },
       opts);
 }
+
+TEST_CASE("a timeout says what this rank did last on the group (flight recorder)", "[comm][flight]") {
+  testing::RunRanksOptions opts;
+  opts.timeout = 500ms;
+  testing::run_ranks(
+      2,
+      [&](ProcessGroup& g) {
+        auto t = filled<float>(4, g.rank());
+        all_reduce(t, ReduceOp::sum, g);
+        broadcast(t, 1, g);
+        auto w = all_reduce(filled<double>(3, 0), ReduceOp::max, g, async_op);
+        w.wait();
+        const std::string record = g.flight_record();
+        DTENSOR_CHECK(
+            record.find("#0 all_reduce (4 x float32, op sum) completed in ") == 0 &&
+                record.find("; #1 broadcast (4 x float32, root 1) completed in ") != std::string::npos &&
+                record.find("; #2 all_reduce (3 x float64, op max) completed in ") != std::string::npos,
+            "flight record: " + record);
+        if (g.rank() == 1) {
+          return; // never comes to the next one
+        }
+        expect_throws<TimeoutError>([&] { reduce(t, 0, ReduceOp::sum, g); },
+                                    {"flight recorder, this rank's last ops on the group: #0 all_reduce (4 x "
+                                     "float32, op sum) completed in ",
+                                     "#2 all_reduce (3 x float64, op max) completed in ",
+                                     "#3 reduce (4 x float32, op sum, root 0) running for "},
+                                    "a timeout after three ops");
+      },
+      opts);
+}

@@ -28,6 +28,7 @@
 //    displacements per rank, so a device backend can run them as grouped send/recv. gather and scatter take
 //    one buffer per member on the root, like torch's lists, so the root needs no staging copy.
 
+#include "dtensor/backends/flight_recorder.hpp"
 #include "dtensor/backends/split.hpp"
 #include "dtensor/core/debug.hpp"
 #include "dtensor/core/device.hpp"
@@ -247,8 +248,10 @@ public:
       check_blocks("gather", blocks, in);
     }
     check_not_aborted("gather");
-    desync_check(opts, "gather", in.dtype, -1, root, -1, {}, std::span<const std::int64_t>(&in.count, 1),
-                 rank() == root ? block_counts(blocks) : std::vector<std::int64_t>{});
+    if (desync_on()) {
+      desync_check(opts, "gather", in.dtype, -1, root, -1, {}, std::span<const std::int64_t>(&in.count, 1),
+                   rank() == root ? block_counts(blocks) : std::vector<std::int64_t>{});
+    }
     return do_gather(in, blocks, root, opts);
   }
 
@@ -261,9 +264,11 @@ public:
       check_blocks("scatter", blocks, out);
     }
     check_not_aborted("scatter");
-    desync_check(opts, "scatter", out.dtype, -1, root, -1, {},
-                 rank() == root ? block_counts(blocks) : std::vector<std::int64_t>{},
-                 std::span<const std::int64_t>(&out.count, 1));
+    if (desync_on()) {
+      desync_check(opts, "scatter", out.dtype, -1, root, -1, {},
+                   rank() == root ? block_counts(blocks) : std::vector<std::int64_t>{},
+                   std::span<const std::int64_t>(&out.count, 1));
+    }
     return do_scatter(blocks, out, root, opts);
   }
 
@@ -353,6 +358,11 @@ public:
     }
     do_abort(reason);
   }
+
+  /// This group's last ops as this rank submitted them (backends/flight_recorder.hpp); a backend records
+  /// into it and appends its dump to timeout and peer-failure messages (gloo does).
+  FlightRecorder& flight_recorder() noexcept { return flight_; }
+  const FlightRecorder& flight_recorder() const noexcept { return flight_; }
 
   /// The reason abort() was given; nullopt while the communicator was not aborted.
   std::optional<std::string> aborted() const {
@@ -497,6 +507,9 @@ protected:
   }
 
 private:
+  /// Whether desync_check does anything (DebugLevel::detail on a group of several members).
+  bool desync_on() const { return debug_level() == DebugLevel::detail && size() > 1; }
+
   static std::vector<std::int64_t> block_counts(std::span<const BufferRef> blocks) {
     std::vector<std::int64_t> c;
     for (const BufferRef& b : blocks) {
@@ -517,7 +530,7 @@ private:
   void desync_check(const CommOptions& opts, const char* op, DType dtype, std::int64_t count, int root,
                     int reduce, std::span<const std::int64_t> counts = {},
                     std::span<const std::int64_t> sends = {}, std::span<const std::int64_t> recvs = {}) {
-    if (debug_level() != DebugLevel::detail || size() == 1) {
+    if (!desync_on()) {
       return;
     }
     Store* store = split_store();
@@ -752,9 +765,9 @@ private:
   }
 
   std::atomic<std::int64_t> timeout_ms_;
-  std::atomic<int> splits_{0};
-  std::atomic<std::int64_t> desync_seq_{
-      0}; // collectives checked by desync_check // split() calls, which every member makes in the same order
+  std::atomic<int> splits_{0};              // split() calls, which every member makes in the same order
+  std::atomic<std::int64_t> desync_seq_{0}; // collectives checked by desync_check
+  FlightRecorder flight_;
   mutable std::mutex abort_m_;
   std::optional<std::string> aborted_;
 };

@@ -307,6 +307,7 @@ protected:
     if (requests.size() == 1) {
       d.root = requests[0].peer;
     }
+    d.flight = flight_recorder().submitted(d.name, d.count, d.dtype, d.root);
     // Posted in order on the executor (on this thread when the group is idle); the wait for the transfers
     // runs on the thread that first waits for the work (see DeferredWork), so a synchronous send/recv or
     // a batch waited at once costs no thread hop, and a posted irecv never blocks anything else.
@@ -316,6 +317,7 @@ protected:
     executor_->submit(
         [self, work, posted, d, t] {
           const auto start = GlooClock::now();
+          self->flight_recorder().started(d.flight);
           auto bufs = std::make_shared<std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>>>();
           try {
             bufs->reserve(posted->size());
@@ -333,7 +335,9 @@ protected:
               bufs->push_back(std::move(ub));
             }
           } catch (...) {
-            work->finish(self->translate(std::current_exception(), d, start));
+            auto error = self->translate(std::current_exception(), d, start);
+            self->flight_recorder().finished(d.flight, false);
+            work->finish(std::move(error));
             return;
           }
           work->posted([self, posted, bufs, d, t, start]() -> std::exception_ptr {
@@ -351,9 +355,12 @@ protected:
                   throw Error("the operation was aborted");
                 }
               }
+              self->flight_recorder().finished(d.flight, true);
               return nullptr;
             } catch (...) {
-              return self->translate(std::current_exception(), d, start);
+              auto error = self->translate(std::current_exception(), d, start);
+              self->flight_recorder().finished(d.flight, false);
+              return error;
             }
           });
         },
@@ -402,7 +409,8 @@ private:
 
   /// The Error / TimeoutError wait() rethrows for op `d`, which failed with `e` (context.hpp).
   std::exception_ptr translate(std::exception_ptr e, const OpDesc& d, GlooClock::time_point start) {
-    return failures_.translate(std::move(e), d, where(d.to_string()), timeout(), aborted(), start);
+    return failures_.translate(std::move(e), d, where(d.to_string()), timeout(), aborted(), start,
+                               flight_recorder().dump());
   }
 
   /// Runs `body(desc, timeout, arrays)` in submission order. A blocking op on an idle group runs on this
@@ -419,11 +427,14 @@ private:
       std::exception_ptr error;
       const bool ran = executor_->run_inline_if_idle([&] {
         const auto start = GlooClock::now();
+        d.flight =
+            flight_recorder().submitted(d.name, d.count, d.dtype, d.root, d.reduce, /*running=*/true, start);
         try {
           body(d, t, arrays);
         } catch (...) {
           error = translate(std::current_exception(), d, start);
         }
+        flight_recorder().finished(d.flight, !error);
       });
       if (ran) {
         if (!error) {
@@ -434,17 +445,22 @@ private:
         return work;
       }
     }
+    d.flight = flight_recorder().submitted(d.name, d.count, d.dtype, d.root, d.reduce);
     arrays.own();
     auto work = std::make_shared<HostWork>();
     auto self = shared_from_this();
     executor_->submit(
         [self, work, d, t, arrays = std::move(arrays), body = std::move(body)] {
           const auto start = GlooClock::now();
+          self->flight_recorder().started(d.flight);
           try {
             body(d, t, arrays);
+            self->flight_recorder().finished(d.flight, true);
             work->finish();
           } catch (...) {
-            work->finish(self->translate(std::current_exception(), d, start));
+            auto error = self->translate(std::current_exception(), d, start);
+            self->flight_recorder().finished(d.flight, false);
+            work->finish(std::move(error));
           }
         },
         /*inline_if_idle=*/false);

@@ -192,6 +192,8 @@ struct OpDesc {
   /// Every member passes the same `count` (false for the ops over point-to-point, whose members' counts
   /// may differ: there each message's size is in its slot instead, transfer.hpp).
   bool count_agrees = true;
+  /// Its id in the group's FlightRecorder.
+  std::uint64_t flight = 0;
 
   /// The tag of this op's messages: its sequence number and a fingerprint of the fields every member must
   /// agree on (transfer.hpp, op_tag), so members that disagree never exchange data.
@@ -331,10 +333,11 @@ public:
 
   /// The exception wait() rethrows for op `d` that failed with `e` after starting at `start`, with the
   /// context a user needs: `head` names the op ("<describe()>: <op>"), `limit` is the group's timeout,
-  /// `aborted` the reason the group was aborted, if it was. Publishes the outcome for the peers.
+  /// `aborted` the reason the group was aborted, if it was; `history` this rank's last ops on the group
+  /// (FlightRecorder::dump), appended to communication failures. Publishes the outcome for the peers.
   std::exception_ptr translate(std::exception_ptr e, const OpDesc& d, const std::string& head,
                                std::chrono::milliseconds limit, const std::optional<std::string>& aborted,
-                               GlooClock::time_point start) {
+                               GlooClock::time_point start, const std::string& history = {}) {
     std::string reason;
     bool is_timeout = false;
     bool transport = false;
@@ -382,6 +385,9 @@ public:
       }
     } else {
       msg = head + " failed: " + reason;
+    }
+    if ((is_timeout || transport) && !history.empty()) {
+      msg += " [flight recorder, this rank's last ops on the group: " + history + "]";
     }
     publish(is_timeout, msg);
     return is_timeout ? std::make_exception_ptr(TimeoutError(msg)) : std::make_exception_ptr(Error(msg));
