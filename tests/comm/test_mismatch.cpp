@@ -353,3 +353,28 @@ TEST_CASE("a timeout says what this rank did last on the group (flight recorder)
       },
       opts);
 }
+
+TEST_CASE("monitored_barrier passes when every member comes and names the ones that do not",
+          "[comm][monitored_barrier]") {
+  testing::RunRanksOptions opts;
+  opts.timeout = 5s;
+  const auto t0 = std::chrono::steady_clock::now();
+  testing::run_ranks(
+      4,
+      [&](ProcessGroup& g) {
+        for (int i = 0; i < 5; ++i) { // keys of earlier barriers are reused safely
+          monitored_barrier(g);
+        }
+        // A sub-group over global ranks {1, 2, 3}: its rank 1 (global 2) and rank 2 (global 3) stay away.
+        auto sub = g.new_group({1, 2, 3});
+        if (g.rank() == 1) {
+          expect_throws<TimeoutError>(
+              [&] { monitored_barrier(sub, 300ms); },
+              {"monitored_barrier #0", "ranks 1, 2 (global 2, 3) did not arrive within 300 ms"},
+              "members that stay away");
+        }
+        monitored_barrier(g); // the world is still in step
+      },
+      opts);
+  REQUIRE(seconds_since(t0) < 4.0);
+}

@@ -278,6 +278,64 @@ public:
     return do_barrier(opts);
   }
 
+  /// A barrier that names the members that did not come (torch's monitored_barrier, wait_all_ranks=True):
+  /// each member leaves "mbarrier/<n>/<rank>" in the group's store (n: this group's monitored barriers so
+  /// far) and waits up to `timeout` (zero: the group's) for every other member's. Throws TimeoutError
+  /// naming the members missing at the deadline, e.g. "monitored_barrier #2: ranks 1, 3 (global 5, 7) did not
+  /// arrive within 500 ms". Through the store, not the backend, so it also works when the communicator is
+  /// stuck. Synchronous; a no-op on a group of one.
+  void monitored_barrier(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    check_not_aborted("monitored_barrier");
+    const std::int64_t n = monitored_.fetch_add(1);
+    if (size() == 1) {
+      return;
+    }
+    Store* store = split_store();
+    DTENSOR_CHECK(store != nullptr,
+                  where("monitored_barrier") + ": this backend has no store to meet through");
+    const auto limit = timeout.count() > 0 ? timeout : this->timeout();
+    detail::check_timeout(limit, where("monitored_barrier"));
+    const auto key = [](std::int64_t k, int r) {
+      return "mbarrier/" + std::to_string(k) + "/" + std::to_string(r);
+    };
+    store->set(key(n, rank()), std::string_view("arrived"));
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) {
+      keys.push_back(key(n, r));
+    }
+    try {
+      store->wait(keys, limit);
+    } catch (const std::exception& e) {
+      std::vector<int> missing;
+      std::vector<int> missing_global;
+      for (int r = 0; r < size(); ++r) {
+        bool there = false;
+        try {
+          there = store->check({keys[static_cast<std::size_t>(r)]});
+        } catch (...) {
+        }
+        if (!there) {
+          missing.push_back(r);
+          missing_global.push_back(global_ranks()[static_cast<std::size_t>(r)]);
+        }
+      }
+      if (missing.empty()) { // every member came, but the wait did not see it in time (the store failed)
+        throw TimeoutError(where("monitored_barrier") + " #" + std::to_string(n) + ": " + e.what());
+      }
+      throw TimeoutError(where("monitored_barrier") + " #" + std::to_string(n) + ": " +
+                         (missing.size() == 1 ? "rank " : "ranks ") +
+                         detail::format_list(missing, ", ", "", "") + " (global " +
+                         detail::format_list(missing_global, ", ", "", "") + ") did not arrive within " +
+                         std::to_string(limit.count()) + " ms");
+    }
+    if (n >= 2) { // every member passed #n-2 before arriving at #n-1, which this rank saw
+      try {
+        store->delete_key(key(n - 2, rank()));
+      } catch (...) {
+      }
+    }
+  }
+
   // ---- point to point ---------------------------------------------------------------------------------
 
   /// Posts every request of the batch before waiting on any (so opposite exchanges never deadlock);
@@ -767,6 +825,7 @@ private:
   std::atomic<std::int64_t> timeout_ms_;
   std::atomic<int> splits_{0};              // split() calls, which every member makes in the same order
   std::atomic<std::int64_t> desync_seq_{0}; // collectives checked by desync_check
+  std::atomic<std::int64_t> monitored_{0};  // monitored_barrier calls
   FlightRecorder flight_;
   mutable std::mutex abort_m_;
   std::optional<std::string> aborted_;
