@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <string>
@@ -101,6 +102,50 @@ TEST_CASE("env: no launcher means one process, bad values are named", "[env]") {
             .find("MASTER_ADDR is not set") != std::string::npos);
   CHECK(message({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}}).find("MASTER_PORT") !=
         std::string::npos);
+}
+
+TEST_CASE("env: a partial launch environment is an error, not a job of one process", "[env]") {
+  auto message = [](std::map<std::string, std::string> vars) {
+    try {
+      dtensor::read_dist_env(env_of(std::move(vars)));
+    } catch (const dtensor::Error& err) {
+      return std::string(err.what());
+    }
+    return std::string("no error");
+  };
+  using Catch::Matchers::Contains;
+  CHECK_THAT(message({{"RANK", "1"}}), Contains("RANK is set but WORLD_SIZE is not"));
+  CHECK_THAT(message({{"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}}),
+             Contains("WORLD_SIZE is set but RANK is not"));
+  CHECK_THAT(message({{"OMPI_COMM_WORLD_RANK", "0"}}), Contains("OMPI_COMM_WORLD_SIZE is not"));
+  CHECK_THAT(message({{"PMI_SIZE", "2"}}), Contains("PMI_SIZE is set but PMI_RANK is not"));
+  CHECK_THAT(message({{"SLURM_PROCID", "3"}}), Contains("SLURM_NTASKS is not"));
+  // An allocation shell (salloc) sets SLURM_NTASKS alone: one process, as before.
+  CHECK(dtensor::read_dist_env(env_of({{"SLURM_NTASKS", "4"}})).world_size == 1);
+  // A partial family that a complete one would have hidden is still reported.
+  CHECK_THAT(message({{"RANK", "0"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}}),
+             Contains("WORLD_SIZE is not"));
+}
+
+TEST_CASE("env: timeouts below a millisecond, huge or not finite are rejected with the range", "[env]") {
+  using dtensor::detail::parse_timeout_seconds;
+  CHECK(parse_timeout_seconds("DTENSOR_TIMEOUT", "2.5") == 2500ms);
+  CHECK(parse_timeout_seconds("DTENSOR_TIMEOUT", "0.001") == 1ms);
+  CHECK(parse_timeout_seconds("DTENSOR_TIMEOUT", "2592000") == dtensor::kMaxTimeout);
+  for (const char* bad : {"1e300", "0.0004", "0", "-5", "inf", "nan", "5s", "", "2592001"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parse_timeout_seconds("DTENSOR_TIMEOUT", bad),
+                      Catch::Matchers::Contains("DTENSOR_TIMEOUT='" + std::string(bad) + "'") &&
+                          Catch::Matchers::Contains("0.001 to 2592000"));
+  }
+  ::setenv("DTENSOR_TIMEOUT", "1e300", 1);
+  CHECK_THROWS_WITH(dtensor::detail::init_timeout(),
+                    Catch::Matchers::Contains("init_process_group: DTENSOR_TIMEOUT='1e300' is out of range"));
+  ::unsetenv("DTENSOR_TIMEOUT");
+  CHECK(dtensor::detail::init_timeout() == 300s);
+  CHECK_THROWS_WITH(
+      dtensor::detail::init_timeout(std::chrono::milliseconds(dtensor::kMaxTimeout.count() + 1)),
+      Catch::Matchers::Contains("at most 30 days"));
 }
 
 TEST_CASE("env: one truth table for every flag", "[env]") {

@@ -28,12 +28,15 @@
 //    displacements per rank, so a device backend can run them as grouped send/recv. gather and scatter take
 //    one buffer per member on the root, like torch's lists, so the root needs no staging copy.
 
+#include "dtensor/backends/flight_recorder.hpp"
 #include "dtensor/backends/split.hpp"
+#include "dtensor/core/debug.hpp"
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
 #include "dtensor/core/reduce_op.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
 #include <algorithm>
@@ -151,8 +154,7 @@ public:
   /// Default limit of every op (and of groups created from this one).
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load()); }
   void set_timeout(std::chrono::milliseconds timeout) {
-    DTENSOR_CHECK(timeout.count() > 0, where("set_timeout") + ": the timeout must be positive, got " +
-                                           std::to_string(timeout.count()) + " ms");
+    detail::check_timeout(timeout, where("set_timeout"));
     timeout_ms_.store(timeout.count());
   }
 
@@ -162,6 +164,7 @@ public:
   WorkPtr all_reduce(BufferRef buf, ReduceOp op, const CommOptions& opts) {
     check_buffer("all_reduce", buf, "tensor");
     check_not_aborted("all_reduce");
+    desync_check(opts, "all_reduce", buf.dtype, buf.count, -1, static_cast<int>(op));
     return do_all_reduce(buf, op, opts);
   }
 
@@ -170,6 +173,7 @@ public:
     check_buffer("reduce", buf, "tensor");
     check_root("reduce", root, "dst");
     check_not_aborted("reduce");
+    desync_check(opts, "reduce", buf.dtype, buf.count, root, static_cast<int>(op));
     return do_reduce(buf, root, op, opts);
   }
 
@@ -178,6 +182,7 @@ public:
     check_buffer("broadcast", buf, "tensor");
     check_root("broadcast", root, "src");
     check_not_aborted("broadcast");
+    desync_check(opts, "broadcast", buf.dtype, buf.count, root, -1);
     return do_broadcast(buf, root, opts);
   }
 
@@ -190,6 +195,7 @@ public:
     check_layout("all_gather", "counts", counts, displs, out);
     check_own_count("all_gather", "input", in, counts);
     check_not_aborted("all_gather");
+    desync_check(opts, "all_gather", in.dtype, out.count, -1, -1, counts);
     return do_all_gather(in, out, counts, displs, opts);
   }
 
@@ -202,6 +208,7 @@ public:
     check_layout("reduce_scatter", "counts", counts, displs, in);
     check_own_count("reduce_scatter", "output", out, counts);
     check_not_aborted("reduce_scatter");
+    desync_check(opts, "reduce_scatter", in.dtype, in.count, -1, static_cast<int>(op), counts);
     return do_reduce_scatter(in, out, counts, displs, op, opts);
   }
 
@@ -227,6 +234,7 @@ public:
                       " elements) and the output (" + std::to_string(out.count) +
                       " elements) overlap; all_to_all does not run in place: use separate buffers");
     check_not_aborted("all_to_all");
+    desync_check(opts, "all_to_all", in.dtype, -1, -1, -1, {}, send_counts, recv_counts);
     return do_all_to_all(in, send_counts, send_displs, out, recv_counts, recv_displs, opts);
   }
 
@@ -240,6 +248,10 @@ public:
       check_blocks("gather", blocks, in);
     }
     check_not_aborted("gather");
+    if (desync_on()) {
+      desync_check(opts, "gather", in.dtype, -1, root, -1, {}, std::span<const std::int64_t>(&in.count, 1),
+                   rank() == root ? block_counts(blocks) : std::vector<std::int64_t>{});
+    }
     return do_gather(in, blocks, root, opts);
   }
 
@@ -252,12 +264,76 @@ public:
       check_blocks("scatter", blocks, out);
     }
     check_not_aborted("scatter");
+    if (desync_on()) {
+      desync_check(opts, "scatter", out.dtype, -1, root, -1, {},
+                   rank() == root ? block_counts(blocks) : std::vector<std::int64_t>{},
+                   std::span<const std::int64_t>(&out.count, 1));
+    }
     return do_scatter(blocks, out, root, opts);
   }
 
   WorkPtr barrier(const CommOptions& opts) {
     check_not_aborted("barrier");
+    desync_check(opts, "barrier", DType::uint8, 0, -1, -1);
     return do_barrier(opts);
+  }
+
+  /// A barrier that names the members that did not come (torch's monitored_barrier, wait_all_ranks=True):
+  /// each member leaves "mbarrier/<n>/<rank>" in the group's store (n: this group's monitored barriers so
+  /// far) and waits up to `timeout` (zero: the group's) for every other member's. Throws TimeoutError
+  /// naming the members missing at the deadline, e.g. "monitored_barrier #2: ranks 1, 3 (global 5, 7) did not
+  /// arrive within 500 ms". Through the store, not the backend, so it also works when the communicator is
+  /// stuck. Synchronous; a no-op on a group of one.
+  void monitored_barrier(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    check_not_aborted("monitored_barrier");
+    const std::int64_t n = monitored_.fetch_add(1);
+    if (size() == 1) {
+      return;
+    }
+    Store* store = split_store();
+    DTENSOR_CHECK(store != nullptr,
+                  where("monitored_barrier") + ": this backend has no store to meet through");
+    const auto limit = timeout.count() > 0 ? timeout : this->timeout();
+    detail::check_timeout(limit, where("monitored_barrier"));
+    const auto key = [](std::int64_t k, int r) {
+      return "mbarrier/" + std::to_string(k) + "/" + std::to_string(r);
+    };
+    store->set(key(n, rank()), std::string_view("arrived"));
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) {
+      keys.push_back(key(n, r));
+    }
+    try {
+      store->wait(keys, limit);
+    } catch (const std::exception& e) {
+      std::vector<int> missing;
+      std::vector<int> missing_global;
+      for (int r = 0; r < size(); ++r) {
+        bool there = false;
+        try {
+          there = store->check({keys[static_cast<std::size_t>(r)]});
+        } catch (...) {
+        }
+        if (!there) {
+          missing.push_back(r);
+          missing_global.push_back(global_ranks()[static_cast<std::size_t>(r)]);
+        }
+      }
+      if (missing.empty()) { // every member came, but the wait did not see it in time (the store failed)
+        throw TimeoutError(where("monitored_barrier") + " #" + std::to_string(n) + ": " + e.what());
+      }
+      throw TimeoutError(where("monitored_barrier") + " #" + std::to_string(n) + ": " +
+                         (missing.size() == 1 ? "rank " : "ranks ") +
+                         detail::format_list(missing, ", ", "", "") + " (global " +
+                         detail::format_list(missing_global, ", ", "", "") + ") did not arrive within " +
+                         std::to_string(limit.count()) + " ms");
+    }
+    if (n >= 2) { // every member passed #n-2 before arriving at #n-1, which this rank saw
+      try {
+        store->delete_key(key(n - 2, rank()));
+      } catch (...) {
+      }
+    }
   }
 
   // ---- point to point ---------------------------------------------------------------------------------
@@ -304,7 +380,10 @@ public:
     for (int r : ranks) {
       global.push_back(all[static_cast<std::size_t>(r)]);
     }
-    return do_new_group(std::move(global), static_cast<int>(it - ranks.begin()));
+    const std::string desc = "new_group(" + detail::format_list(global) + ")";
+    std::vector<int> members = global;
+    return creating(desc, members,
+                    [&] { return do_new_group(std::move(global), static_cast<int>(it - ranks.begin())); });
   }
 
   /// ncclCommSplit: every member calls it; members with equal color >= 0 form one group, ordered by
@@ -318,20 +397,10 @@ public:
     g.index = splits_.fetch_add(1);
     const std::string what = describe() + ": split(color " + std::to_string(color) + ", key " +
                              std::to_string(key) + ") #" + std::to_string(g.index);
-    std::vector<detail::SplitEntry> all{{color, key}};
-    if (size() > 1) {
-      Store* store = split_store();
-      DTENSOR_CHECK(store != nullptr, what + ": no store to exchange the colours and keys through");
-      all = detail::exchange_split_colors(*store, "split" + std::to_string(g.index), rank(), size(), color,
-                                          key, timeout(), what);
-    }
-    const detail::SplitMembers members = detail::split_members(all, color, rank());
-    const auto ranks = global_ranks();
-    for (int r : members.ranks) {
-      g.global_ranks.push_back(ranks[static_cast<std::size_t>(r)]);
-    }
-    g.rank = members.me;
-    return do_split(g);
+    const auto old_members = global_ranks();
+    return creating("split #" + std::to_string(g.index) + " of group " + detail::format_list(old_members),
+                    std::vector<int>(old_members.begin(), old_members.end()),
+                    [&] { return split_hook(g, what); });
   }
 
   /// Fails every pending and future op of this communicator with `reason`, and releases peers blocked
@@ -348,13 +417,91 @@ public:
     do_abort(reason);
   }
 
+  /// This group's last ops as this rank submitted them (backends/flight_recorder.hpp); a backend records
+  /// into it and appends its dump to timeout and peer-failure messages (gloo does).
+  FlightRecorder& flight_recorder() noexcept { return flight_; }
+  const FlightRecorder& flight_recorder() const noexcept { return flight_; }
+
   /// The reason abort() was given; nullopt while the communicator was not aborted.
   std::optional<std::string> aborted() const {
     std::lock_guard lock(abort_m_);
     return aborted_;
   }
 
+private:
+  std::shared_ptr<Backend> split_hook(SplitGroup& g, const std::string& what) {
+    const int color = g.color;
+    const int key = g.key;
+    std::vector<detail::SplitEntry> all{{color, key}};
+    if (size() > 1) {
+      Store* store = split_store();
+      DTENSOR_CHECK(store != nullptr, what + ": no store to exchange the colours and keys through");
+      all = detail::exchange_split_colors(*store, "split" + std::to_string(g.index), rank(), size(), color,
+                                          key, timeout(), what);
+    }
+    const detail::SplitMembers members = detail::split_members(all, color, rank());
+    const auto ranks = global_ranks();
+    for (int r : members.ranks) {
+      g.global_ranks.push_back(ranks[static_cast<std::size_t>(r)]);
+    }
+    g.rank = members.me;
+    return do_split(g);
+  }
+
+  /// Runs `make` (a group creation this rank calls `desc`, the same text on every member that makes the
+  /// same group) after leaving "creating <desc>" under "creating/<global rank>" in rank_store(), and
+  /// "created <desc>" once it returned. When it fails, the error says what each member of `members` (global
+  /// ranks) that is not making the same group was doing: members that make groups in different orders wait
+  /// for each other until the timeout, and the message then says so on every member.
+  template <class Make>
+  std::shared_ptr<Backend> creating(const std::string& desc, const std::vector<int>& members, Make&& make) {
+    Store* store = rank_store();
+    const int me = global_ranks()[static_cast<std::size_t>(rank())];
+    const auto note = [&](const std::string& what) {
+      if (store != nullptr) {
+        try {
+          store->set("creating/" + std::to_string(me), std::string_view(what));
+        } catch (...) { // the report is best effort: the store may be gone with a failed process
+        }
+      }
+    };
+    note("creating " + desc);
+    std::string elsewhere;
+    try {
+      auto group = make();
+      note("created " + desc);
+      return group;
+    } catch (const Error& e) {
+      for (int m : members) {
+        std::optional<std::vector<char>> v;
+        try {
+          v = m == me || store == nullptr ? std::nullopt : store->try_get("creating/" + std::to_string(m));
+        } catch (...) {
+        }
+        const std::string theirs = v ? std::string(v->begin(), v->end()) : "";
+        if (m != me && store != nullptr && theirs != "creating " + desc) {
+          elsewhere += (elsewhere.empty() ? "" : "; ") + std::string("global rank ") + std::to_string(m) +
+                       (theirs.empty() ? " has made no group yet" : " is at: " + theirs);
+        }
+      }
+      if (elsewhere.empty()) {
+        throw;
+      }
+      const std::string msg = std::string(e.what()) + " [while this rank (global " + std::to_string(me) +
+                              ") was making " + desc + ": " + elsewhere +
+                              "; do the members create their groups in different orders?]";
+      if (dynamic_cast<const TimeoutError*>(&e) != nullptr) {
+        throw TimeoutError(msg);
+      }
+      throw Error(msg);
+    }
+  }
+
 protected:
+  /// The store shared by every group of this rank's job (the backend's root store), through which
+  /// creating() reports what each rank is creating; nullptr when there is none.
+  virtual Store* rank_store() { return nullptr; }
+
   /// `timeout`: the default limit of every op (see timeout()).
   explicit Backend(std::chrono::milliseconds timeout) : timeout_ms_(timeout.count()) {}
 
@@ -418,6 +565,185 @@ protected:
   }
 
 private:
+  /// Whether desync_check does anything (DebugLevel::detail on a group of several members).
+  bool desync_on() const { return debug_level() == DebugLevel::detail && size() > 1; }
+
+  static std::vector<std::int64_t> block_counts(std::span<const BufferRef> blocks) {
+    std::vector<std::int64_t> c;
+    for (const BufferRef& b : blocks) {
+      c.push_back(b.count);
+    }
+    return c;
+  }
+
+  /// DebugLevel::detail (core/debug.hpp): the members compare what they are about to run before any data
+  /// moves. Each leaves "desync/<n>/<rank>" in split_store() -- the group's op number n, the op, dtype,
+  /// count (-1: the members' counts may differ), root, reduce op, the counts every member passes
+  /// (all_gather, reduce_scatter), and what it sends to / receives from each member (`sends`, `recvs`:
+  /// all_to_all's splits; gather's and scatter's one block, or the root's list) -- and reads the others'.
+  /// A difference, or a send that does not match its receive, throws Error on every member naming the
+  /// fields per member (the group stays usable: nothing was sent); a member that does not come within the
+  /// op's timeout gives TimeoutError naming it and the last op it checked. Costs a store set, a wait, a
+  /// multi_get and a delete per collective.
+  void desync_check(const CommOptions& opts, const char* op, DType dtype, std::int64_t count, int root,
+                    int reduce, std::span<const std::int64_t> counts = {},
+                    std::span<const std::int64_t> sends = {}, std::span<const std::int64_t> recvs = {}) {
+    if (!desync_on()) {
+      return;
+    }
+    Store* store = split_store();
+    if (store == nullptr) {
+      return;
+    }
+    const std::int64_t n = desync_seq_.fetch_add(1);
+    const auto key = [](std::int64_t k, int r) {
+      return "desync/" + std::to_string(k) + "/" + std::to_string(r);
+    };
+    // Fields, '|'-separated: op, dtype, count, root, reduce op, counts, sends, recvs.
+    const std::string mine = std::string(op) + "|" + std::string(dtype_name(dtype)) + "|" +
+                             std::to_string(count) + "|" + std::to_string(root) + "|" +
+                             (reduce >= 0 ? std::string(to_string(static_cast<ReduceOp>(reduce))) : "-") +
+                             "|" + (counts.empty() ? "-" : detail::format_list(counts)) + "|" +
+                             (sends.empty() ? "-" : detail::format_list(sends)) + "|" +
+                             (recvs.empty() ? "-" : detail::format_list(recvs));
+    store->set(key(n, rank()), std::string_view(mine));
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) {
+      keys.push_back(key(n, r));
+    }
+    const auto limit = opts.timeout.count() > 0 ? opts.timeout : timeout();
+    const std::string head = where(op) + ": desync check of collective #" + std::to_string(n);
+    try {
+      store->wait(keys, limit);
+    } catch (const std::exception&) {
+      std::string missing;
+      for (int r = 0; r < size(); ++r) {
+        if (!store->check({keys[static_cast<std::size_t>(r)]})) {
+          std::optional<std::vector<char>> last;
+          try {
+            last = n > 0 ? store->try_get(key(n - 1, r)) : std::nullopt;
+          } catch (...) {
+          }
+          missing += (missing.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) +
+                     (last ? " (its last checked collective: #" + std::to_string(n - 1) + " " +
+                                 describe_fields(std::string(last->begin(), last->end())) + ")"
+                           : "");
+        }
+      }
+      throw TimeoutError(head + ": not every member reached it within " + std::to_string(limit.count()) +
+                         " ms; missing: " + missing + "; this rank: " + describe_fields(mine));
+    }
+    const auto values = store->multi_get(keys);
+    if (n >= 2) {
+      try { // every member read #n-2 before setting #n-1, which this rank has read
+        store->delete_key(key(n - 2, rank()));
+      } catch (...) {
+      }
+    }
+    std::vector<std::vector<std::string>> fields;
+    for (const auto& v : values) {
+      fields.push_back(split_fields(std::string(v.begin(), v.end())));
+    }
+    static constexpr const char* names[] = {"op", "dtype", "count", "root", "reduce op", "counts"};
+    std::string differ;
+    for (std::size_t f = 0; f < 6; ++f) {
+      for (const auto& other : fields) {
+        if (other[f] != fields[0][f] && (f != 2 || (other[f] != "-1" && fields[0][f] != "-1"))) {
+          differ += (differ.empty() ? "" : ", ") + std::string(names[f]);
+          break;
+        }
+      }
+    }
+    // What member i sends member j must be what j expects from i (all_to_all, gather, scatter).
+    if (differ.empty()) {
+      for (int i = 0; i < size() && differ.empty(); ++i) {
+        for (int j = 0; j < size(); ++j) {
+          const auto s = parse_counts(fields[static_cast<std::size_t>(i)][6]);
+          const auto r = parse_counts(fields[static_cast<std::size_t>(j)][7]);
+          const auto sent = s.size() == 1                    ? s[0]
+                            : j < static_cast<int>(s.size()) ? s[static_cast<std::size_t>(j)]
+                                                             : -1;
+          const auto got = r.size() == 1                    ? r[0]
+                           : i < static_cast<int>(r.size()) ? r[static_cast<std::size_t>(i)]
+                                                            : -1;
+          if (sent >= 0 && got >= 0 && (s.size() != 1 || r.size() != 1) && sent != got) {
+            differ = "sizes (rank " + std::to_string(i) + " sends " + std::to_string(sent) + " to rank " +
+                     std::to_string(j) + ", which expects " + std::to_string(got) + ")";
+            break;
+          }
+        }
+      }
+    }
+    if (differ.empty()) {
+      return;
+    }
+    std::string list;
+    for (int r = 0; r < size(); ++r) {
+      list += (r == 0 ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
+              describe_fields(std::string(values[static_cast<std::size_t>(r)].begin(),
+                                          values[static_cast<std::size_t>(r)].end()));
+    }
+    throw Error(head + ": the members disagree on the " + differ + " (nothing was sent): " + list);
+  }
+
+  static std::vector<std::string> split_fields(const std::string& v) {
+    std::vector<std::string> f;
+    std::size_t at = 0;
+    for (;;) {
+      const auto bar = v.find('|', at);
+      f.push_back(v.substr(at, bar == std::string::npos ? std::string::npos : bar - at));
+      if (bar == std::string::npos) {
+        break;
+      }
+      at = bar + 1;
+    }
+    f.resize(8, "-");
+    return f;
+  }
+
+  /// "[1, 2, 3]" -> {1, 2, 3}; "-" -> {}.
+  static std::vector<std::int64_t> parse_counts(const std::string& list) {
+    std::vector<std::int64_t> out;
+    std::int64_t v = 0;
+    bool in_number = false;
+    for (char c : list) {
+      if (c >= '0' && c <= '9') {
+        v = v * 10 + (c - '0');
+        in_number = true;
+      } else if (in_number) {
+        out.push_back(v);
+        v = 0;
+        in_number = false;
+      }
+    }
+    if (in_number) {
+      out.push_back(v);
+    }
+    return out;
+  }
+
+  /// "all_reduce (16 x float32, op sum)" from desync_check's fields.
+  static std::string describe_fields(const std::string& value) {
+    const auto f = split_fields(value);
+    std::string s = f[0] + " (" + (f[2] != "-1" ? f[2] + " x " : "") + f[1];
+    if (f[4] != "-") {
+      s += ", op " + f[4];
+    }
+    if (f[3] != "-1") {
+      s += ", root " + f[3];
+    }
+    if (f[5] != "-") {
+      s += ", counts " + f[5];
+    }
+    if (f[6] != "-") {
+      s += ", sends " + f[6];
+    }
+    if (f[7] != "-") {
+      s += ", receives " + f[7];
+    }
+    return s + ")";
+  }
+
   /// An aborted communicator (or one the backend refuses, check_usable) takes no more ops.
   void check_not_aborted(const char* op) const {
     if (auto reason = aborted()) {
@@ -497,7 +823,10 @@ private:
   }
 
   std::atomic<std::int64_t> timeout_ms_;
-  std::atomic<int> splits_{0}; // split() calls, which every member makes in the same order
+  std::atomic<int> splits_{0};              // split() calls, which every member makes in the same order
+  std::atomic<std::int64_t> desync_seq_{0}; // collectives checked by desync_check
+  std::atomic<std::int64_t> monitored_{0};  // monitored_barrier calls
+  FlightRecorder flight_;
   mutable std::mutex abort_m_;
   std::optional<std::string> aborted_;
 };

@@ -18,6 +18,7 @@
 
 #include "dtensor/comm/detail.hpp"
 
+#include <chrono>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -471,6 +472,15 @@ inline void barrier(const ProcessGroup& group) {
   const ProcessGroup& b = group;
   detail::launch(false, [&](const CommOptions& o) { return b.barrier(o); });
 }
+/// A barrier that names the members that did not arrive within `timeout` (zero: the group's timeout):
+/// TimeoutError "monitored_barrier #0: rank 2 (global 2) did not arrive within 500 ms" on every member that
+/// came (torch's monitored_barrier with wait_all_ranks=True). Meets through the group's store, so it works
+/// even when the backend's communicator is stuck; slower than barrier(), for debugging.
+inline void monitored_barrier(const ProcessGroup& group,
+                              std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+  group.impl("monitored_barrier").monitored_barrier(timeout);
+}
+
 inline Work barrier(const ProcessGroup& group, AsyncOp) {
   const ProcessGroup& b = group;
   return detail::launch(true, [&](const CommOptions& o) { return b.barrier(o); });

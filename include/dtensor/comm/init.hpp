@@ -33,6 +33,7 @@
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/env.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/barrier.hpp"
 #include "dtensor/rendezvous/store.hpp"
 #include "dtensor/rendezvous/tcp_store.hpp"
@@ -133,6 +134,25 @@ inline std::string first_slurm_host(std::string_view list) {
 /// when one is malformed or out of range, and when MASTER_ADDR is needed but unset.
 inline DistEnv read_dist_env(const EnvLookup& env = detail::system_env) {
   DistEnv e;
+  // A launcher sets a rank and a world size together: the first family (in the order below) with either
+  // set must have both; one without the other is a broken launch, not a job of one process. (Slurm's
+  // allocation shells set SLURM_NTASKS alone, so a lone size is no launch there.)
+  const char* families[][4] = {{"RANK", "WORLD_SIZE", "torchrun", ""},
+                               {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "openmpi", ""},
+                               {"PMI_RANK", "PMI_SIZE", "mpich", ""},
+                               {"SLURM_PROCID", "SLURM_NTASKS", "slurm", "size alone ok"}};
+  for (const auto& f : families) {
+    const bool has_rank = env(f[0]).has_value();
+    const bool has_size = env(f[1]).has_value() && (has_rank || *f[3] == '\0');
+    if (has_rank && has_size) {
+      break;
+    }
+    if (has_rank || has_size) {
+      throw Error(std::string("init_process_group: ") + (has_rank ? f[0] : f[1]) + " is set but " +
+                  (has_rank ? f[1] : f[0]) + " is not (the " + f[2] +
+                  " launch variables come together): set both, or neither to run as one process");
+    }
+  }
   auto from = [&](const char* rank, const char* size, const char* local_rank, const char* local_size,
                   const char* source) {
     if (!env(rank) || !env(size)) {
@@ -199,19 +219,15 @@ namespace detail {
 
 inline std::chrono::milliseconds init_timeout(std::chrono::milliseconds given = {}) {
   if (given.count() > 0) {
+    check_timeout(given, "init_process_group");
     return given;
   }
   if (auto v = system_env("DTENSOR_TIMEOUT"); v && !v->empty()) {
-    double s = 0;
-    std::size_t used = 0;
     try {
-      s = std::stod(*v, &used);
-    } catch (...) {
-      used = 0;
+      return parse_timeout_seconds("DTENSOR_TIMEOUT", *v);
+    } catch (const Error& e) {
+      throw Error(std::string("init_process_group: ") + e.what());
     }
-    DTENSOR_CHECK(used == v->size() && s > 0,
-                  "init_process_group: DTENSOR_TIMEOUT='" + *v + "' is not a positive number of seconds");
-    return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0));
   }
   return std::chrono::seconds(300);
 }

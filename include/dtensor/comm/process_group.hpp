@@ -94,6 +94,13 @@ public:
   /// Fails every pending and future op of this group and releases peers blocked on this rank.
   void abort(std::string_view reason) const { impl("abort").abort(reason); }
 
+  /// This rank's last `last` ops on the group, oldest first, with their state and timings (the flight
+  /// recorder, backends/flight_recorder.hpp): "#4 all_reduce (16 x float32, op sum) completed in 0.081 ms;
+  /// ...".
+  std::string flight_record(std::size_t last = 8) const {
+    return impl("flight_record").flight_recorder().dump(last);
+  }
+
   /// e.g. "rank 1 (global 3) of gloo group [2,3]".
   std::string to_string() const {
     if (backend_) {

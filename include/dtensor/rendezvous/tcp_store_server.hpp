@@ -15,6 +15,7 @@
 //  - stop() (or destruction) closes every connection: clients see "connection closed".
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/detail/tcp.hpp"
 
 #include <algorithm>
@@ -153,7 +154,9 @@ private:
       } else {
         c.waiting = true;
         c.wait_keys = std::move(keys);
-        c.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+        // From the network: clamped, so the deadline cannot overflow whatever a client sends.
+        c.deadline = Clock::now() +
+                     std::chrono::milliseconds(std::clamp<std::int64_t>(timeout_ms, 0, kMaxTimeout.count()));
       }
       return true;
     }

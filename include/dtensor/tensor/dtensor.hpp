@@ -180,7 +180,9 @@ public:
   static constexpr ShardSpec spec = ShardSpec::from(placement_list_v<P...>, Rank);
 
   /// Wraps this rank's shard. `global_shape` may be left out for even sharding (it is then the local
-  /// shape times the number of shards of each dim); it is required when shards are uneven.
+  /// shape times the number of shards of each dim); it is required when shards are uneven (left out
+  /// there, the ranks infer different global shapes, and the first collective fails on every rank with an
+  /// error listing what each member passed).
   static DTensor from_local(const mesh_type& mesh, local_type local,
                             std::optional<shape_type> global_shape = {}, FromLocalOptions options = {}) {
     const shape_type global = global_shape ? *global_shape : infer_global(mesh, local.shape());

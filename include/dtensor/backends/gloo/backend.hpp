@@ -143,7 +143,7 @@ protected:
         });
         o.setAlgorithm(::gloo::AllreduceOptions::Algorithm::RING);
         o.setReduceFunction(reduce_function(buf.dtype, op));
-        o.setTag(od.seq);
+        o.setTag(od.tag());
         o.setTimeout(t);
         ::gloo::allreduce(o);
       }
@@ -169,7 +169,7 @@ protected:
         });
         o.setRoot(root);
         o.setReduceFunction(reduce_function(buf.dtype, op));
-        o.setTag(od.seq);
+        o.setTag(od.tag());
         o.setTimeout(t);
         ::gloo::reduce(o);
       }
@@ -190,7 +190,7 @@ protected:
         o.setOutput(static_cast<T*>(buf.data), static_cast<std::size_t>(buf.count));
       });
       o.setRoot(root);
-      o.setTag(od.seq);
+      o.setTag(od.tag());
       o.setTimeout(t);
       ::gloo::broadcast(o);
     });
@@ -201,30 +201,32 @@ protected:
     OpDesc d{"all_gather", 0, in.count, in.dtype};
     const bool even = std::all_of(counts.begin(), counts.end(), [&](auto c) { return c == counts[0]; }) &&
                       is_packed(counts, displs);
-    return submit(
-        d, opts, {counts, displs}, [this, in, out, even](const OpDesc& od, Ms t, const OpArrays& l) {
-          if (even && in.count > 0 && size() > 1) {
-            ::gloo::AllgatherOptions o(context_);
-            with_gloo_type(in.dtype, [&]<class T>(T) {
-              o.setInput(static_cast<T*>(in.data), static_cast<std::size_t>(in.count));
-              o.setOutput(static_cast<T*>(out.data), static_cast<std::size_t>(out.count));
-            });
-            o.setTag(od.seq);
-            o.setTimeout(t);
-            ::gloo::allgather(o);
-            return;
-          }
-          // Uneven or empty blocks: everyone sends its block to everyone.
-          generic::all_gather(transport_, in, out, l[0], l[1], collective_slot(od.seq), GlooClock::now() + t);
-        });
+    d.count_agrees = even;
+    return submit(d, opts, {counts, displs},
+                  [this, in, out, even](const OpDesc& od, Ms t, const OpArrays& l) {
+                    if (even && in.count > 0 && size() > 1) {
+                      ::gloo::AllgatherOptions o(context_);
+                      with_gloo_type(in.dtype, [&]<class T>(T) {
+                        o.setInput(static_cast<T*>(in.data), static_cast<std::size_t>(in.count));
+                        o.setOutput(static_cast<T*>(out.data), static_cast<std::size_t>(out.count));
+                      });
+                      o.setTag(od.tag());
+                      o.setTimeout(t);
+                      ::gloo::allgather(o);
+                      return;
+                    }
+                    // Uneven or empty blocks: everyone sends its block to everyone.
+                    generic::all_gather(transport_, in, out, l[0], l[1], collective_slot(od.tag()),
+                                        GlooClock::now() + t);
+                  });
   }
 
   WorkPtr do_reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
                             std::span<const std::int64_t> displs, ReduceOp op,
                             const CommOptions& opts) override {
-    OpDesc d{"reduce_scatter", 0, in.count, in.dtype, -1, static_cast<int>(op)};
+    OpDesc d{"reduce_scatter", 0, in.count, in.dtype, -1, static_cast<int>(op), false};
     return submit(d, opts, {counts, displs}, [this, in, out, op](const OpDesc& od, Ms t, const OpArrays& l) {
-      generic::reduce_scatter(transport_, in, out, l[0], l[1], op, collective_slot(od.seq),
+      generic::reduce_scatter(transport_, in, out, l[0], l[1], op, collective_slot(od.tag()),
                               GlooClock::now() + t);
     });
   }
@@ -233,35 +235,35 @@ protected:
                         std::span<const std::int64_t> send_displs, BufferRef out,
                         std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
                         const CommOptions& opts) override {
-    OpDesc d{"all_to_all", 0, in.count, in.dtype};
+    OpDesc d{"all_to_all", 0, in.count, in.dtype, -1, -1, false};
     return submit(d, opts, {send_counts, send_displs, recv_counts, recv_displs},
                   [this, in, out](const OpDesc& od, Ms t, const OpArrays& l) {
-                    generic::all_to_all(transport_, in, l[0], l[1], out, l[2], l[3], collective_slot(od.seq),
-                                        GlooClock::now() + t);
+                    generic::all_to_all(transport_, in, l[0], l[1], out, l[2], l[3],
+                                        collective_slot(od.tag()), GlooClock::now() + t);
                   });
   }
 
   WorkPtr do_gather(BufferRef in, std::span<const BufferRef> blocks, int root,
                     const CommOptions& opts) override {
-    OpDesc d{"gather", 0, in.count, in.dtype, root};
+    OpDesc d{"gather", 0, in.count, in.dtype, root, -1, false};
     OpArrays a;
     if (rank_ == root) {
       a.blocks = blocks;
     }
     return submit(d, opts, a, [this, in, root](const OpDesc& od, Ms t, const OpArrays& a) {
-      generic::gather(transport_, in, a.blocks, root, collective_slot(od.seq), GlooClock::now() + t);
+      generic::gather(transport_, in, a.blocks, root, collective_slot(od.tag()), GlooClock::now() + t);
     });
   }
 
   WorkPtr do_scatter(std::span<const BufferRef> blocks, BufferRef out, int root,
                      const CommOptions& opts) override {
-    OpDesc d{"scatter", 0, out.count, out.dtype, root};
+    OpDesc d{"scatter", 0, out.count, out.dtype, root, -1, false};
     OpArrays a;
     if (rank_ == root) {
       a.blocks = blocks;
     }
     return submit(d, opts, a, [this, out, root](const OpDesc& od, Ms t, const OpArrays& a) {
-      generic::scatter(transport_, a.blocks, out, root, collective_slot(od.seq), GlooClock::now() + t);
+      generic::scatter(transport_, a.blocks, out, root, collective_slot(od.tag()), GlooClock::now() + t);
     });
   }
 
@@ -272,7 +274,7 @@ protected:
         return;
       }
       ::gloo::BarrierOptions o(context_);
-      o.setTag(od.seq);
+      o.setTag(od.tag());
       o.setTimeout(t);
       ::gloo::barrier(o);
     });
@@ -294,7 +296,8 @@ protected:
         const int src = is_send ? rank_ : r.peer;
         const int dst = is_send ? r.peer : rank_;
         auto& seq = p2p_seq_[std::tuple{r.peer, r.tag, is_send}];
-        posted->push_back({r, p2p_slot(src < dst, r.tag, seq++)});
+        posted->push_back(
+            {r, p2p_slot(src < dst, r.tag, seq++, r.buffer.nbytes(), static_cast<int>(r.buffer.dtype))});
       }
     }
     OpDesc d{requests.size() == 1 ? (requests[0].kind == P2PRequest::Kind::send ? "send" : "recv")
@@ -304,6 +307,7 @@ protected:
     if (requests.size() == 1) {
       d.root = requests[0].peer;
     }
+    d.flight = flight_recorder().submitted(d.name, d.count, d.dtype, d.root);
     // Posted in order on the executor (on this thread when the group is idle); the wait for the transfers
     // runs on the thread that first waits for the work (see DeferredWork), so a synchronous send/recv or
     // a batch waited at once costs no thread hop, and a posted irecv never blocks anything else.
@@ -313,6 +317,7 @@ protected:
     executor_->submit(
         [self, work, posted, d, t] {
           const auto start = GlooClock::now();
+          self->flight_recorder().started(d.flight);
           auto bufs = std::make_shared<std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>>>();
           try {
             bufs->reserve(posted->size());
@@ -330,7 +335,9 @@ protected:
               bufs->push_back(std::move(ub));
             }
           } catch (...) {
-            work->finish(self->translate(std::current_exception(), d, start));
+            auto error = self->translate(std::current_exception(), d, start);
+            self->flight_recorder().finished(d.flight, false);
+            work->finish(std::move(error));
             return;
           }
           work->posted([self, posted, bufs, d, t, start]() -> std::exception_ptr {
@@ -348,9 +355,12 @@ protected:
                   throw Error("the operation was aborted");
                 }
               }
+              self->flight_recorder().finished(d.flight, true);
               return nullptr;
             } catch (...) {
-              return self->translate(std::current_exception(), d, start);
+              auto error = self->translate(std::current_exception(), d, start);
+              self->flight_recorder().finished(d.flight, false);
+              return error;
             }
           });
         },
@@ -377,6 +387,7 @@ protected:
   }
 
   Store* split_store() override { return store_.get(); }
+  Store* rank_store() override { return state_->rank_store.get(); }
 
   void do_abort(std::string_view reason) override {
     const std::string why(reason);
@@ -398,7 +409,8 @@ private:
 
   /// The Error / TimeoutError wait() rethrows for op `d`, which failed with `e` (context.hpp).
   std::exception_ptr translate(std::exception_ptr e, const OpDesc& d, GlooClock::time_point start) {
-    return failures_.translate(std::move(e), d, where(d.to_string()), timeout(), aborted(), start);
+    return failures_.translate(std::move(e), d, where(d.to_string()), timeout(), aborted(), start,
+                               flight_recorder().dump());
   }
 
   /// Runs `body(desc, timeout, arrays)` in submission order. A blocking op on an idle group runs on this
@@ -415,11 +427,14 @@ private:
       std::exception_ptr error;
       const bool ran = executor_->run_inline_if_idle([&] {
         const auto start = GlooClock::now();
+        d.flight =
+            flight_recorder().submitted(d.name, d.count, d.dtype, d.root, d.reduce, /*running=*/true, start);
         try {
           body(d, t, arrays);
         } catch (...) {
           error = translate(std::current_exception(), d, start);
         }
+        flight_recorder().finished(d.flight, !error);
       });
       if (ran) {
         if (!error) {
@@ -430,17 +445,22 @@ private:
         return work;
       }
     }
+    d.flight = flight_recorder().submitted(d.name, d.count, d.dtype, d.root, d.reduce);
     arrays.own();
     auto work = std::make_shared<HostWork>();
     auto self = shared_from_this();
     executor_->submit(
         [self, work, d, t, arrays = std::move(arrays), body = std::move(body)] {
           const auto start = GlooClock::now();
+          self->flight_recorder().started(d.flight);
           try {
             body(d, t, arrays);
+            self->flight_recorder().finished(d.flight, true);
             work->finish();
           } catch (...) {
-            work->finish(self->translate(std::current_exception(), d, start));
+            auto error = self->translate(std::current_exception(), d, start);
+            self->flight_recorder().finished(d.flight, false);
+            work->finish(std::move(error));
           }
         },
         /*inline_if_idle=*/false);
@@ -487,6 +507,7 @@ inline std::shared_ptr<Backend> make_gloo_backend(std::shared_ptr<Store> store, 
                                                           " is out of range for size " +
                                                           std::to_string(size));
   DTENSOR_CHECK(store != nullptr, "make_gloo_backend: the store is null");
+  detail::check_timeout(options.timeout, "make_gloo_backend");
   // gloo's TCP transport writes without MSG_NOSIGNAL: a write to a peer that just closed (it failed or
   // aborted) would kill the process with SIGPIPE instead of failing the op. Python (hence PyTorch) ignores
   // SIGPIPE at startup; do the same unless the program installed its own handler.
@@ -507,6 +528,7 @@ inline std::shared_ptr<Backend> make_gloo_backend(std::shared_ptr<Store> store, 
   state->store = std::move(store);
   state->global_rank = rank;
   state->prefix = options.prefix;
+  state->rank_store = std::make_shared<PrefixStore>(options.prefix, state->store);
   std::vector<int> all(size);
   std::iota(all.begin(), all.end(), 0);
   return detail::GlooBackendImpl::create(state, options.prefix + "/world", std::move(all), rank,

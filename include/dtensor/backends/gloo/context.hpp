@@ -13,6 +13,7 @@
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/gloo/rendezvous.hpp"
+#include "dtensor/backends/gloo/transfer.hpp"
 #include "dtensor/backends/group_generations.hpp"
 #include "dtensor/backends/split.hpp"
 #include "dtensor/core/element_type.hpp"
@@ -26,6 +27,7 @@
 #include <gloo/transport/context.h>
 #include <gloo/transport/device.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -138,6 +140,8 @@ struct GlooRankState {
   int global_rank = 0;
   /// Key prefix of this rank's groups in `store` (GlooOptions::prefix).
   std::string prefix;
+  /// `store` under `prefix`: what the rank's groups share (Backend::rank_store).
+  std::shared_ptr<Store> rank_store;
   GroupGenerations generations;
 
   std::mutex m;
@@ -185,6 +189,25 @@ struct OpDesc {
   DType dtype = DType::float32;
   int root = -1;
   int reduce = -1;
+  /// Every member passes the same `count` (false for the ops over point-to-point, whose members' counts
+  /// may differ: there each message's size is in its slot instead, transfer.hpp).
+  bool count_agrees = true;
+  /// Its id in the group's FlightRecorder.
+  std::uint64_t flight = 0;
+
+  /// The tag of this op's messages: its sequence number and a fingerprint of the fields every member must
+  /// agree on (transfer.hpp, op_tag), so members that disagree never exchange data.
+  std::uint32_t tag() const {
+    std::uint64_t h = 0xcbf29ce484222325ULL; // FNV-1a over the name, then the fields
+    for (const char* c = name; *c != '\0'; ++c) {
+      h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ULL;
+    }
+    h = mix64(h ^ static_cast<std::uint64_t>(count_agrees ? count : -1));
+    h = mix64(h ^ (static_cast<std::uint64_t>(dtype) << 40) ^
+              (static_cast<std::uint64_t>(static_cast<std::uint32_t>(root)) << 8) ^
+              static_cast<std::uint64_t>(static_cast<std::uint32_t>(reduce)));
+    return op_tag(seq, h);
+  }
 
   /// Ops whose messages match only when the members agree on every block size (see transfer.hpp, sized()).
   bool sizes_must_match() const {
@@ -199,7 +222,8 @@ struct OpDesc {
       s += ", op " + std::string(dtensor::to_string(static_cast<ReduceOp>(reduce)));
     }
     if (root >= 0) {
-      s += ", root " + std::to_string(root);
+      const std::string_view n(name);
+      s += (n == "send" || n == "recv" ? ", peer " : ", root ") + std::to_string(root);
     }
     return s + ")";
   }
@@ -221,6 +245,62 @@ public:
       store_->set("err/" + std::to_string(rank_), std::string_view(v));
     } catch (...) { // the store may be gone with the failing process: the peers still fail, less precisely
     }
+  }
+
+  /// Leaves the op this member failed in (OpDesc::to_string) under "op/<rank>" (the first one only), for
+  /// a member that timed out to say what each member ran.
+  void publish_op(const std::string& desc) {
+    if (published_op_.exchange(true)) {
+      return;
+    }
+    try {
+      store_->set("op/" + std::to_string(rank_), std::string_view(desc));
+    } catch (...) { // the store may be gone with a failed process
+    }
+  }
+
+  /// What the members in `members` (group ranks; all when empty) published with publish_op, waiting up to
+  /// `patience` for all of them: "; the members disagree: rank 0: all_reduce #3 (16 x float32, op sum);
+  /// rank 1: all_reduce #3 (32 x float32, op sum)", or "; every member that reported ran ..." when they
+  /// agree; a member that published nothing (it never arrived, or is in no op) is "rank 2: no report".
+  std::string members_ops(const std::string& mine, std::vector<int> members,
+                          std::chrono::milliseconds patience) {
+    if (members.empty()) {
+      for (int r = 0; r < size_; ++r) {
+        members.push_back(r);
+      }
+    }
+    std::vector<std::optional<std::string>> ops(members.size());
+    const auto deadline = GlooClock::now() + patience;
+    for (;;) {
+      bool all = true;
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        if (members[i] == rank_) {
+          ops[i] = mine;
+        }
+        if (!ops[i]) {
+          try {
+            if (auto v = store_->try_get("op/" + std::to_string(members[i]))) {
+              ops[i] = std::string(v->begin(), v->end());
+            }
+          } catch (...) { // the store may be gone with a failed process
+          }
+        }
+        all = all && ops[i].has_value();
+      }
+      if (all || GlooClock::now() >= deadline) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    bool differ = false;
+    std::string list;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      differ = differ || (ops[i] && *ops[i] != mine);
+      list += (i == 0 ? "" : "; ") + std::string("rank ") + std::to_string(members[i]) + ": " +
+              (ops[i] ? *ops[i] : std::string("no report"));
+    }
+    return differ ? "; the members disagree: " + list : "; what each member reported: " + list;
   }
 
   /// The reason a member published, waiting up to `patience` for one to appear. Timeouts first.
@@ -253,10 +333,11 @@ public:
 
   /// The exception wait() rethrows for op `d` that failed with `e` after starting at `start`, with the
   /// context a user needs: `head` names the op ("<describe()>: <op>"), `limit` is the group's timeout,
-  /// `aborted` the reason the group was aborted, if it was. Publishes the outcome for the peers.
+  /// `aborted` the reason the group was aborted, if it was; `history` this rank's last ops on the group
+  /// (FlightRecorder::dump), appended to communication failures. Publishes the outcome for the peers.
   std::exception_ptr translate(std::exception_ptr e, const OpDesc& d, const std::string& head,
                                std::chrono::milliseconds limit, const std::optional<std::string>& aborted,
-                               GlooClock::time_point start) {
+                               GlooClock::time_point start, const std::string& history = {}) {
     std::string reason;
     bool is_timeout = false;
     bool transport = false;
@@ -278,14 +359,22 @@ public:
       reason = "unknown exception";
     }
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(GlooClock::now() - start).count();
+    const std::string mine = d.to_string();
+    publish_op(mine); // before anything else: a member that timed out may be waiting for it
     std::string msg;
     if (aborted) {
       msg = head + " failed: the group was aborted: " + *aborted;
     } else if (is_timeout) {
+      std::vector<int> members;
+      const std::string_view n(d.name);
+      if ((n == "send" || n == "recv") && d.root >= 0) {
+        members = {std::min(rank_, d.root), std::max(rank_, d.root)};
+      }
       msg = head + " timed out after " + std::to_string(ms) + " ms (limit " + std::to_string(limit.count()) +
-            " ms): a member did not arrive" +
-            (d.sizes_must_match() ? ", or the members disagree on the sizes (counts)" : "") + " [" + reason +
-            "]";
+            " ms): a member did not arrive, or the members disagree on the sizes (counts), dtypes or "
+            "arguments [" +
+            reason + "]" +
+            members_ops(mine, std::move(members), std::min(limit, std::chrono::milliseconds(1000)));
     } else if (transport) {
       if (auto peer = peer_reason(std::chrono::milliseconds(1000))) {
         is_timeout = peer->first;
@@ -297,6 +386,9 @@ public:
     } else {
       msg = head + " failed: " + reason;
     }
+    if ((is_timeout || transport) && !history.empty()) {
+      msg += " [flight recorder, this rank's last ops on the group: " + history + "]";
+    }
     publish(is_timeout, msg);
     return is_timeout ? std::make_exception_ptr(TimeoutError(msg)) : std::make_exception_ptr(Error(msg));
   }
@@ -306,6 +398,7 @@ private:
   int rank_;
   int size_;
   std::atomic<bool> published_{false};
+  std::atomic<bool> published_op_{false};
 };
 
 } // namespace dtensor::detail

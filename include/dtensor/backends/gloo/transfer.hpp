@@ -3,14 +3,20 @@
 // its messages, and GlooTransport, the generic layer's HostTransport (backends/generic/transport.hpp)
 // over a gloo context's unbound buffers, with the group's scratch memory.
 //
-// Slots are 64-bit. Three spaces, disjoint by their top byte:
+// Slots are 64-bit. Three spaces, disjoint by their top bits:
 //  - gloo's collectives (all_reduce, reduce, broadcast, even all_gather, barrier) use gloo's own prefixes
-//    0x01..0x08 with the group's op sequence number as tag;
-//  - dtensor's collectives over point-to-point (generic/) use 0x40 and the same sequence number
-//    (collective_slot), with the message size folded into the low 24 bits (sized);
-//  - point-to-point uses 0x80 | a direction bit, 23 bits of user tag and a 32-bit sequence number per
-//    (peer, tag, direction) (p2p_slot), so successive sends a->b with one tag match successive receives
-//    in order.
+//    0x01..0x08 with the op's 32-bit tag (op_tag: 12 bits of the group's op sequence number and a 20-bit
+//    fingerprint of what must agree across members: the op, element count, dtype, root, reduce op);
+//  - dtensor's collectives over point-to-point (generic/) use 0x40 and the same op tag (collective_slot),
+//    with the message size folded into the low 24 bits (sized);
+//  - point-to-point sets the top bit, then a direction bit, 23 bits of user tag, 20 bits of sequence number
+//    per (peer, tag, direction) and a 19-bit fingerprint of the message's size and dtype (p2p_slot), so
+//    successive sends a->b with one tag match successive receives in order.
+// Members that disagree on a fingerprinted value post different slots, so their messages never match:
+// every member times out on that op (and says what each member ran, context.hpp) instead of gloo aborting
+// the process on a message longer than the receive (pair.cc: "op.preamble.length <= op.nbytes"), filling
+// a longer receive partly, or mixing dtypes of one size. A fingerprint collision (2^-20 for an op, 2^-19
+// for a message) lets such a mismatch through as before; DTENSOR_DEBUG=detail checks every field.
 
 #include "dtensor/backends/generic/transport.hpp"
 #include "dtensor/core/error.hpp"
@@ -27,16 +33,33 @@
 
 namespace dtensor::detail {
 
-/// The slot of dtensor's collective number `seq` of a group (top byte 0x40).
-constexpr std::uint64_t collective_slot(std::uint32_t seq) {
-  return (std::uint64_t{0x40} << 56) | (std::uint64_t{seq} << 24);
+/// A 64-bit mix of `v` (splitmix64's finalizer): every input bit moves every output bit.
+constexpr std::uint64_t mix64(std::uint64_t v) {
+  v ^= v >> 30;
+  v *= 0xbf58476d1ce4e5b9ULL;
+  v ^= v >> 27;
+  v *= 0x94d049bb133111ebULL;
+  return v ^ (v >> 31);
 }
 
-/// The slot of a point-to-point message: `ascending` (sender's rank < receiver's), the user tag (< 2^23)
-/// and the sequence number of that (peer, tag, direction).
-constexpr std::uint64_t p2p_slot(bool ascending, int tag, std::uint32_t seq) {
-  return (std::uint64_t{0x80} << 56) | (std::uint64_t{ascending} << 55) |
-         (static_cast<std::uint64_t>(tag) << 32) | seq;
+/// The 32-bit tag of a group's op number `seq` whose agreed fields hash to `fingerprint`: the low 12 bits
+/// of seq (ops of one group more than 4096 apart are never in flight together) and 20 bits of fingerprint.
+constexpr std::uint32_t op_tag(std::uint32_t seq, std::uint64_t fingerprint) {
+  return ((seq & 0xFFFu) << 20) | static_cast<std::uint32_t>(mix64(fingerprint) & 0xFFFFFu);
+}
+
+/// The slot of dtensor's collective whose op tag is `tag` (top byte 0x40).
+constexpr std::uint64_t collective_slot(std::uint32_t tag) {
+  return (std::uint64_t{0x40} << 56) | (std::uint64_t{tag} << 24);
+}
+
+/// The slot of a point-to-point message: `ascending` (sender's rank < receiver's), the user tag (< 2^23),
+/// the sequence number of that (peer, tag, direction), and the message's size and dtype (fingerprinted).
+constexpr std::uint64_t p2p_slot(bool ascending, int tag, std::uint32_t seq, std::size_t nbytes, int dtype) {
+  const std::uint64_t fp =
+      mix64((std::uint64_t{nbytes} << 8) ^ static_cast<std::uint64_t>(dtype) ^ 0x5bd1e995u);
+  return (std::uint64_t{1} << 63) | (std::uint64_t{ascending} << 62) |
+         (static_cast<std::uint64_t>(tag) << 39) | (std::uint64_t{seq & 0xFFFFFu} << 19) | (fp & 0x7FFFF);
 }
 
 /// A message's slot with its size folded into the low 24 bits (free in collective_slot): a send and a

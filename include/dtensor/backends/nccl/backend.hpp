@@ -346,6 +346,7 @@ protected:
   }
 
   Store* split_store() override { return store_.get(); }
+  Store* rank_store() override { return shared_->root.get(); }
 
   void do_abort(std::string_view reason) override {
     state_->fail(describe() + ": aborted: " + std::string(reason), false);
