@@ -55,12 +55,8 @@ struct FitChoice {
 
 namespace detail {
 
-/// The placements of the operands on one axis under strategy `option` (see the top of this file): 0 all
-/// Replicate; 1 .. L Shard on label L (in order of first appearance); L + 1 the inputs' Partials kept.
-/// False where the option does not exist on this axis.
-constexpr bool axis_option(const OpSpec& s, const StaticVector<PlacementList, max_operands>& in, int axis,
-                           int option, StaticVector<Placement, max_operands>& out) {
-  out.clear();
+/// The distinct labels of the operands, in order of first appearance.
+constexpr Labels operand_labels(const OpSpec& s) {
   Labels all;
   for (const Labels& l : s.in) {
     for (char c : l) {
@@ -69,6 +65,16 @@ constexpr bool axis_option(const OpSpec& s, const StaticVector<PlacementList, ma
       }
     }
   }
+  return all;
+}
+
+/// The placements of the operands on one axis under strategy `option` (see the top of this file): 0 all
+/// Replicate; 1 .. L Shard on label `all[option - 1]`; L + 1 the inputs' Partials kept. False where the
+/// option does not exist on this axis.
+constexpr bool axis_option(const OpSpec& s, const Labels& all,
+                           const StaticVector<PlacementList, max_operands>& in, int axis, int option,
+                           StaticVector<Placement, max_operands>& out) {
+  out.clear();
   if (option == 0) {
     for (int k = 0; k < s.in.size(); ++k) {
       out.push_back(Placement::replicate());
@@ -83,28 +89,13 @@ constexpr bool axis_option(const OpSpec& s, const StaticVector<PlacementList, ma
     }
     return true;
   }
-  if (option == all.size() + 1) {
-    bool any = false;
-    for (int k = 0; k < s.in.size(); ++k) {
-      const Placement p = in[k][axis];
-      any = any || p.is_partial();
-      out.push_back(p.is_partial() ? p : Placement::replicate());
-    }
-    return any;
+  bool any = false;
+  for (int k = 0; k < s.in.size(); ++k) {
+    const Placement p = in[k][axis];
+    any = any || p.is_partial();
+    out.push_back(p.is_partial() ? p : Placement::replicate());
   }
-  return false;
-}
-
-constexpr int label_count(const OpSpec& s) {
-  Labels all;
-  for (const Labels& l : s.in) {
-    for (char c : l) {
-      if (find_label(all, c) < 0) {
-        all.push_back(c);
-      }
-    }
-  }
-  return all.size();
+  return any;
 }
 
 } // namespace detail
@@ -152,14 +143,15 @@ constexpr FitChoice fit_fewest_bytes(const OpSpec& s, const StaticVector<Placeme
     return b;
   };
   const int axes = mesh_sizes.size();
-  const int options = detail::label_count(s) + 2;
+  const Labels labels = detail::operand_labels(s);
+  const int options = labels.size() + 2;
   StaticVector<int, max_mesh_rank> pick(axes, 0);
   for (;;) {
     StaticVector<PlacementList, max_operands> cand(in.size(), PlacementList{});
     bool exists = true;
     for (int a = 0; a < axes && exists; ++a) {
       StaticVector<Placement, max_operands> per;
-      exists = detail::axis_option(s, in, a, pick[a], per);
+      exists = detail::axis_option(s, labels, in, a, pick[a], per);
       for (int k = 0; k < in.size() && exists; ++k) {
         cand[k].push_back(per[k]);
       }

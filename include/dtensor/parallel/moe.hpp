@@ -262,6 +262,7 @@ private:
   std::vector<std::int64_t> send_rows_; ///< send order -> token
   std::vector<std::int64_t> send_splits_, recv_splits_;
   std::vector<std::int64_t> group_index_;     ///< expert-grouped row -> received row
+  std::vector<std::int64_t> ungroup_;         ///< its inverse: received row -> expert-grouped row
   std::vector<std::int64_t> expert_rows_;     ///< rows per local expert, from all ranks
   std::vector<Tensor<T, 2>> xin_, pre_, act_; ///< per local expert: input rows, x W1, gelu(x W1)
   Tensor<T, 2> expert_out_;                   ///< the returned rows, in send order
@@ -405,11 +406,11 @@ WithBackward<Tensor<T, 2>, MoEBackward<T>> MoE<T>::forward(const Tensor<T, 2>& x
     b.act_.push_back(std::move(act));
   }
   // Back to the received order, then to the senders (splits swapped).
-  std::vector<std::int64_t> ungroup(static_cast<std::size_t>(received), 0);
+  b.ungroup_.assign(static_cast<std::size_t>(received), 0);
   for (std::size_t g = 0; g < b.group_index_.size(); ++g) {
-    ungroup[static_cast<std::size_t>(b.group_index_[g])] = static_cast<std::int64_t>(g);
+    b.ungroup_[static_cast<std::size_t>(b.group_index_[g])] = static_cast<std::int64_t>(g);
   }
-  const Tensor<T, 2> back_rows = detail::gather_rows(grouped_out, ungroup);
+  const Tensor<T, 2> back_rows = detail::gather_rows(grouped_out, b.ungroup_);
   b.expert_out_ = detail::empty_like(std::array<std::int64_t, 2>{start.back(), c_.hidden}, b.x_);
   all_to_all_single(b.expert_out_, back_rows, b.send_splits_, b.recv_splits_, ep_);
   Tensor<T, 2> y = detail::combine_rows(b.expert_out_, b.slot_, b.gates_, t, k);
@@ -478,11 +479,7 @@ MoEGrads<T> MoEBackward<T>::operator()(const Tensor<T, 2>& dy_in) const {
     local::matmul_into(dpre, w1, dx_grouped.narrow(0, lo, rows), false, true);           // dpre W1^T
     lo += rows;
   }
-  std::vector<std::int64_t> ungroup(static_cast<std::size_t>(received), 0);
-  for (std::size_t q = 0; q < group_index_.size(); ++q) {
-    ungroup[static_cast<std::size_t>(group_index_[q])] = static_cast<std::int64_t>(q);
-  }
-  const Tensor<T, 2> dx_rows = detail::gather_rows(dx_grouped, ungroup);
+  const Tensor<T, 2> dx_rows = detail::gather_rows(dx_grouped, ungroup_);
   Tensor<T, 2> dx_send = detail::empty_like(
       std::array<std::int64_t, 2>{static_cast<std::int64_t>(send_rows_.size()), c.hidden}, dy);
   all_to_all_single(dx_send, dx_rows, send_splits_, recv_splits_, m.ep_);

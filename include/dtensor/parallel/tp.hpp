@@ -98,6 +98,12 @@ struct factory_of<DTensor<T, R, Shape, Q...>> {
   }
 };
 
+/// A linear layer's weight (out, in) of type W: normal with std 1 / sqrt(in), the same numbers on any mesh.
+template <class W, class Mesh>
+W linear_weight(const DeviceMesh<Mesh>& mesh, std::int64_t in, std::int64_t out, std::uint64_t seed) {
+  return scale(factory_of<W>::randn(mesh, {out, in}, seed), 1.0 / std::sqrt(double(in)));
+}
+
 } // namespace detail
 
 /// y = x W^T + b, W (out, in) sharded on its output features over the tp axis (see the top of this file).
@@ -110,8 +116,7 @@ public:
   using bias_type = dtensor_from_t<T, 1, Mesh, &detail::ShardOn<Mesh, tp, 0>::list>;
 
   ColumnParallelLinear(const DeviceMesh<Mesh>& mesh, std::int64_t in, std::int64_t out, std::uint64_t seed)
-      : weight(scale(detail::factory_of<weight_type>::randn(mesh, {out, in}, seed),
-                     1.0 / std::sqrt(double(in)))),
+      : weight(detail::linear_weight<weight_type>(mesh, in, out, seed)),
         bias(detail::factory_of<bias_type>::zeros(mesh, {out})) {}
 
   weight_type weight;
@@ -162,8 +167,7 @@ public:
   using bias_type = dtensor_from_t<T, 1, Mesh, &detail::ReplicatedOn<Mesh>::list>;
 
   RowParallelLinear(const DeviceMesh<Mesh>& mesh, std::int64_t in, std::int64_t out, std::uint64_t seed)
-      : weight(scale(detail::factory_of<weight_type>::randn(mesh, {out, in}, seed),
-                     1.0 / std::sqrt(double(in)))),
+      : weight(detail::linear_weight<weight_type>(mesh, in, out, seed)),
         bias(detail::factory_of<bias_type>::zeros(mesh, {out})) {}
 
   weight_type weight;
