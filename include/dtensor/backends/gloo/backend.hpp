@@ -138,6 +138,7 @@ protected:
     return submit(d, opts, {}, [this, buf, op](const OpDesc& od, Ms t, const OpArrays&) {
       if (buf.count > 0 && size() > 1) {
         ::gloo::AllreduceOptions o(context_);
+        QuiesceOnThrow quiesce(*context_); // destroyed before o on a failure
         with_gloo_type(buf.dtype, [&]<class T>(T) {
           o.setOutput(static_cast<T*>(buf.data), static_cast<std::size_t>(buf.count));
         });
@@ -158,6 +159,7 @@ protected:
     return submit(d, opts, {}, [this, buf, root, op](const OpDesc& od, Ms t, const OpArrays&) {
       if (buf.count > 0 && size() > 1) {
         ::gloo::ReduceOptions o(context_);
+        QuiesceOnThrow quiesce(*context_); // destroyed before o on a failure
         with_gloo_type(buf.dtype, [&]<class T>(T) {
           if (rank_ == root) {
             o.setOutput(static_cast<T*>(buf.data), static_cast<std::size_t>(buf.count));
@@ -186,6 +188,7 @@ protected:
         return;
       }
       ::gloo::BroadcastOptions o(context_);
+      QuiesceOnThrow quiesce(*context_); // destroyed before o on a failure
       with_gloo_type(buf.dtype, [&]<class T>(T) {
         o.setOutput(static_cast<T*>(buf.data), static_cast<std::size_t>(buf.count));
       });
@@ -206,6 +209,7 @@ protected:
                   [this, in, out, even](const OpDesc& od, Ms t, const OpArrays& l) {
                     if (even && in.count > 0 && size() > 1) {
                       ::gloo::AllgatherOptions o(context_);
+                      QuiesceOnThrow quiesce(*context_); // destroyed before o on a failure
                       with_gloo_type(in.dtype, [&]<class T>(T) {
                         o.setInput(static_cast<T*>(in.data), static_cast<std::size_t>(in.count));
                         o.setOutput(static_cast<T*>(out.data), static_cast<std::size_t>(out.count));
@@ -274,6 +278,7 @@ protected:
         return;
       }
       ::gloo::BarrierOptions o(context_);
+      QuiesceOnThrow quiesce(*context_); // destroyed before o on a failure
       o.setTag(od.tag());
       o.setTimeout(t);
       ::gloo::barrier(o);
@@ -335,6 +340,7 @@ protected:
               bufs->push_back(std::move(ub));
             }
           } catch (...) {
+            quiesce_transport(*self->context_); // before the buffers posted so far go
             auto error = self->translate(std::current_exception(), d, start);
             self->flight_recorder().finished(d.flight, false);
             work->finish(std::move(error));
@@ -358,6 +364,7 @@ protected:
               self->flight_recorder().finished(d.flight, true);
               return nullptr;
             } catch (...) {
+              quiesce_transport(*self->context_); // before the buffers go
               auto error = self->translate(std::current_exception(), d, start);
               self->flight_recorder().finished(d.flight, false);
               return error;

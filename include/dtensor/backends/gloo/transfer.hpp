@@ -22,16 +22,81 @@
 #include "dtensor/core/error.hpp"
 
 #include <gloo/context.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <exception>
 #include <memory>
+#include <typeinfo>
 #include <vector>
 
 namespace dtensor::detail {
+
+// gloo::transport::tcp::Pair::tryRecv, declared by its exported symbol for the reason context.hpp gives
+// for tcp::Context::signalException (tcp/pair.h includes a header Debian does not install); weak, and
+// called only on a pair whose dynamic type is tcp::Pair (whose first base is transport::Pair).
+bool gloo_tcp_pair_try_recv(
+    void* tcp_pair, ::gloo::transport::UnboundBuffer* buffer, std::uint64_t slot, std::size_t offset,
+    std::size_t nbytes) __asm__("_ZN4gloo9transport3tcp4Pair7tryRecvEPNS0_13UnboundBufferEmmm")
+    __attribute__((weak));
+
+/// A slot no message uses: top byte 0x20 is in none of the three spaces above.
+inline constexpr std::uint64_t quiesce_slot = std::uint64_t{0x20} << 56;
+
+/// Returns once gloo's transport thread is outside every pair's critical section of `context`.
+///
+/// An op whose buffers a failing pair signals wakes at the first signal, while the transport thread is
+/// still signalling the op's other buffers under the pair's lock. gloo's buffer destructor does wait for
+/// that thread, but through a relaxed reference count (ShareableNonOwningPtr), which orders nothing in
+/// the memory model (TSan reports the destruction racing with the signal). A failed op calls this before
+/// its buffers are destroyed: taking each pair's lock once orders the whole signalling before the
+/// destruction. tryRecv on a slot nobody uses takes the lock and changes nothing (it throws the pair's
+/// failure, if any, after taking it).
+inline void quiesce_transport(::gloo::Context& context) {
+  if (&gloo_tcp_pair_try_recv == nullptr) {
+    return;
+  }
+  std::unique_ptr<::gloo::transport::UnboundBuffer> probe;
+  for (int i = 0; i < context.size; ++i) {
+    if (i == context.rank) {
+      continue;
+    }
+    auto& pair = context.getPair(i);
+    if (!pair || std::strcmp(typeid(*pair).name(), "N4gloo9transport3tcp4PairE") != 0) {
+      continue;
+    }
+    try {
+      if (!probe) {
+        probe = context.createUnboundBuffer(nullptr, 0);
+      }
+      gloo_tcp_pair_try_recv(static_cast<void*>(pair.get()), probe.get(), quiesce_slot, 0, 0);
+    } catch (...) { // the pair's own failure: the lock was taken before it was thrown
+    }
+  }
+}
+
+/// Calls quiesce_transport when it is destroyed by an exception: declared after an op's gloo buffers (or
+/// the options that own them), so it runs before they are destroyed.
+class QuiesceOnThrow {
+public:
+  explicit QuiesceOnThrow(::gloo::Context& context) : context_(context) {}
+  QuiesceOnThrow(const QuiesceOnThrow&) = delete;
+  QuiesceOnThrow& operator=(const QuiesceOnThrow&) = delete;
+  ~QuiesceOnThrow() {
+    if (std::uncaught_exceptions() > exceptions_) {
+      quiesce_transport(context_);
+    }
+  }
+
+private:
+  ::gloo::Context& context_;
+  int exceptions_ = std::uncaught_exceptions();
+};
 
 /// A 64-bit mix of `v` (splitmix64's finalizer): every input bit moves every output bit.
 constexpr std::uint64_t mix64(std::uint64_t v) {
@@ -97,11 +162,13 @@ public:
     r->recv(peer, sized(slot, nbytes), offset, nbytes);
   }
   void wait_send(Region& r, generic::Clock::time_point deadline) {
+    QuiesceOnThrow quiesce(*context_);
     if (!r->waitSend(remaining(deadline))) {
       throw Error("the operation was aborted");
     }
   }
   void wait_recv(Region& r, generic::Clock::time_point deadline) {
+    QuiesceOnThrow quiesce(*context_);
     if (!r->waitRecv(remaining(deadline))) {
       throw Error("the operation was aborted");
     }
