@@ -34,6 +34,7 @@
 #include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/comm/functional.hpp"
 #include "dtensor/comm/init.hpp"
+#include "dtensor/comm/object.hpp"
 #include "dtensor/comm/p2p.hpp"
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/comm/work.hpp"
