@@ -313,6 +313,7 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 step "nccl_suite, 2 processes" 120 40 "$run" --standalone --nproc-per-node 2 --stop-timeout 5 "$suite"
 step "nccl_suite, 4 processes" 150 60 "$run" --standalone --nproc-per-node 4 --stop-timeout 5 "$suite"
 step "nccl watchdog timeout, 2 processes" 60 30 "$run" --standalone --nproc-per-node 2 --stop-timeout 5 "$suite" timeout
+step "nccl count mismatch named, 2 processes" 60 30 "$run" --standalone --nproc-per-node 2 --stop-timeout 5 "$suite" mismatch
 step "nccl_suite, 2 processes, nonblocking" 120 40 env DTENSOR_NCCL_NONBLOCKING=1 \
   "$run" --standalone --nproc-per-node 2 --stop-timeout 5 "$suite"
 step "nccl watchdog timeout, nonblocking" 60 30 env DTENSOR_NCCL_NONBLOCKING=1 \

@@ -6,6 +6,8 @@
 //                                                      DTENSOR_TEST_HOSTID_PER_RANK=1 NCCL_IB_DISABLE=1)
 //   dtensor-run --nproc-per-node 2 nccl_suite timeout  rank 1 skips a collective: rank 0 gets a
 //                                                      TimeoutError within seconds, not a hang
+//   dtensor-run --nproc-per-node 2 nccl_suite mismatch rank 0 reduces 16 floats, rank 1 a million: each
+//                                                      gets a TimeoutError listing what each member ran
 // Exits 77 (ctest's skip code) when no CUDA device is visible.
 #include "collective_suite.hpp"
 
@@ -141,6 +143,41 @@ int timeout_mode(const suite::Ctx& c) {
   return 1;
 }
 
+/// Members that disagree on an all_reduce's count: NCCL cannot tell, but once the op times out, every
+/// member's error says what each member ran (the op board) and what this rank did last (flight recorder).
+int mismatch_mode(const suite::Ctx& c) {
+  auto warm = suite::make<float>(c, 16, [](std::int64_t) { return 1.0; });
+  all_reduce(warm, ReduceOp::sum, c.world);
+  cudaDeviceSynchronize();
+  const std::int64_t n = c.rank == 0 ? 16 : (1 << 20);
+  auto t = suite::make<float>(c, n, [](std::int64_t) { return 1.0; });
+  CommOptions o;
+  o.timeout = std::chrono::seconds(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    auto w = c.world.impl().all_reduce(suite::buf(t), ReduceOp::sum, o);
+    while (!w->is_completed()) {
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) {
+        std::printf("FAIL mismatch: rank %d still hangs after 30 s\n", c.rank);
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    w->wait();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    const bool named = msg.find("the members disagree") != std::string::npos &&
+                       msg.find(" (16 x float32") != std::string::npos &&
+                       msg.find(" (1048576 x float32") != std::string::npos &&
+                       msg.find("flight recorder") != std::string::npos;
+    std::printf("%s mismatch: rank %d: %s\n", named ? "PASS" : "FAIL", c.rank, msg.c_str());
+    return named ? 0 : 1;
+  }
+  // NCCL may finish a mismatched op with wrong data instead of hanging; then nothing can be said.
+  std::printf("SKIP mismatch: rank %d: NCCL completed the mismatched all_reduce\n", c.rank);
+  return 77;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -164,6 +201,9 @@ int main(int argc, char** argv) {
     suite::Ctx c{world, Device::cuda(device), world.rank(), world.size()};
     if (mode == "timeout") {
       return c.size >= 2 ? timeout_mode(c) : 77;
+    }
+    if (mode == "mismatch") {
+      return c.size >= 2 ? mismatch_mode(c) : 77;
     }
     if (c.rank == 0) {
       int version = 0;

@@ -419,8 +419,10 @@ public:
 
   /// This group's last ops as this rank submitted them (backends/flight_recorder.hpp); a backend records
   /// into it and appends its dump to timeout and peer-failure messages (gloo does).
-  FlightRecorder& flight_recorder() noexcept { return flight_; }
-  const FlightRecorder& flight_recorder() const noexcept { return flight_; }
+  FlightRecorder& flight_recorder() noexcept { return *flight_; }
+  const FlightRecorder& flight_recorder() const noexcept { return *flight_; }
+  /// The same recorder, for what outlives this backend (the NCCL watchdog finishes ops after it is gone).
+  std::shared_ptr<FlightRecorder> shared_flight_recorder() const noexcept { return flight_; }
 
   /// The reason abort() was given; nullopt while the communicator was not aborted.
   std::optional<std::string> aborted() const {
@@ -826,7 +828,7 @@ private:
   std::atomic<int> splits_{0};              // split() calls, which every member makes in the same order
   std::atomic<std::int64_t> desync_seq_{0}; // collectives checked by desync_check
   std::atomic<std::int64_t> monitored_{0};  // monitored_barrier calls
-  FlightRecorder flight_;
+  std::shared_ptr<FlightRecorder> flight_ = std::make_shared<FlightRecorder>();
   mutable std::mutex abort_m_;
   std::optional<std::string> aborted_;
 };

@@ -15,6 +15,7 @@
 #include "dtensor/backends/gloo/rendezvous.hpp"
 #include "dtensor/backends/gloo/transfer.hpp"
 #include "dtensor/backends/group_generations.hpp"
+#include "dtensor/backends/op_board.hpp"
 #include "dtensor/backends/split.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
@@ -215,25 +216,14 @@ struct OpDesc {
     return n == "gather" || n == "scatter" || n == "all_to_all" || n == "all_gather" || n == "reduce_scatter";
   }
 
-  std::string to_string() const {
-    std::string s = std::string(name) + " #" + std::to_string(seq) + " (" + std::to_string(count) + " x " +
-                    std::string(dtype_name(dtype));
-    if (reduce >= 0) {
-      s += ", op " + std::string(dtensor::to_string(static_cast<ReduceOp>(reduce)));
-    }
-    if (root >= 0) {
-      const std::string_view n(name);
-      s += (n == "send" || n == "recv" ? ", peer " : ", root ") + std::to_string(root);
-    }
-    return s + ")";
-  }
+  std::string to_string() const { return describe_op(name, seq, count, dtype, root, reduce); }
 };
 
 /// The failure board of one group (see the top of this file), over the group's store.
 class GlooFailures {
 public:
   GlooFailures(std::shared_ptr<Store> store, int rank, int size)
-      : store_(std::move(store)), rank_(rank), size_(size) {}
+      : store_(store), rank_(rank), size_(size), ops_(std::move(store), rank, size) {}
 
   /// Leaves this member's reason under "err/<rank>" (the first one only).
   void publish(bool is_timeout, const std::string& msg) {
@@ -245,62 +235,6 @@ public:
       store_->set("err/" + std::to_string(rank_), std::string_view(v));
     } catch (...) { // the store may be gone with the failing process: the peers still fail, less precisely
     }
-  }
-
-  /// Leaves the op this member failed in (OpDesc::to_string) under "op/<rank>" (the first one only), for
-  /// a member that timed out to say what each member ran.
-  void publish_op(const std::string& desc) {
-    if (published_op_.exchange(true)) {
-      return;
-    }
-    try {
-      store_->set("op/" + std::to_string(rank_), std::string_view(desc));
-    } catch (...) { // the store may be gone with a failed process
-    }
-  }
-
-  /// What the members in `members` (group ranks; all when empty) published with publish_op, waiting up to
-  /// `patience` for all of them: "; the members disagree: rank 0: all_reduce #3 (16 x float32, op sum);
-  /// rank 1: all_reduce #3 (32 x float32, op sum)", or "; every member that reported ran ..." when they
-  /// agree; a member that published nothing (it never arrived, or is in no op) is "rank 2: no report".
-  std::string members_ops(const std::string& mine, std::vector<int> members,
-                          std::chrono::milliseconds patience) {
-    if (members.empty()) {
-      for (int r = 0; r < size_; ++r) {
-        members.push_back(r);
-      }
-    }
-    std::vector<std::optional<std::string>> ops(members.size());
-    const auto deadline = GlooClock::now() + patience;
-    for (;;) {
-      bool all = true;
-      for (std::size_t i = 0; i < members.size(); ++i) {
-        if (members[i] == rank_) {
-          ops[i] = mine;
-        }
-        if (!ops[i]) {
-          try {
-            if (auto v = store_->try_get("op/" + std::to_string(members[i]))) {
-              ops[i] = std::string(v->begin(), v->end());
-            }
-          } catch (...) { // the store may be gone with a failed process
-          }
-        }
-        all = all && ops[i].has_value();
-      }
-      if (all || GlooClock::now() >= deadline) {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    bool differ = false;
-    std::string list;
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      differ = differ || (ops[i] && *ops[i] != mine);
-      list += (i == 0 ? "" : "; ") + std::string("rank ") + std::to_string(members[i]) + ": " +
-              (ops[i] ? *ops[i] : std::string("no report"));
-    }
-    return differ ? "; the members disagree: " + list : "; what each member reported: " + list;
   }
 
   /// The reason a member published, waiting up to `patience` for one to appear. Timeouts first.
@@ -360,7 +294,7 @@ public:
     }
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(GlooClock::now() - start).count();
     const std::string mine = d.to_string();
-    publish_op(mine); // before anything else: a member that timed out may be waiting for it
+    ops_.publish_op(mine); // before anything else: a member that timed out may be waiting for it
     std::string msg;
     if (aborted) {
       msg = head + " failed: the group was aborted: " + *aborted;
@@ -374,7 +308,7 @@ public:
             " ms): a member did not arrive, or the members disagree on the sizes (counts), dtypes or "
             "arguments [" +
             reason + "]" +
-            members_ops(mine, std::move(members), std::min(limit, std::chrono::milliseconds(1000)));
+            ops_.members_ops(mine, std::move(members), std::min(limit, std::chrono::milliseconds(1000)));
     } else if (transport) {
       if (auto peer = peer_reason(std::chrono::milliseconds(1000))) {
         is_timeout = peer->first;
@@ -398,7 +332,7 @@ private:
   int rank_;
   int size_;
   std::atomic<bool> published_{false};
-  std::atomic<bool> published_op_{false};
+  OpBoard ops_; // what each member was running when it failed
 };
 
 } // namespace dtensor::detail

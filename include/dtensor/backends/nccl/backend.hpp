@@ -43,6 +43,7 @@
 #include "dtensor/backends/nccl/rendezvous.hpp"
 #include "dtensor/backends/nccl/types.hpp"
 #include "dtensor/backends/nccl/work.hpp"
+#include "dtensor/backends/op_board.hpp"
 #include "dtensor/backends/registry.hpp"
 #include "dtensor/backends/split.hpp"
 #include "dtensor/core/env.hpp"
@@ -57,12 +58,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <numeric>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace dtensor {
@@ -145,22 +148,24 @@ protected:
   WorkPtr do_all_reduce(BufferRef buf, ReduceOp op, const CommOptions& opts) override {
     const auto t = nccl_type(buf.dtype);
     const auto o = nccl_op(op);
-    return submit("all_reduce", opts, false, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllReduce(buf.data, buf.data, count(buf), t, o, c, s);
-    });
+    return submit({"all_reduce", buf.count, buf.dtype, -1, static_cast<int>(op)}, opts, false,
+                  [&](ncclComm_t c, cudaStream_t s) {
+                    return ncclAllReduce(buf.data, buf.data, count(buf), t, o, c, s);
+                  });
   }
 
   WorkPtr do_reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) override {
     const auto t = nccl_type(buf.dtype);
     const auto o = nccl_op(op);
-    return submit("reduce", opts, false, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclReduce(buf.data, buf.data, count(buf), t, o, root, c, s);
-    });
+    return submit({"reduce", buf.count, buf.dtype, root, static_cast<int>(op)}, opts, false,
+                  [&](ncclComm_t c, cudaStream_t s) {
+                    return ncclReduce(buf.data, buf.data, count(buf), t, o, root, c, s);
+                  });
   }
 
   WorkPtr do_broadcast(BufferRef buf, int root, const CommOptions& opts) override {
     const auto t = nccl_type(buf.dtype);
-    return submit("broadcast", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+    return submit({"broadcast", buf.count, buf.dtype, root}, opts, false, [&](ncclComm_t c, cudaStream_t s) {
       return ncclBroadcast(buf.data, buf.data, count(buf), t, root, c, s);
     });
   }
@@ -169,28 +174,29 @@ protected:
                         std::span<const std::int64_t> displs, const CommOptions& opts) override {
     const auto t = nccl_type(in.dtype);
     if (equal_packed(counts, displs)) {
-      return submit("all_gather", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+      return submit({"all_gather", in.count, in.dtype}, opts, false, [&](ncclComm_t c, cudaStream_t s) {
         return ncclAllGather(in.data, out.data, static_cast<std::size_t>(counts[0]), t, c, s);
       });
     }
     const std::size_t es = dtype_size(in.dtype);
-    return submit("all_gather (uneven)", opts, false, [&](ncclComm_t c, cudaStream_t s) {
-      copy_async(at(out, displs[rank_], es), in.data, in.nbytes(), s);
-      return grouped([&] {
-        for (int p = 0; p < size(); ++p) {
-          if (p == rank_) {
-            continue;
-          }
-          if (ncclResult_t r = send(in.data, counts[rank_], t, p, c, s); r != ncclSuccess) {
-            return r;
-          }
-          if (ncclResult_t r = recv(at(out, displs[p], es), counts[p], t, p, c, s); r != ncclSuccess) {
-            return r;
-          }
-        }
-        return ncclSuccess;
-      });
-    });
+    return submit(
+        {"all_gather (uneven)", in.count, in.dtype}, opts, false, [&](ncclComm_t c, cudaStream_t s) {
+          copy_async(at(out, displs[rank_], es), in.data, in.nbytes(), s);
+          return grouped([&] {
+            for (int p = 0; p < size(); ++p) {
+              if (p == rank_) {
+                continue;
+              }
+              if (ncclResult_t r = send(in.data, counts[rank_], t, p, c, s); r != ncclSuccess) {
+                return r;
+              }
+              if (ncclResult_t r = recv(at(out, displs[p], es), counts[p], t, p, c, s); r != ncclSuccess) {
+                return r;
+              }
+            }
+            return ncclSuccess;
+          });
+        });
   }
 
   WorkPtr do_reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
@@ -199,27 +205,32 @@ protected:
     const auto t = nccl_type(in.dtype);
     const auto o = nccl_op(op);
     if (equal_packed(counts, displs)) {
-      return submit("reduce_scatter", opts, false, [&](ncclComm_t c, cudaStream_t s) {
-        return ncclReduceScatter(in.data, out.data, static_cast<std::size_t>(counts[0]), t, o, c, s);
-      });
+      return submit({"reduce_scatter", in.count, in.dtype, -1, static_cast<int>(op)}, opts, false,
+                    [&](ncclComm_t c, cudaStream_t s) {
+                      return ncclReduceScatter(in.data, out.data, static_cast<std::size_t>(counts[0]), t, o,
+                                               c, s);
+                    });
     }
     const std::size_t es = dtype_size(in.dtype);
-    return submit("reduce_scatter (uneven)", opts, false, [&](ncclComm_t c, cudaStream_t s) {
-      return grouped([&] {
-        for (int root = 0; root < size(); ++root) {
-          if (counts[root] == 0) {
-            continue;
-          }
-          // recvbuff is only used on the root; elsewhere `out` is a valid device pointer NCCL ignores.
-          const ncclResult_t r = ncclReduce(at(in, displs[root], es), out.data,
-                                            static_cast<std::size_t>(counts[root]), t, o, root, c, s);
-          if (r != ncclSuccess) {
-            return r;
-          }
-        }
-        return ncclSuccess;
-      });
-    });
+    return submit({"reduce_scatter (uneven)", in.count, in.dtype, -1, static_cast<int>(op)}, opts, false,
+                  [&](ncclComm_t c, cudaStream_t s) {
+                    return grouped([&] {
+                      for (int root = 0; root < size(); ++root) {
+                        if (counts[root] == 0) {
+                          continue;
+                        }
+                        // recvbuff is only used on the root; elsewhere `out` is a valid device pointer NCCL
+                        // ignores.
+                        const ncclResult_t r =
+                            ncclReduce(at(in, displs[root], es), out.data,
+                                       static_cast<std::size_t>(counts[root]), t, o, root, c, s);
+                        if (r != ncclSuccess) {
+                          return r;
+                        }
+                      }
+                      return ncclSuccess;
+                    });
+                  });
   }
 
   WorkPtr do_all_to_all(BufferRef in, std::span<const std::int64_t> send_counts,
@@ -228,7 +239,7 @@ protected:
                         const CommOptions& opts) override {
     const auto t = nccl_type(in.dtype);
     const std::size_t es = dtype_size(in.dtype);
-    return submit("all_to_all", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+    return submit({"all_to_all", in.count, in.dtype}, opts, false, [&](ncclComm_t c, cudaStream_t s) {
       copy_async(at(out, recv_displs[rank_], es), at(in, send_displs[rank_], es),
                  static_cast<std::size_t>(send_counts[rank_]) * es, s);
       return grouped([&] {
@@ -253,7 +264,7 @@ protected:
   WorkPtr do_gather(BufferRef in, std::span<const BufferRef> blocks, int root,
                     const CommOptions& opts) override {
     const auto t = nccl_type(in.dtype);
-    return submit("gather", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+    return submit({"gather", in.count, in.dtype, root}, opts, false, [&](ncclComm_t c, cudaStream_t s) {
       if (rank_ != root) {
         return grouped([&] { return send(in.data, in.count, t, root, c, s); });
       }
@@ -275,7 +286,7 @@ protected:
   WorkPtr do_scatter(std::span<const BufferRef> blocks, BufferRef out, int root,
                      const CommOptions& opts) override {
     const auto t = nccl_type(out.dtype);
-    return submit("scatter", opts, false, [&](ncclComm_t c, cudaStream_t s) {
+    return submit({"scatter", out.count, out.dtype, root}, opts, false, [&](ncclComm_t c, cudaStream_t s) {
       if (rank_ != root) {
         return grouped([&] { return recv(out.data, out.count, t, root, c, s); });
       }
@@ -297,7 +308,7 @@ protected:
   /// An all_reduce of one int32 on the group's scratch buffer; wait() blocks the host (torch's barrier).
   WorkPtr do_barrier(const CommOptions& opts) override {
     void* scratch = scratch_buffer();
-    return submit("barrier", opts, true, [&](ncclComm_t c, cudaStream_t s) {
+    return submit({"barrier", 0, DType::uint8}, opts, true, [&](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(scratch, scratch, 1, ncclInt32, ncclSum, c, s);
     });
   }
@@ -306,22 +317,32 @@ protected:
 
   WorkPtr do_p2p(std::span<const P2PRequest> requests, const CommOptions& opts) override {
     std::vector<P2PRequest> reqs(requests.begin(), requests.end());
-    return submit(requests.size() == 1 ? (requests[0].kind == P2PRequest::Kind::send ? "send" : "recv")
-                                       : "batch_isend_irecv",
-                  opts, false, [&](ncclComm_t c, cudaStream_t s) {
-                    return grouped([&] {
-                      for (const auto& r : reqs) {
-                        const auto t = nccl_type(r.buffer.dtype);
-                        const ncclResult_t res = r.kind == P2PRequest::Kind::send
-                                                     ? send(r.buffer.data, r.buffer.count, t, r.peer, c, s)
-                                                     : recv(r.buffer.data, r.buffer.count, t, r.peer, c, s);
-                        if (res != ncclSuccess) {
-                          return res;
-                        }
-                      }
-                      return ncclSuccess;
-                    });
-                  });
+    NcclOp op{requests.size() == 1 ? (requests[0].kind == P2PRequest::Kind::send ? "send" : "recv")
+                                   : "batch_isend_irecv",
+              requests.empty() ? 0 : requests[0].buffer.count,
+              requests.empty() ? DType::uint8 : requests[0].buffer.dtype};
+    for (const auto& r : requests) {
+      if (std::find(op.peers.begin(), op.peers.end(), r.peer) == op.peers.end()) {
+        op.peers.push_back(r.peer);
+      }
+    }
+    if (requests.size() == 1) {
+      op.root = requests[0].peer;
+    }
+    return submit(std::move(op), opts, false, [&](ncclComm_t c, cudaStream_t s) {
+      return grouped([&] {
+        for (const auto& r : reqs) {
+          const auto t = nccl_type(r.buffer.dtype);
+          const ncclResult_t res = r.kind == P2PRequest::Kind::send
+                                       ? send(r.buffer.data, r.buffer.count, t, r.peer, c, s)
+                                       : recv(r.buffer.data, r.buffer.count, t, r.peer, c, s);
+          if (res != ncclSuccess) {
+            return res;
+          }
+        }
+        return ncclSuccess;
+      });
+    });
   }
 
   // ---- groups -------------------------------------------------------------------------------------------
@@ -410,15 +431,25 @@ private:
     return true;
   }
 
+  /// What the flight recorder and a timeout's report say about an op.
+  struct NcclOp {
+    const char* name;
+    std::int64_t count = 0; ///< this rank's elements (its input; a scatter's output)
+    DType dtype = DType::uint8;
+    int root = -1; ///< the root, or the peer of a single send or recv
+    int reduce = -1;
+    std::vector<int> peers = {}; ///< point-to-point: the members it exchanges with (empty: a collective)
+  };
+
   /// One op: ordered after the caller's stream, enqueued on the group's stream, an event after it.
   template <class Enqueue>
-  WorkPtr submit(const char* op, const CommOptions& opts, bool host_wait, Enqueue&& enqueue) {
+  WorkPtr submit(NcclOp op, const CommOptions& opts, bool host_wait, Enqueue&& enqueue) {
     state_->rethrow_if_failed();
     CudaDeviceGuard guard(state_->device());
     const auto limit = opts.timeout.count() > 0 ? opts.timeout : timeout();
     const auto deadline = NcclClock::now() + limit;
     auto user = static_cast<cudaStream_t>(opts.stream);
-    const std::string what = std::string(op);
+    const std::string what = std::string(op.name);
     // Under CUDA graph capture (of the caller's stream) the op is recorded, not run: its events must not be
     // queried (that would invalidate the capture), so the watchdog does not see it and wait() only joins
     // the streams; an op that must block the host (barrier, blocking wait) cannot be captured.
@@ -431,6 +462,13 @@ private:
                                            " blocks the host until it is done, which a CUDA graph capture "
                                            "cannot record (barrier, or DTENSOR_NCCL_BLOCKING_WAIT=1)");
     std::lock_guard order(state_->submit_mutex());
+    // Numbered like the members' matching ops: collectives in group order, messages per peer and direction.
+    std::uint32_t seq = 0;
+    if (op.peers.empty()) {
+      seq = collective_seq_++;
+    } else if (op.root >= 0) {
+      seq = p2p_seq_[{op.root, std::string_view(op.name) == "send"}]++;
+    }
     auto ready = std::make_shared<CudaEvent>(state_->device());
     check_cuda(cudaEventRecord(ready->get(), user), "cudaEventRecord",
                [&] { return describe() + ": " + what; });
@@ -447,8 +485,20 @@ private:
     auto done = std::make_shared<CudaEvent>(state_->device());
     check_cuda(cudaEventRecord(done->get(), state_->stream()), "cudaEventRecord",
                [&] { return describe() + ": " + what; });
-    if (!captured) {
-      NcclWatchdog::instance().watch_op(state_, done, deadline, what);
+    if (!captured) { // a captured op is recorded into a graph, not run: nothing to watch or record
+      NcclOpTrace trace{shared_flight_recorder(),
+                        0,
+                        board_,
+                        describe_op(op.name, seq, op.count, op.dtype, op.root, op.reduce),
+                        {},
+                        std::min(limit, std::chrono::milliseconds(1000))};
+      trace.id = trace.recorder->submitted(op.name, op.count, op.dtype, op.root, op.reduce, /*running=*/true);
+      if (!op.peers.empty()) {
+        trace.members = std::move(op.peers);
+        trace.members.push_back(rank_);
+        std::sort(trace.members.begin(), trace.members.end());
+      }
+      NcclWatchdog::instance().watch_op(state_, done, deadline, what, std::move(trace));
     }
     return std::make_shared<NcclWork>(state_, std::move(done), user, host, deadline, what, nullptr, captured);
   }
@@ -511,6 +561,11 @@ private:
   std::shared_ptr<Store> store_;
   std::shared_ptr<NcclRankShared> shared_;
   std::shared_ptr<void> scratch_;
+  /// What each member was running when an op timed out (null without a store).
+  std::shared_ptr<OpBoard> board_ =
+      store_ != nullptr ? std::make_shared<OpBoard>(store_, rank_, size()) : nullptr;
+  std::uint32_t collective_seq_ = 0;                      // under the submit mutex
+  std::map<std::pair<int, bool>, std::uint32_t> p2p_seq_; // (peer, is send) -> messages so far
 };
 
 } // namespace detail

@@ -13,6 +13,7 @@
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/nccl/types.hpp"
+#include "dtensor/backends/op_board.hpp"
 #include "dtensor/core/error.hpp"
 
 #include <cuda_runtime_api.h>
@@ -235,6 +236,38 @@ private:
   int device_;
 };
 
+/// What the watchdog keeps about an op besides its name: its entry in the group's flight recorder (marked
+/// completed or failed when the watchdog sees the op end), and the group's op board, through which a timed
+/// out op says what each member was running (backends/op_board.hpp).
+struct NcclOpTrace {
+  std::shared_ptr<FlightRecorder> recorder;
+  std::uint64_t id = 0;
+  std::shared_ptr<OpBoard> board; ///< null without a store
+  std::string desc;               ///< the op as the members report it (describe_op)
+  std::vector<int> members;       ///< the members to ask (empty: all)
+  std::chrono::milliseconds patience{1000};
+
+  void finished(bool ok) const {
+    if (recorder) {
+      recorder->finished(id, ok);
+    }
+  }
+
+  /// The members' ops and this rank's last ops, appended to a timeout's message (waits up to `patience`
+  /// for the members' reports).
+  std::string report() const {
+    std::string s;
+    if (board) {
+      board->publish_op(desc);
+      s += board->members_ops(desc, members, patience);
+    }
+    if (recorder) {
+      s += " [flight recorder, this rank's last ops on the group: " + recorder->dump() + "]";
+    }
+    return s;
+  }
+};
+
 /// Watches communicators and pending ops; see the top of this file. One per process, started lazily.
 class NcclWatchdog {
 public:
@@ -254,9 +287,9 @@ public:
   }
 
   void watch_op(const std::shared_ptr<NcclCommState>& comm, std::shared_ptr<CudaEvent> done,
-                NcclClock::time_point deadline, std::string what) {
+                NcclClock::time_point deadline, std::string what, NcclOpTrace trace = {}) {
     std::lock_guard lock(m_);
-    ops_.push_back(Op{comm, std::move(done), deadline, std::move(what)});
+    ops_.push_back(Op{comm, std::move(done), deadline, std::move(what), std::move(trace)});
     start_locked();
   }
 
@@ -266,6 +299,7 @@ private:
     std::shared_ptr<CudaEvent> done;
     NcclClock::time_point deadline;
     std::string what;
+    NcclOpTrace trace;
   };
 
   NcclWatchdog() = default;
@@ -321,23 +355,29 @@ private:
       for (auto& op : ops) {
         auto c = op.comm.lock();
         if (!c || c->failed()) {
+          op.trace.finished(false);
           continue;
         }
         CudaDeviceGuard guard(op.done->device());
         const cudaError_t q = cudaEventQuery(op.done->get());
         if (q == cudaSuccess) {
+          op.trace.finished(true);
           continue;
         }
         if (q != cudaErrorNotReady) {
+          op.trace.finished(false);
           c->fail(c->name() + ": " + op.what + ": CUDA error while waiting: " + cudaGetErrorName(q) + ": " +
                       cudaGetErrorString(q),
                   false);
           continue;
         }
         if (now > op.deadline) {
+          // Every member whose op timed out publishes it first, then reads the others' (up to a second).
+          op.trace.finished(false);
           c->fail(c->name() + ": " + op.what +
-                      " did not complete within its timeout (a peer did not join it, or is stuck); the "
-                      "communicator was aborted",
+                      " did not complete within its timeout (a member did not join it or is stuck, or the "
+                      "members disagree on its sizes or dtype); the communicator was aborted" +
+                      op.trace.report(),
                   true);
           continue;
         }
