@@ -63,6 +63,7 @@ DTensor<T, static_cast<int>(Rank), Shape, P...> from_global_index(const DeviceMe
   for (int d = 0; d < R; ++d) {
     global[d] = shape[d];
   }
+  exec::check_global_shape(detail::to_extents(global), sizeof(T), "from_global_index");
   const Block mine = spec_block(detail::to_extents(global), Result::spec, mesh.sizes(), mesh.coordinate());
   Tensor<T, R> local(detail::to_array<R>(mine.shape));
   if (!exec::holds_partial_value(Result::placements, mesh.coordinate())) {
