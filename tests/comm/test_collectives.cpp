@@ -384,3 +384,55 @@ TEST_CASE("max and min propagate NaN whichever rank holds it (all_reduce, reduce
     });
   }
 }
+
+TEST_CASE("reduce_scatter adds the blocks in rank order bitwise on floats that round differently otherwise",
+          "[comm][collectives]") {
+  // Rank r contributes v[(r + s) % 4] to every element: the sum in rank order ((v0 + v1) + v2) + v3 rounds
+  // differently from other orders, e.g. for s = 0 ((1 + 0) + 1) + 2^24 = 2^24 + 2 exactly, but in reverse
+  // ((2^24 + 1) + 0) + 1 = 2^24 (each + 1 rounds to even). The header promises the rank-order result.
+  auto check = []<class T>(T big) {
+    const T v[4] = {T(1), T(0), T(1), big};
+    auto fold = [&](int s, bool reverse) {
+      T acc = v[((reverse ? 3 : 0) + s) % 4];
+      for (int i = 1; i < 4; ++i) {
+        acc = acc + v[((reverse ? 3 - i : i) + s) % 4];
+      }
+      return acc;
+    };
+    REQUIRE(fold(0, false) == big + T(2)); // the test can fail: rank order differs from reverse order
+    REQUIRE(fold(0, true) == big);
+    testing::run_ranks(4, [&](ProcessGroup& g) {
+      const int r = g.rank();
+      for (int s = 0; s < 4; ++s) {
+        const T mine = v[(r + s) % 4];
+        const T want = fold(s, false);
+        auto what = [&](const std::string& form) {
+          return tag(g, form + " (shift " + std::to_string(s) + ", " + std::string(dtype_name(dtype_v<T>)) +
+                            ")");
+        };
+        // Uneven blocks are not possible through the typed API; 3 elements per block, 12 in all.
+        auto in = Tensor<T, 1>::full({12}, mine);
+        auto out = Tensor<T, 1>::full({3}, poison<T>());
+        reduce_scatter_tensor(out, in, ReduceOp::sum, g);
+        expect_values<T, 1>(
+            out, [&](std::int64_t) { return want; }, what("reduce_scatter_tensor"));
+        std::vector<Tensor<T, 1>> blocks;
+        for (int m = 0; m < 4; ++m) {
+          blocks.push_back(Tensor<T, 1>::full({2}, mine));
+        }
+        auto out2 = Tensor<T, 1>::full({2}, poison<T>());
+        reduce_scatter(out2, blocks, ReduceOp::sum, g);
+        expect_values<T, 1>(
+            out2, [&](std::int64_t) { return want; }, what("reduce_scatter (list)"));
+        // In place: the output is this rank's block of the input.
+        auto whole = Tensor<T, 1>::full({8}, mine);
+        auto own = whole.narrow(0, 2 * r, 2);
+        reduce_scatter_tensor(own, whole, ReduceOp::sum, g, async_op).wait();
+        expect_values<T, 1>(
+            own, [&](std::int64_t) { return want; }, what("in-place async reduce_scatter_tensor"));
+      }
+    });
+  };
+  check(float(1 << 24));
+  check(double(std::int64_t{1} << 53));
+}
