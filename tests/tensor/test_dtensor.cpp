@@ -10,7 +10,12 @@
 #include <dtensor/tensor/visualize.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 using namespace dtensor;
 
@@ -212,4 +217,71 @@ TEST_CASE("printing: plans, types, sharding tables, comm counts", "[dtensor]") {
     expect(comm.bytes("all_gather", "tp") == row_bytes * (world.rank() % 2 == 0 ? 2 : 3),
            "tp all_gather bytes: " + comm.to_string());
   });
+}
+
+TEST_CASE("from_local with two mesh axes sharding one dim: inferred when even and verified when uneven",
+          "[dtensor]") {
+  // [S(0),S(0)] on a (2,2) mesh: dp splits the rows, tp splits each dp half; rank r = (dp, tp) holds the
+  // r-th quarter. Each rank's values are 100 * r + flat index, so full_tensor shows where rows went.
+  auto local_of = [](int r, std::int64_t rows) {
+    Tensor<float, 2> t({rows, 3});
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      t.data()[i] = static_cast<float>(100 * r + i);
+    }
+    return t;
+  };
+  // The global tensor the locals of `rows` (by rank) make: the ranks' rows stacked in rank order.
+  auto stacked = [&](const std::array<std::int64_t, 4>& rows) {
+    Tensor<float, 2> full({rows[0] + rows[1] + rows[2] + rows[3], 3});
+    std::int64_t at = 0;
+    for (int r = 0; r < 4; ++r) {
+      if (rows[r] > 0) {
+        full.narrow(0, at, rows[r]).copy_from(local_of(r, rows[r]));
+      }
+      at += rows[r];
+    }
+    return full;
+  };
+  using X = DTensor<float, 2, Mesh2, Shard<0>, Shard<0>>;
+  for (bool verify : {false, true}) {
+    testing::run_ranks(4, [&](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh2>(world);
+      const int r = world.rank();
+      auto even = X::from_local(mesh, local_of(r, 2), std::nullopt, {.verify = verify});
+      expect(even.global_shape() == std::array<std::int64_t, 2>{8, 3}, "inferred global shape (8, 3)");
+      expect(even.local_offset() == std::array<std::int64_t, 2>{2 * r, 0},
+             "local offset of the r-th quarter");
+      expect(equal(even.full_tensor(), stacked({2, 2, 2, 2})), "even [S(0),S(0)] full tensor");
+      // 7 rows: dp gives 4 and 3, tp splits 4 into 2, 2 and 3 into 2, 1.
+      const std::array<std::int64_t, 4> rows{2, 2, 2, 1};
+      auto uneven =
+          X::from_local(mesh, local_of(r, rows[r]), std::array<std::int64_t, 2>{7, 3}, {.verify = verify});
+      expect(uneven.local_offset()[0] == 2 * r, "uneven local offset");
+      expect(equal(uneven.full_tensor(), stacked(rows)), "uneven [S(0),S(0)] full tensor");
+      expect(equal(uneven.redistribute<Replicate, Shard<1>>().full_tensor(), stacked(rows)),
+             "uneven [S(0),S(0)] -> [R,S(1)]");
+    });
+  }
+  // Uneven without the global shape: the ranks infer (8, 3) and (4, 3); verify reports it on every rank.
+  std::vector<std::string> errors(4);
+  testing::run_ranks(4, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world);
+    const int r = world.rank();
+    try {
+      X::from_local(mesh, local_of(r, r == 3 ? 1 : 2), std::nullopt, {.verify = true});
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (const std::string& e : errors) {
+    INFO(e);
+    CHECK(e.find("passed global shape") != std::string::npos);
+    CHECK(e.find("(4, 3)") != std::string::npos);
+  }
+  // A local shape that is not the coordinate's quarter of the given global shape.
+  const std::string e = error_of(4, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world);
+    X::from_local(mesh, Tensor<float, 2>::zeros({2, 3}), std::array<std::int64_t, 2>{7, 3});
+  });
+  CHECK(e.find("is not the shard (1, 3)") != std::string::npos);
 }
