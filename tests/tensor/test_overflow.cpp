@@ -8,6 +8,7 @@
 #include <dtensor/core/layout.hpp>
 #include <dtensor/core/tensor.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/ops/shape.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #include <dtensor/tensor/dtensor.hpp>
 #include <dtensor/testing/run_ranks.hpp>
@@ -204,4 +205,17 @@ TEST_CASE("mesh axis sizes whose product overflows are errors", "[mesh][overflow
   auto errors = rank_errors(
       1, [&](ProcessGroup& world) { (void)init_device_mesh<Mesh3>(world, 1 << 30, 1 << 30, 1 << 30); });
   CHECK_THAT(errors[0], Contains("the axis sizes multiply to more than int64 holds"));
+}
+
+TEST_CASE("unflatten sizes whose product overflows are errors", "[ops][overflow]") {
+  auto errors = rank_errors(2, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh1>(world);
+    auto x = distribute_tensor<Shard<0>>(mesh, Tensor<float, 1>::zeros({12}), replicated_source);
+    (void)unflatten<0>(x, std::array<std::int64_t, 3>{pow2(62), pow2(62), -1});
+  });
+  for (const std::string& e : errors) {
+    CHECK_THAT(e,
+               Contains("unflatten<0>: the sizes [4611686018427387904, 4611686018427387904, -1] multiply to "
+                        "more than int64 holds"));
+  }
 }
