@@ -4,6 +4,8 @@
 
 #include "common.hpp"
 
+#include "dtensor/comm/comm_debug.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -435,4 +437,89 @@ TEST_CASE("reduce_scatter adds the blocks in rank order bitwise on floats that r
   };
   check(float(1 << 24));
   check(double(std::int64_t{1} << 53));
+}
+
+TEST_CASE("CommDebugMode counts every plain collective and point-to-point op with its bytes",
+          "[comm][debug]") {
+  // Each family once, synchronous, async and functional, at 3 ranks (a non-power of two); bytes are what
+  // this rank receives (comm_debug.hpp), 4 per float.
+  testing::run_ranks(3, [](ProcessGroup& g) {
+    const int n = g.size();
+    const int r = g.rank();
+    CommDebugMode comm;
+    auto expect = [&](const char* op, std::int64_t count, std::int64_t bytes) {
+      DTENSOR_CHECK(comm.count(op) == count && comm.bytes(op) == bytes,
+                    tag(g, std::string(op) + ": CommDebugMode counted " + std::to_string(comm.count(op)) +
+                               " ops and " + std::to_string(comm.bytes(op)) + " bytes, expected " +
+                               std::to_string(count) + " and " + std::to_string(bytes) + "\n" +
+                               comm.to_string()));
+    };
+    auto six = Tensor<float, 1>::full({6}, 1.0f);
+    all_reduce(six, ReduceOp::sum, g);
+    all_reduce(six, ReduceOp::max, g, async_op).wait();
+    (void)functional::all_reduce(six, ReduceOp::sum, g);
+    expect("all_reduce", 3, 3 * 4 * ((2 * (n - 1) * 6 + n - 1) / n));
+    reduce(six, 1, ReduceOp::sum, g);
+    expect("reduce", 1, r == 1 ? 4 * (n - 1) * 6 : 0);
+    broadcast(six, 2, g);
+    (void)functional::broadcast(six, 2, g);
+    expect("broadcast", 2, r == 2 ? 0 : 2 * 4 * 6);
+    auto three = Tensor<float, 1>::full({3}, 1.0f);
+    auto whole = Tensor<float, 1>::zeros({3 * n});
+    all_gather_into_tensor(whole, three, g);
+    std::vector<Tensor<float, 1>> parts;
+    for (int m = 0; m < n; ++m) {
+      parts.push_back(Tensor<float, 1>::zeros({3}));
+    }
+    all_gather(parts, three, g);
+    (void)functional::all_gather_into_tensor(three, g);
+    expect("all_gather", 3, 3 * 4 * (n - 1) * 3);
+    reduce_scatter_tensor(three, whole, ReduceOp::sum, g);
+    reduce_scatter(three, parts, ReduceOp::sum, g, async_op).wait();
+    (void)functional::reduce_scatter_tensor(whole, ReduceOp::sum, g);
+    expect("reduce_scatter", 3, 3 * 4 * (n - 1) * 3);
+    all_to_all_single(whole, Tensor<float, 1>::full({3 * n}, 2.0f), g);
+    std::vector<Tensor<float, 1>> outs, ins;
+    for (int m = 0; m < n; ++m) {
+      outs.push_back(Tensor<float, 1>::zeros({2}));
+      ins.push_back(Tensor<float, 1>::full({2}, 1.0f));
+    }
+    all_to_all(outs, ins, g);
+    expect("all_to_all", 2, 4 * (n - 1) * 3 + 4 * (n - 1) * 2);
+    gather(three, r == 0 ? &parts : nullptr, 0, g);
+    expect("gather", 1, r == 0 ? 4 * (n - 1) * 3 : 0);
+    scatter(three, r == 0 ? parts : std::vector<Tensor<float, 1>>{}, 0, g);
+    expect("scatter", 1, r == 0 ? 0 : 4 * 3);
+    barrier(g);
+    expect("barrier", 1, 0);
+    monitored_barrier(g);
+    expect("monitored_barrier", 1, 0);
+    // Point to point: a ring, rank r sends to r + 1 and receives from r - 1.
+    const int next = (r + 1) % n;
+    const int prev = (r + n - 1) % n;
+    if (r % 2 == 0) {
+      send(three, next, g);
+      recv(three, prev, g);
+    } else {
+      recv(three, prev, g);
+      send(three, next, g);
+    }
+    expect("send", 1, 0);
+    expect("recv", 1, 4 * 3);
+    Work a = isend(three, next, g);
+    Work b = irecv(six.narrow(0, 0, 3), prev, g);
+    a.wait();
+    b.wait();
+    expect("isend", 1, 0);
+    expect("irecv", 1, 4 * 3);
+    const std::vector<P2POp> ops{P2POp(P2POp::isend, six, next, g),
+                                 P2POp(P2POp::irecv, six.clone(), prev, g)};
+    auto works = batch_isend_irecv(ops);
+    for (Work& w : works) {
+      w.wait();
+    }
+    expect("batch_isend_irecv", 1, 4 * 6);
+    DTENSOR_CHECK(comm.total_count() == 3 + 1 + 2 + 3 + 3 + 2 + 1 + 1 + 1 + 1 + 2 + 2 + 1,
+                  tag(g, "total count " + std::to_string(comm.total_count()) + "\n" + comm.to_string()));
+  });
 }

@@ -320,3 +320,35 @@ TEST_CASE("R -> P(avg) -> R on floats is exact at 1 2 and 4 ranks and within an 
     CHECK(changed[0] == 0);
   }
 }
+
+TEST_CASE("CommDebugMode sees distribute_tensor from_local verify and full_tensor", "[dtensor][debug]") {
+  testing::run_ranks(3, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh1>(world);
+    const int r = world.rank();
+    const auto full = reference<float>(7, 3); // rows 3, 3, 1
+    const std::int64_t mine = r < 2 ? 3 : 1;
+    CommDebugMode comm;
+    auto x = distribute_tensor<Shard<0>>(mesh, r == 1 ? full : Tensor<float, 2>(), 1);
+    // One broadcast of the shape (2 int64) and one scatter of the blocks, from rank 1.
+    expect(comm.count("broadcast") == 1 && comm.bytes("broadcast") == (r == 1 ? 0 : 16),
+           "distribute_tensor's shape broadcast:\n" + comm.to_string());
+    expect(comm.count("scatter") == 1 && comm.bytes("scatter") == (r == 1 ? 0 : mine * 3 * 4),
+           "distribute_tensor's scatter:\n" + comm.to_string());
+    expect(comm.total_count() == 2, "distribute_tensor runs two ops:\n" + comm.to_string());
+    comm.reset();
+    auto p = distribute_tensor<Partial<>>(mesh, r == 0 ? full : Tensor<float, 2>());
+    expect(comm.count("broadcast") == 1 && comm.count("scatter") == 1,
+           "distribute_tensor<Partial>:\n" + comm.to_string());
+    expect(comm.bytes("scatter") == 0, "only the source holds a Partial<sum> value:\n" + comm.to_string());
+    comm.reset();
+    (void)DTensor<float, 2, Mesh1, Shard<0>>::from_local(mesh, x.local(), x.global_shape(), {.verify = true});
+    expect(comm.count("all_gather") == 1 && comm.bytes("all_gather") == 2 * 4 * 8,
+           "from_local's verify:\n" + comm.to_string());
+    comm.reset();
+    (void)x.full_tensor();
+    (void)p.full_tensor();
+    expect(comm.count("all_gather") == 1 && comm.bytes("all_gather") == (7 - mine) * 3 * 4 &&
+               comm.count("all_reduce") == 1 && comm.total_count() == 2,
+           "full_tensor:\n" + comm.to_string());
+  });
+}
