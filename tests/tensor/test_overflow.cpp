@@ -14,6 +14,7 @@
 #include <dtensor/testing/run_ranks.hpp>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -180,6 +181,21 @@ TEST_CASE("from_local rejects global shapes that are negative or too large", "[d
     });
     for (const std::string& e : errors) {
       CHECK_THAT(e, Contains("the global shape (-4, 3) has a negative size"));
+    }
+  }
+  // With verify, one rank's bad global shape fails every rank (none is left waiting in the exchange).
+  for (std::int64_t bad : {std::int64_t{-4}, kMax}) {
+    errors = rank_errors(2, [&](ProcessGroup& world) {
+      world.set_timeout(std::chrono::seconds(5));
+      auto mesh = init_device_mesh<Mesh1>(world);
+      const bool odd = world.rank() == 1;
+      (void)DTensor<float, 2, Mesh1, Shard<0>>::from_local(
+          mesh, Tensor<float, 2>({odd ? 0 : 2, 3}), std::array<std::int64_t, 2>{odd ? runtime(bad) : 4, 3},
+          {.verify = true});
+    });
+    for (const std::string& e : errors) {
+      CHECK_THAT(e, Contains(bad < 0 ? "(-4, 3)" : "(9223372036854775807, 3)"));
+      CHECK_THAT(e, Contains("mesh rank 1"));
     }
   }
   // The inferred global size overflows: 2^62 rows per rank times 2 ranks.

@@ -161,8 +161,9 @@ inline void verify_layout(const DeviceMeshBase& mesh, const Extents& local, cons
                           const ShardSpec& spec, const PlacementList& placements, std::size_t element_size,
                           Device dev, bool across_ranks) {
   const int rank = global.size();
-  check_global_shape(global, element_size, "DTensor::from_local on mesh rank " + std::to_string(mesh.rank()));
   if (!across_ranks) {
+    check_global_shape(global, element_size,
+                       "DTensor::from_local on mesh rank " + std::to_string(mesh.rank()));
     const Block b = spec_block(global, spec, mesh.sizes(), mesh.coordinate());
     DTENSOR_CHECK(local == b.shape,
                   "DTensor::from_local on mesh rank " + std::to_string(mesh.rank()) + ": the local shape " +
@@ -204,6 +205,9 @@ inline void verify_layout(const DeviceMeshBase& mesh, const Extents& local, cons
       their_local.push_back(v[2 * rank * q + d]);
       their_global.push_back(v[2 * rank * q + rank + d]);
     }
+    // Checked after the exchange, so that one rank's bad shape fails every rank instead of leaving the
+    // others waiting in the all_gather.
+    check_global_shape(their_global, element_size, "DTensor::from_local: mesh rank " + std::to_string(q));
     DTENSOR_CHECK(their_global == global, "DTensor::from_local: mesh rank " + std::to_string(q) +
                                               " passed global shape " + AnyTensor::to_string(their_global) +
                                               " but mesh rank " + std::to_string(mesh.rank()) + " passed " +
