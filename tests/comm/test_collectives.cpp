@@ -4,6 +4,8 @@
 
 #include "common.hpp"
 
+#include "dtensor/comm/comm_debug.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -383,4 +385,141 @@ TEST_CASE("max and min propagate NaN whichever rank holds it (all_reduce, reduce
       }
     });
   }
+}
+
+TEST_CASE("reduce_scatter adds the blocks in rank order bitwise on floats that round differently otherwise",
+          "[comm][collectives]") {
+  // Rank r contributes v[(r + s) % 4] to every element: the sum in rank order ((v0 + v1) + v2) + v3 rounds
+  // differently from other orders, e.g. for s = 0 ((1 + 0) + 1) + 2^24 = 2^24 + 2 exactly, but in reverse
+  // ((2^24 + 1) + 0) + 1 = 2^24 (each + 1 rounds to even). The header promises the rank-order result.
+  auto check = []<class T>(T big) {
+    const T v[4] = {T(1), T(0), T(1), big};
+    auto fold = [&](int s, bool reverse) {
+      T acc = v[((reverse ? 3 : 0) + s) % 4];
+      for (int i = 1; i < 4; ++i) {
+        acc = acc + v[((reverse ? 3 - i : i) + s) % 4];
+      }
+      return acc;
+    };
+    REQUIRE(fold(0, false) == big + T(2)); // the test can fail: rank order differs from reverse order
+    REQUIRE(fold(0, true) == big);
+    testing::run_ranks(4, [&](ProcessGroup& g) {
+      const int r = g.rank();
+      for (int s = 0; s < 4; ++s) {
+        const T mine = v[(r + s) % 4];
+        const T want = fold(s, false);
+        auto what = [&](const std::string& form) {
+          return tag(g, form + " (shift " + std::to_string(s) + ", " + std::string(dtype_name(dtype_v<T>)) +
+                            ")");
+        };
+        // Uneven blocks are not possible through the typed API; 3 elements per block, 12 in all.
+        auto in = Tensor<T, 1>::full({12}, mine);
+        auto out = Tensor<T, 1>::full({3}, poison<T>());
+        reduce_scatter_tensor(out, in, ReduceOp::sum, g);
+        expect_values<T, 1>(
+            out, [&](std::int64_t) { return want; }, what("reduce_scatter_tensor"));
+        std::vector<Tensor<T, 1>> blocks;
+        for (int m = 0; m < 4; ++m) {
+          blocks.push_back(Tensor<T, 1>::full({2}, mine));
+        }
+        auto out2 = Tensor<T, 1>::full({2}, poison<T>());
+        reduce_scatter(out2, blocks, ReduceOp::sum, g);
+        expect_values<T, 1>(
+            out2, [&](std::int64_t) { return want; }, what("reduce_scatter (list)"));
+        // In place: the output is this rank's block of the input.
+        auto whole = Tensor<T, 1>::full({8}, mine);
+        auto own = whole.narrow(0, 2 * r, 2);
+        reduce_scatter_tensor(own, whole, ReduceOp::sum, g, async_op).wait();
+        expect_values<T, 1>(
+            own, [&](std::int64_t) { return want; }, what("in-place async reduce_scatter_tensor"));
+      }
+    });
+  };
+  check(float(1 << 24));
+  check(double(std::int64_t{1} << 53));
+}
+
+TEST_CASE("CommDebugMode counts every plain collective and point-to-point op with its bytes",
+          "[comm][debug]") {
+  // Each family once, synchronous, async and functional, at 3 ranks (a non-power of two); bytes are what
+  // this rank receives (comm_debug.hpp), 4 per float.
+  testing::run_ranks(3, [](ProcessGroup& g) {
+    const int n = g.size();
+    const int r = g.rank();
+    CommDebugMode comm;
+    auto expect = [&](const char* op, std::int64_t count, std::int64_t bytes) {
+      DTENSOR_CHECK(comm.count(op) == count && comm.bytes(op) == bytes,
+                    tag(g, std::string(op) + ": CommDebugMode counted " + std::to_string(comm.count(op)) +
+                               " ops and " + std::to_string(comm.bytes(op)) + " bytes, expected " +
+                               std::to_string(count) + " and " + std::to_string(bytes) + "\n" +
+                               comm.to_string()));
+    };
+    auto six = Tensor<float, 1>::full({6}, 1.0f);
+    all_reduce(six, ReduceOp::sum, g);
+    all_reduce(six, ReduceOp::max, g, async_op).wait();
+    (void)functional::all_reduce(six, ReduceOp::sum, g);
+    expect("all_reduce", 3, 3 * 4 * ((2 * (n - 1) * 6 + n - 1) / n));
+    reduce(six, 1, ReduceOp::sum, g);
+    expect("reduce", 1, r == 1 ? 4 * (n - 1) * 6 : 0);
+    broadcast(six, 2, g);
+    (void)functional::broadcast(six, 2, g);
+    expect("broadcast", 2, r == 2 ? 0 : 2 * 4 * 6);
+    auto three = Tensor<float, 1>::full({3}, 1.0f);
+    auto whole = Tensor<float, 1>::zeros({3 * n});
+    all_gather_into_tensor(whole, three, g);
+    std::vector<Tensor<float, 1>> parts;
+    for (int m = 0; m < n; ++m) {
+      parts.push_back(Tensor<float, 1>::zeros({3}));
+    }
+    all_gather(parts, three, g);
+    (void)functional::all_gather_into_tensor(three, g);
+    expect("all_gather", 3, 3 * 4 * (n - 1) * 3);
+    reduce_scatter_tensor(three, whole, ReduceOp::sum, g);
+    reduce_scatter(three, parts, ReduceOp::sum, g, async_op).wait();
+    (void)functional::reduce_scatter_tensor(whole, ReduceOp::sum, g);
+    expect("reduce_scatter", 3, 3 * 4 * (n - 1) * 3);
+    all_to_all_single(whole, Tensor<float, 1>::full({3 * n}, 2.0f), g);
+    std::vector<Tensor<float, 1>> outs, ins;
+    for (int m = 0; m < n; ++m) {
+      outs.push_back(Tensor<float, 1>::zeros({2}));
+      ins.push_back(Tensor<float, 1>::full({2}, 1.0f));
+    }
+    all_to_all(outs, ins, g);
+    expect("all_to_all", 2, 4 * (n - 1) * 3 + 4 * (n - 1) * 2);
+    gather(three, r == 0 ? &parts : nullptr, 0, g);
+    expect("gather", 1, r == 0 ? 4 * (n - 1) * 3 : 0);
+    scatter(three, r == 0 ? parts : std::vector<Tensor<float, 1>>{}, 0, g);
+    expect("scatter", 1, r == 0 ? 0 : 4 * 3);
+    barrier(g);
+    expect("barrier", 1, 0);
+    monitored_barrier(g);
+    expect("monitored_barrier", 1, 0);
+    // Point to point: a ring, rank r sends to r + 1 and receives from r - 1.
+    const int next = (r + 1) % n;
+    const int prev = (r + n - 1) % n;
+    if (r % 2 == 0) {
+      send(three, next, g);
+      recv(three, prev, g);
+    } else {
+      recv(three, prev, g);
+      send(three, next, g);
+    }
+    expect("send", 1, 0);
+    expect("recv", 1, 4 * 3);
+    Work a = isend(three, next, g);
+    Work b = irecv(six.narrow(0, 0, 3), prev, g);
+    a.wait();
+    b.wait();
+    expect("isend", 1, 0);
+    expect("irecv", 1, 4 * 3);
+    const std::vector<P2POp> ops{P2POp(P2POp::isend, six, next, g),
+                                 P2POp(P2POp::irecv, six.clone(), prev, g)};
+    auto works = batch_isend_irecv(ops);
+    for (Work& w : works) {
+      w.wait();
+    }
+    expect("batch_isend_irecv", 1, 4 * 6);
+    DTENSOR_CHECK(comm.total_count() == 3 + 1 + 2 + 3 + 3 + 2 + 1 + 1 + 1 + 1 + 2 + 2 + 1,
+                  tag(g, "total count " + std::to_string(comm.total_count()) + "\n" + comm.to_string()));
+  });
 }

@@ -1,6 +1,7 @@
 // Exchange geometry (plan/exchange.hpp): every member's pieces tile what it must receive, sends and
 // receives agree pairwise, copies of a replicated source share the sending, and the O(pieces) geometry
-// equals a brute-force one that looks at every member of the group.
+// equals a brute-force one that looks at every member of the group; the pieces are also checked element by
+// element against an oracle that shares no layout code with the library (support/owner_oracle.hpp).
 
 #include <catch2/catch.hpp>
 
@@ -9,8 +10,11 @@
 
 #include "../support/enumerate.hpp"
 #include "../support/exchange_reference.hpp"
+#include "../support/owner_oracle.hpp"
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -62,6 +66,57 @@ Traffic traffic(std::initializer_list<Placement> src, std::initializer_list<Plac
     t.most_received = std::max(t.most_received, received);
   }
   return t;
+}
+
+/// Checks rank `r`'s pieces of step `st` against the independent oracle (support/owner_oracle.hpp, which
+/// shares no layout code with the library or with reference_pieces): the received pieces cover every
+/// element of the block it must hold after the step exactly once and nothing else, each received piece is
+/// held by its source before the step, and each sent piece is held by this rank before and by its target
+/// after. Returns what is wrong, or an empty string.
+std::string check_against_oracle(const Step& st, const Extents& global, const MeshSizes& sizes, int r,
+                                 const std::vector<Piece>& sends, const std::vector<Piece>& recvs) {
+  using namespace test_support;
+  const MeshCoord me = coord_of(r, sizes);
+  const auto target = holds(global, st.after, sizes, me);
+  const auto mine = holds(global, st.before, sizes, me);
+  std::map<std::vector<std::int64_t>, int> covered;
+  for (const Piece& p : recvs) {
+    const auto source = holds(global, st.before, sizes, member_coord(me, st.axes, sizes, p.peer));
+    for (const Extents& idx : indices_of(p.block)) {
+      if (!held_at(source, idx)) {
+        return "a piece received from group rank " + std::to_string(p.peer) +
+               " holds an element its source " + "does not";
+      }
+      if (!held_at(target, idx)) {
+        return "a piece received from group rank " + std::to_string(p.peer) +
+               " lies outside the target block";
+      }
+      ++covered[std::vector<std::int64_t>(idx.begin(), idx.end())];
+    }
+  }
+  std::int64_t want = 1;
+  for (const auto& dim : target) {
+    want *= static_cast<std::int64_t>(dim.size());
+  }
+  if (static_cast<std::int64_t>(covered.size()) != want) {
+    return "the received pieces cover " + std::to_string(covered.size()) + " elements of a target block of " +
+           std::to_string(want);
+  }
+  for (const auto& [idx, times] : covered) {
+    if (times != 1) {
+      return "an element of the target block is received " + std::to_string(times) + " times";
+    }
+  }
+  for (const Piece& p : sends) {
+    const auto theirs = holds(global, st.after, sizes, member_coord(me, st.axes, sizes, p.peer));
+    for (const Extents& idx : indices_of(p.block)) {
+      if (!held_at(mine, idx) || !held_at(theirs, idx)) {
+        return "a piece sent to group rank " + std::to_string(p.peer) +
+               " holds an element this rank does not hold or the target does not need";
+      }
+    }
+  }
+  return {};
 }
 
 bool same_pieces(const std::vector<Piece>& a, const std::vector<Piece>& b) {
@@ -122,6 +177,9 @@ TEST_CASE("exchange geometry equals the brute-force one and tiles every target b
                   covered += numel(recvs[i].block.shape);
                 }
                 REQUIRE(covered == numel(target.shape));
+                const std::string oracle = check_against_oracle(st, global, sizes, r, sends, recvs);
+                INFO(oracle);
+                REQUIRE(oracle.empty());
                 ++checked;
               }
             }

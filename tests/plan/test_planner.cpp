@@ -2,16 +2,20 @@
 // layouts around it (a collective's group holds exactly the data its members need), and the plan ends in
 // the target layout. Exhaustive over meshes of 1-3 axes of sizes 1-4 (1-2 axes: every transition between
 // {R, P, S(0), S(1)} lists; 3 axes: {R, P, S(0), S(1)} sources to {R, S(0), S(1)} targets), tensors of
-// rank 2 with dims in {0, 1, 3, 5, 7}.
+// rank 2 with dims in {0, 1, 3, 5, 7}. Every block the steps are checked on is first compared with an
+// independent oracle (support/owner_oracle.hpp), so a wrong chunk_offset or spec_block cannot pass.
 
 #include <catch2/catch.hpp>
 
 #include "../support/enumerate.hpp"
+#include "../support/owner_oracle.hpp"
 
 #include <dtensor/plan/planner.hpp>
 
 #include <functional>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using namespace dtensor;
@@ -65,9 +69,35 @@ std::vector<int> group_of(int r, AxisMask g, const MeshSizes& sizes) {
   }
 }
 
+// Returns an empty string when every rank's spec_block of `spec` is the block the independent oracle
+// (support/owner_oracle.hpp: torch.chunk on index lists) says it holds, else what differs. Each (spec,
+// mesh, shape) is checked once.
+std::string check_blocks_against_oracle(const ShardSpec& spec, const Extents& global,
+                                        const MeshSizes& sizes) {
+  static std::set<std::tuple<std::string, std::vector<int>, std::vector<std::int64_t>>> done;
+  const std::vector<int> mesh(sizes.begin(), sizes.end());
+  const std::vector<std::int64_t> shape(global.begin(), global.end());
+  if (!done.insert({to_string(spec), mesh, shape}).second) {
+    return {};
+  }
+  for (int r = 0; r < mesh_numel(sizes); ++r) {
+    const auto held = test_support::holds(global, spec, sizes, test_support::coord_of(r, sizes));
+    if (!test_support::block_is(spec_block(global, spec, sizes, rank_to_coord(r, sizes)), held)) {
+      return "the block of rank " + std::to_string(r) + " under " + to_string(spec) +
+             " is not what torch.chunk gives it";
+    }
+  }
+  return {};
+}
+
 // Returns an empty string when `step` is exact for `global` on `sizes`, else what is wrong.
 std::string check_step(const Step& st, const Extents& global, const MeshSizes& sizes) {
   const int world = mesh_numel(sizes);
+  for (const ShardSpec* spec : {&st.before, &st.after}) {
+    if (std::string err = check_blocks_against_oracle(*spec, global, sizes); !err.empty()) {
+      return err;
+    }
+  }
   std::vector<Block> befores;
   for (int r = 0; r < world; ++r) {
     befores.push_back(spec_block(global, st.before, sizes, rank_to_coord(r, sizes)));
@@ -172,6 +202,18 @@ void check_all_plans(int axes, const std::vector<Placement>& src_options,
         cur = st.after;
       }
       REQUIRE(cur == plan.dst);
+      for (int d = 0; d < 2; ++d) { // the target is the placement list's default order: axes left to right
+        std::vector<int> splitters, want;
+        for (std::int8_t a : plan.dst.order[d]) {
+          splitters.push_back(a);
+        }
+        for (int a = 0; a < axes; ++a) {
+          if (dst[a].is_shard() && dst[a].dim == d) {
+            want.push_back(a);
+          }
+        }
+        REQUIRE(splitters == want);
+      }
       REQUIRE(plan.size() <= 2 * axes + 1);
       for (const MeshSizes& sizes : meshes) {
         for (std::int64_t m : dims) {

@@ -478,7 +478,7 @@ inline void barrier(const ProcessGroup& group) {
 /// even when the backend's communicator is stuck; slower than barrier(), for debugging.
 inline void monitored_barrier(const ProcessGroup& group,
                               std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
-  group.impl("monitored_barrier").monitored_barrier(timeout);
+  group.monitored_barrier(timeout);
 }
 
 inline Work barrier(const ProcessGroup& group, AsyncOp) {

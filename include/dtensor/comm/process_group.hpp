@@ -205,6 +205,12 @@ public:
     return on_stream(
         opts, [](auto&&) {}, [&](const CommOptions& o) { return b.barrier(o); });
   }
+  /// The store-based barrier of comm/collectives.hpp's monitored_barrier (recorded, moves no bytes).
+  void monitored_barrier(std::chrono::milliseconds timeout) const {
+    auto& b = impl("monitored_barrier");
+    record("monitored_barrier", 0, DType::uint8);
+    b.monitored_barrier(timeout);
+  }
   /// A batch of point-to-point ops (recorded as one op called `what`). An empty batch is recorded and
   /// completes at once (a rank with nothing to move in a redistribution's exchange).
   WorkPtr p2p(std::span<const P2PRequest> requests, const CommOptions& opts,

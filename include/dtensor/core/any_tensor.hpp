@@ -56,13 +56,8 @@ public:
     t.device_ = device;
     t.stream_ = stream;
     t.shape_ = shape;
+    t.numel_ = checked_numel(shape, "AnyTensor::empty");
     t.strides_ = contiguous_strides(shape);
-    t.numel_ = 1;
-    for (std::int64_t s : shape) {
-      DTENSOR_CHECK(s >= 0 && (s == 0 || t.numel_ <= kMaxElements / s),
-                    "AnyTensor::empty: invalid shape " + to_string(shape));
-      t.numel_ *= s;
-    }
     const std::size_t nbytes = t.nbytes();
     if (device.is_cpu()) {
       t.storage_ = detail::allocate_host(nbytes);
@@ -170,10 +165,7 @@ public:
 
   /// The same memory seen as contiguous `shape` (same element count); throws unless contiguous.
   AnyTensor view(const Extents& shape) const {
-    std::int64_t n = 1;
-    for (std::int64_t s : shape) {
-      n *= s;
-    }
+    const std::int64_t n = checked_numel(shape, "AnyTensor::view");
     DTENSOR_CHECK(is_contiguous() && n == numel_, "AnyTensor::view" + to_string(shape) + ": the tensor " +
                                                       to_string(shape_) + " is not contiguous or has " +
                                                       std::to_string(numel_) + " elements");
@@ -265,6 +257,22 @@ public:
 private:
   static constexpr std::int64_t kMaxElements = std::int64_t{1} << 56;
 
+  /// Number of elements of `shape`; throws unless every size is >= 0 and the product of the non-zero
+  /// sizes is at most kMaxElements (so the strides of an empty tensor fit too).
+  static std::int64_t checked_numel(const Extents& shape, const char* what) {
+    std::int64_t nonzero = 1;
+    std::int64_t n = 1;
+    for (std::int64_t s : shape) {
+      DTENSOR_CHECK(s >= 0 && (s == 0 || nonzero <= kMaxElements / s),
+                    std::string(what) + ": invalid shape " + to_string(shape) +
+                        (s < 0 ? " (negative size)" : " (more than 2^56 elements)"));
+      nonzero *= s == 0 ? 1 : s;
+      n *= s;
+    }
+    return n;
+  }
+
+  /// @pre checked_numel(shape) did not throw.
   static Extents contiguous_strides(const Extents& shape) {
     Extents s(shape.size(), 1);
     std::int64_t step = 1;

@@ -113,23 +113,25 @@ constexpr int axis_key(int rank, int axis, const MeshSizes& sizes) {
 }
 
 /// The size of torch.chunk's full chunks: ceil(n / k) (the last chunks may be shorter or empty).
+/// @pre n >= 0, k >= 1. Exact for every such n (no intermediate exceeds n).
 constexpr std::int64_t full_chunk_size(std::int64_t n, int k) noexcept {
-  return (n + k - 1) / k;
-}
-
-/// Length of chunk `i` of `n` items split into `k` chunks the torch.chunk way (trailing chunks may be
-/// short or empty).
-constexpr std::int64_t chunk_size(std::int64_t n, int k, int i) noexcept {
-  const std::int64_t c = full_chunk_size(n, k);
-  const std::int64_t begin = c * i;
-  const std::int64_t end = c * (i + 1) < n ? c * (i + 1) : n;
-  return end > begin ? end - begin : 0;
+  return n / k + (n % k != 0 ? 1 : 0);
 }
 
 /// Offset of chunk `i`: i * ceil(n / k), clamped to n for empty chunks.
+/// @pre n >= 0, 0 <= i < k. i * ceil(n / k) < n + k, so it fits whenever n does.
 constexpr std::int64_t chunk_offset(std::int64_t n, int k, int i) noexcept {
   const std::int64_t o = full_chunk_size(n, k) * i;
   return o < n ? o : n;
+}
+
+/// Length of chunk `i` of `n` items split into `k` chunks the torch.chunk way (trailing chunks may be
+/// short or empty): min(ceil(n / k), n - chunk_offset), computed without forming (i + 1) * ceil(n / k).
+/// @pre n >= 0, 0 <= i < k.
+constexpr std::int64_t chunk_size(std::int64_t n, int k, int i) noexcept {
+  const std::int64_t c = full_chunk_size(n, k);
+  const std::int64_t rest = n - chunk_offset(n, k, i);
+  return c < rest ? c : rest;
 }
 
 /// A rank's block of a global tensor: its local shape and the global index of its first element.

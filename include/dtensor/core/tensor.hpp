@@ -27,6 +27,7 @@
 #include <string>
 #include <utility>
 
+#include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/config.hpp"
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
@@ -71,31 +72,39 @@ constexpr bool is_contiguous_layout(const Shape& shape, const Shape& strides, in
   return true;
 }
 
-/// Row-major strides of `shape` (the last dim has stride 1).
+/// Row-major strides of `shape` (the last dim has stride 1; a stride is the product of the sizes after its
+/// dim, 0 after a zero size). Throws when a stride does not fit in int64 (checked_numel rejects such
+/// shapes first, with their sizes).
 template <std::size_t N>
-constexpr std::array<std::int64_t, N> contiguous_strides(const std::array<std::int64_t, N>& shape) noexcept {
+constexpr std::array<std::int64_t, N> contiguous_strides(const std::array<std::int64_t, N>& shape) {
   std::array<std::int64_t, N> strides{};
   std::int64_t step = 1;
   for (std::size_t i = N; i-- > 0;) {
     strides[i] = step;
-    step *= shape[i];
+    if (i > 0 && !checked_mul(step, shape[i], step)) {
+      throw_error("Tensor: the strides of shape " + shape_to_string(shape) + " do not fit in int64");
+    }
   }
   return strides;
 }
 
-/// Number of elements of `shape`; throws when a size is negative or the byte count overflows.
+/// Number of elements of `shape`; throws when a size is negative, or when the tensor is not representable:
+/// the product of its non-zero sizes times `element_size` (its byte count, and every byte stride, also of
+/// an empty tensor) must fit in int64.
 template <std::size_t N>
 std::int64_t checked_numel(const std::array<std::int64_t, N>& shape, std::size_t element_size,
                            const char* what) {
   std::int64_t n = 1;
-  const std::int64_t limit =
-      std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(element_size);
   for (std::size_t i = 0; i < shape.size(); ++i) {
     DTENSOR_CHECK(shape[i] >= 0, std::string(what) + ": negative size " + std::to_string(shape[i]) +
                                      " in dim " + std::to_string(i) + " of shape " + shape_to_string(shape));
-    DTENSOR_CHECK(shape[i] == 0 || n <= limit / shape[i],
-                  std::string(what) + ": shape " + shape_to_string(shape) + " is too large");
-    n *= shape[i];
+  }
+  DTENSOR_CHECK(representable_extent(shape, element_size),
+                std::string(what) + ": shape " + shape_to_string(shape) + " is too large (" +
+                    std::to_string(element_size) + "-byte elements: the product of its non-zero sizes, in " +
+                    "bytes, does not fit in int64)");
+  for (std::int64_t s : shape) {
+    n *= s; // fits: a product of non-zero sizes checked above, or 0
   }
   return n;
 }
@@ -410,6 +419,7 @@ public:
   /// Wraps memory the caller owns (and keeps alive) as a contiguous tensor. A CUDA device pointer may
   /// be wrapped even without CUDA support; it is carried, never dereferenced.
   static Tensor from_blob(T* data, Shape shape, Device device = Device::cpu()) {
+    (void)detail::checked_numel(shape, sizeof(T), "Tensor::from_blob");
     return from_blob(data, shape, detail::contiguous_strides(shape), device);
   }
 
@@ -523,7 +533,9 @@ public:
                                        detail::shape_to_string(strides_) +
                                        ") is not contiguous; use reshape() or contiguous() first");
     int inferred = -1;
-    std::int64_t known = 1;
+    std::int64_t known = 1; // the product of the given non-zero sizes, then of all given sizes
+    bool has_zero = false;
+    bool fits = true;
     for (int i = 0; i < R2; ++i) {
       if (shape[i] == -1) {
         DTENSOR_CHECK(inferred < 0,
@@ -532,9 +544,13 @@ public:
       } else {
         DTENSOR_CHECK(shape[i] >= 0,
                       "Tensor::view" + detail::shape_to_string(shape) + ": sizes must be >= 0 (or -1)");
-        known *= shape[i];
+        has_zero = has_zero || shape[i] == 0;
+        fits = fits && (shape[i] == 0 || detail::checked_mul(known, shape[i], known));
       }
     }
+    DTENSOR_CHECK(fits, "Tensor::view" + detail::shape_to_string(shape) +
+                            ": shape is too large (the product of its sizes does not fit in int64)");
+    known = has_zero ? 0 : known;
     if (inferred >= 0) {
       DTENSOR_CHECK(known != 0 && numel_ % known == 0, "Tensor::view" + detail::shape_to_string(shape) +
                                                            ": cannot infer the -1 size for a tensor of " +
@@ -547,6 +563,7 @@ public:
                                        std::to_string(known) + " elements but the tensor has " +
                                        std::to_string(numel_) + " (shape " + detail::shape_to_string(shape_) +
                                        ")");
+    (void)detail::checked_numel(shape, sizeof(T), "Tensor::view"); // strides and bytes fit
     Tensor<T, R2> r;
     r.storage_ = storage_;
     r.data_ = data_;
@@ -672,9 +689,8 @@ private:
   struct Allocate {};
 
   Tensor(Shape shape, Device device, CUstream_st* stream, Allocate)
-      : data_(nullptr), shape_(shape), strides_(detail::contiguous_strides(shape)),
-        numel_(detail::checked_numel(shape, sizeof(T), "Tensor")), device_(device), stream_(stream),
-        defined_(true) {
+      : data_(nullptr), numel_(detail::checked_numel(shape, sizeof(T), "Tensor")), shape_(shape),
+        strides_(detail::contiguous_strides(shape)), device_(device), stream_(stream), defined_(true) {
     if (device.is_cpu()) {
       storage_ = detail::allocate_host(nbytes());
     } else {
@@ -689,9 +705,9 @@ private:
 
   std::shared_ptr<void> storage_;
   T* data_ = nullptr;
+  std::int64_t numel_ = 0; // before shape_ and strides_: checked_numel validates the shape first
   Shape shape_{};
   Shape strides_{};
-  std::int64_t numel_ = 0;
   Device device_{};
   CUstream_st* stream_ = nullptr;
   bool defined_ = false;

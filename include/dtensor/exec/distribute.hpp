@@ -7,14 +7,18 @@
 //
 // Partial placements: the global tensor is the reduction over each Partial axis, so a distributed value v
 // is held as v on coordinate 0 of every Partial<sum> / Partial<product> axis and as the op's identity
-// (0 / 1) elsewhere; Partial<avg/max/min> axes hold v on every coordinate. Either way it is exact.
+// (0 / 1) elsewhere; Partial<avg/max/min> axes hold v on every coordinate. Reducing gives v back exactly,
+// except for Partial<avg> on floats: (v + ... + v) / n rounds, exact at 1, 2 and 4 ranks and for integer
+// values (while n * v is exact), else within an ulp or two (README, "DTensor and redistribution").
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/any_tensor.hpp"
+#include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
 #include "dtensor/core/layout.hpp"
@@ -36,6 +40,19 @@ inline std::string coord_string(const MeshCoord& c) {
 }
 
 } // namespace detail
+
+/// Throws unless `global` is a representable tensor shape: every size >= 0, and the product of the non-zero
+/// sizes times `element_size` fits in int64 (so the global tensor, its strides and every block fit).
+inline void check_global_shape(const Extents& global, std::size_t element_size, const std::string& what) {
+  for (int d = 0; d < global.size(); ++d) {
+    DTENSOR_CHECK(global[d] >= 0,
+                  what + ": the global shape " + AnyTensor::to_string(global) + " has a negative size");
+  }
+  DTENSOR_CHECK(dtensor::detail::representable_extent(global, element_size),
+                what + ": the global shape " + AnyTensor::to_string(global) + " is too large (" +
+                    std::to_string(element_size) +
+                    "-byte elements: the product of its non-zero sizes, in bytes, does not fit in int64)");
+}
 
 /// The global shape of `full` on mesh rank `src`, known to every rank after one broadcast (on `dev`: NCCL
 /// takes device memory only).
@@ -141,15 +158,12 @@ inline AnyTensor slice_block(const DeviceMeshBase& mesh, const AnyTensor& full, 
 /// `across_ranks`, one all_gather of every rank's (local, global) shapes checks every rank's, naming the
 /// first rank that differs.
 inline void verify_layout(const DeviceMeshBase& mesh, const Extents& local, const Extents& global,
-                          const ShardSpec& spec, const PlacementList& placements, Device dev,
-                          bool across_ranks) {
+                          const ShardSpec& spec, const PlacementList& placements, std::size_t element_size,
+                          Device dev, bool across_ranks) {
   const int rank = global.size();
-  for (int d = 0; d < rank; ++d) {
-    DTENSOR_CHECK(global[d] >= 0, "DTensor::from_local on mesh rank " + std::to_string(mesh.rank()) +
-                                      ": the global shape " + AnyTensor::to_string(global) +
-                                      " has a negative size");
-  }
   if (!across_ranks) {
+    check_global_shape(global, element_size,
+                       "DTensor::from_local on mesh rank " + std::to_string(mesh.rank()));
     const Block b = spec_block(global, spec, mesh.sizes(), mesh.coordinate());
     DTENSOR_CHECK(local == b.shape,
                   "DTensor::from_local on mesh rank " + std::to_string(mesh.rank()) + ": the local shape " +
@@ -191,6 +205,9 @@ inline void verify_layout(const DeviceMeshBase& mesh, const Extents& local, cons
       their_local.push_back(v[2 * rank * q + d]);
       their_global.push_back(v[2 * rank * q + rank + d]);
     }
+    // Checked after the exchange, so that one rank's bad shape fails every rank instead of leaving the
+    // others waiting in the all_gather.
+    check_global_shape(their_global, element_size, "DTensor::from_local: mesh rank " + std::to_string(q));
     DTENSOR_CHECK(their_global == global, "DTensor::from_local: mesh rank " + std::to_string(q) +
                                               " passed global shape " + AnyTensor::to_string(their_global) +
                                               " but mesh rank " + std::to_string(mesh.rank()) + " passed " +

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dtensor/comm/process_group.hpp"
+#include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/fixed_string.hpp"
 #include "dtensor/core/layout.hpp"
@@ -56,7 +57,8 @@ inline MeshSizes resolve_mesh_sizes(const MeshSizes& static_sizes, std::span<con
         continue;
       }
     }
-    known *= sizes[a];
+    DTENSOR_CHECK(detail::checked_mul(known, sizes[a], known),
+                  "init_device_mesh" + mesh_name + ": the axis sizes multiply to more than int64 holds");
   }
   DTENSOR_CHECK(next == static_cast<int>(given.size()),
                 "init_device_mesh" + mesh_name + ": " + std::to_string(given.size()) +

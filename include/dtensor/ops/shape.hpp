@@ -21,7 +21,9 @@
 #include <string>
 #include <utility>
 
+#include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/format.hpp"
 #include "dtensor/core/with_backward.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"
@@ -226,7 +228,9 @@ auto unflatten_dim(const X& x, std::array<std::int64_t, K> sizes) {
   using Y = dtensor_from_t<T, rank, typename dtensor_traits<X>::shape_type,
                            &RegroupOut<Dim, count, false, X>::list>;
   const std::int64_t length = x.global_shape()[Dim];
-  std::int64_t known = 1;
+  std::int64_t known = 1; // the product of the given non-zero sizes, then of all given sizes
+  bool has_zero = false;
+  bool fits = true;
   int infer = -1;
   for (int i = 0; i < count; ++i) {
     DTENSOR_CHECK(sizes[i] >= 0 || (sizes[i] == -1 && infer < 0),
@@ -234,9 +238,13 @@ auto unflatten_dim(const X& x, std::array<std::int64_t, K> sizes) {
     if (sizes[i] == -1) {
       infer = i;
     } else {
-      known *= sizes[i];
+      has_zero = has_zero || sizes[i] == 0;
+      fits = fits && (sizes[i] == 0 || ::dtensor::detail::checked_mul(known, sizes[i], known));
     }
   }
+  DTENSOR_CHECK(fits, "unflatten<" + std::to_string(Dim) + ">: the sizes " +
+                          ::dtensor::detail::format_list(sizes, ", ") + " multiply to more than int64 holds");
+  known = has_zero ? 0 : known;
   if (infer >= 0) {
     DTENSOR_CHECK(known > 0 && length % known == 0, "unflatten<" + std::to_string(Dim) + ">: dim of size " +
                                                         std::to_string(length) + " does not split by " +

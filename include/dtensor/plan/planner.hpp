@@ -5,7 +5,8 @@
 // step holds more data than the larger of source and target needs:
 //
 //   local_partial(a, op)        R -> P(op): coordinate 0 keeps the value, the others take op's identity
-//                               (sum: 0, product: 1; avg, max and min keep the value: it is exact)
+//                               (sum: 0, product: 1; avg, max and min keep the value). Reducing it again
+//                               is exact, except avg on floats: (v + ... + v) / n rounds (README)
 //   local_chunk(a, d)           R -> S(d): keep this coordinate's torch.chunk piece, no communication
 //   reduce_scatter(a, d, op)    P(op) -> S(d)
 //   all_reduce(a, op)           P(op) -> R

@@ -4,7 +4,9 @@
 //
 // Partial placements: the global tensor is the reduction over each Partial axis, so a distributed value v
 // is held as v on coordinate 0 of every Partial<sum> / Partial<product> axis and as the op's identity
-// (0 / 1) elsewhere; Partial<avg/max/min> axes hold v on every coordinate. Either way it is exact.
+// (0 / 1) elsewhere; Partial<avg/max/min> axes hold v on every coordinate. Reducing gives v back exactly,
+// except for Partial<avg> on floats: (v + ... + v) / n rounds, exact at 1, 2 and 4 ranks and for integer
+// values (while n * v is exact), else within an ulp or two (README, "DTensor and redistribution").
 
 #include <array>
 #include <cstdint>
@@ -63,6 +65,7 @@ DTensor<T, static_cast<int>(Rank), Shape, P...> from_global_index(const DeviceMe
   for (int d = 0; d < R; ++d) {
     global[d] = shape[d];
   }
+  exec::check_global_shape(detail::to_extents(global), sizeof(T), "from_global_index");
   const Block mine = spec_block(detail::to_extents(global), Result::spec, mesh.sizes(), mesh.coordinate());
   Tensor<T, R> local(detail::to_array<R>(mine.shape));
   if (!exec::holds_partial_value(Result::placements, mesh.coordinate())) {

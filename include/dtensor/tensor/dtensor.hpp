@@ -23,6 +23,7 @@
 
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/any_tensor.hpp"
+#include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/layout.hpp"
 #include "dtensor/core/placement.hpp"
@@ -187,7 +188,7 @@ public:
                             std::optional<shape_type> global_shape = {}, FromLocalOptions options = {}) {
     const shape_type global = global_shape ? *global_shape : infer_global(mesh, local.shape());
     exec::verify_layout(mesh, detail::to_extents(local.shape()), detail::to_extents(global), spec, placements,
-                        local.device(), options.verify);
+                        sizeof(T), local.device(), options.verify);
     return DTensor(mesh, local.contiguous(), global);
   }
 
@@ -286,11 +287,16 @@ private:
     return redistribute<Q...>().local();
   }
 
+  /// The local shape times the number of shards of each dim (exact for even shards only).
   static shape_type infer_global(const mesh_type& mesh, const shape_type& local) {
     shape_type g = local;
     for (int a = 0; a < placements.size(); ++a) {
       if (placements[a].is_shard()) {
-        g[placements[a].dim] *= mesh.size(a);
+        DTENSOR_CHECK(detail::checked_mul(g[placements[a].dim], mesh.size(a), g[placements[a].dim]),
+                      "DTensor::from_local on mesh rank " + std::to_string(mesh.rank()) +
+                          ": the local shape " + detail::shape_string(detail::to_extents(local)) + " under " +
+                          dtensor::to_string(placements) +
+                          " gives a global size that does not fit in int64; pass the global shape");
       }
     }
     return g;
