@@ -507,6 +507,28 @@ TEST_CASE("TcpStore: a client sees the server going away", "[store]") {
   killer.join();
 }
 
+TEST_CASE("TcpStore: once the server is gone, every call fails at once, naming its host", "[store]") {
+  auto master = std::make_unique<TcpStore>("127.0.0.1", 0, server());
+  TcpStoreOptions o = client(5s);
+  o.server_owner = "rank 0";
+  TcpStore idle("127.0.0.1", master->port(), o);   // its pooled connection is closed under it
+  TcpStore waiter("127.0.0.1", master->port(), o); // loses the server in the middle of a wait
+  idle.set("x", std::string_view("1"));
+  std::thread killer([&] {
+    std::this_thread::sleep_for(200ms);
+    master.reset();
+  });
+  CHECK_THROWS_WITH(waiter.wait({"never"}), Catch::Contains("the store is gone (it closed the connection") &&
+                                                Catch::Contains("its host, rank 0, probably exited"));
+  killer.join();
+  for (TcpStore* c : {&idle, &waiter, &idle}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(c->check({"x"}),
+                      Catch::Contains("check: the store is gone") && Catch::Contains("its host, rank 0"));
+    CHECK(std::chrono::steady_clock::now() - t0 < 1s); // not a reconnect for the whole 5 s timeout
+  }
+}
+
 TEST_CASE("TcpStore: barrier through the member, the host waits for everyone to leave", "[store]") {
   TcpStore master("127.0.0.1", 0, server());
   std::thread other([port = master.port()] {

@@ -254,6 +254,7 @@ inline std::shared_ptr<TcpStore> connect_store(const DistEnv& env, std::chrono::
     return std::make_shared<TcpStore>("127.0.0.1", 0, so);
   }
   so.is_server = env.rank == 0 && !env.agent_store;
+  so.server_owner = env.agent_store ? "dtensor-run on node 0" : "rank 0";
   return std::make_shared<TcpStore>(env.master_addr, env.master_port, so);
 }
 

@@ -16,8 +16,12 @@
 //  - Thread safe. Each concurrent call uses its own connection (a small pool), so a thread blocked in
 //    wait() never delays a set() from another thread of the same process.
 //  - With is_server, the server (rendezvous/tcp_store_server.hpp) runs on a background thread of this
-//    process and stops when this TcpStore is destroyed: clients then see "the store closed the
-//    connection".
+//    process and stops when this TcpStore is destroyed.
+//  - Once the store has served this client, losing it is final: a connection it closes, or a reconnect it
+//    refuses, makes this call and every later one throw Error at once ("the store is gone (...; its
+//    host, rank 0, probably exited or was killed)"), instead of each call retrying for the whole
+//    timeout. (A failing rank's peers ask the store several times why it failed; with the store's host
+//    dead, each of them used to wait a timeout.)
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/rendezvous/barrier.hpp"
@@ -26,6 +30,7 @@
 #include "dtensor/rendezvous/tcp_store_server.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -35,6 +40,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <poll.h>
 
 namespace dtensor {
 
@@ -46,6 +53,8 @@ struct TcpStoreOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(300);
   /// Interface address the server binds to; empty: all interfaces.
   std::string bind_host;
+  /// Who hosts the server, for the message when it is gone (e.g. "rank 0", "dtensor-run on node 0").
+  std::string server_owner = "rank 0 or dtensor-run";
 };
 
 /// Client of a TcpStoreServer (and, with is_server, its owner). See the top of this file.
@@ -57,7 +66,7 @@ public:
   /// the last socket error) when nothing answers in time. With options.is_server, first starts a server
   /// on `port`; port() then gives the port it got.
   TcpStore(std::string host, int port, TcpStoreOptions options = {})
-      : Store(options.timeout), host_(std::move(host)), port_(port) {
+      : Store(options.timeout), host_(std::move(host)), port_(port), owner_(std::move(options.server_owner)) {
     if (options.is_server) {
       server_ = std::make_shared<TcpStoreServer>(port, options.bind_host);
       port_ = server_->port();
@@ -68,7 +77,7 @@ public:
     } else {
       connect_host_ = host_;
     }
-    release(connect(Clock::now() + timeout()));
+    release(connect(Clock::now() + timeout(), "connect"));
   }
 
   const std::string& host() const noexcept { return host_; }
@@ -250,15 +259,30 @@ private:
     check_status(static_cast<Status>(r.u8()), r, what);
   }
 
-  /// A connected, handshaken socket; retries until `deadline`.
-  detail::tcp::Fd connect(Clock::time_point deadline) {
+  /// Marks the store gone (the first reason sticks) and returns the Error text for `what`.
+  std::string gone(const std::string& what, const std::string& reason) {
+    std::lock_guard lock(pool_mutex_);
+    if (!gone_) {
+      gone_ = "the store is gone (" + reason + "; its host, " + owner_ + ", probably exited or was killed)";
+      pool_.clear();
+    }
+    return describe() + ": " + what + ": " + *gone_;
+  }
+
+  /// A connected, handshaken socket; retries until `deadline` (only while the store never served this
+  /// client: later, a refusal means it is gone).
+  detail::tcp::Fd connect(Clock::time_point deadline, const std::string& what) {
     using namespace std::chrono_literals;
     std::string last = "no attempt made";
     auto backoff = 10ms;
     int attempts = 0;
     for (;;) {
       ++attempts;
-      detail::tcp::Fd fd = detail::tcp::try_connect(connect_host_, port_, deadline, last);
+      bool refused = false;
+      detail::tcp::Fd fd = detail::tcp::try_connect(connect_host_, port_, deadline, last, refused);
+      if (refused && served_.load()) {
+        throw Error(gone(what, "it refuses connections"));
+      }
       if (fd) {
         std::vector<char> reply;
         int err = 0;
@@ -275,6 +299,7 @@ private:
             throw Error(describe() + ": " + rd.str());
           }
           if (s == Status::ok && rd.u32() == detail::tcp::kMagic) {
+            served_.store(true);
             return fd;
           }
           last = "the peer is not a dtensor store (unexpected handshake reply)";
@@ -298,16 +323,24 @@ private:
     }
   }
 
-  detail::tcp::Fd acquire() {
+  /// A pooled connection the store still holds open, else a new one; Error at once when it is gone.
+  detail::tcp::Fd acquire(const std::string& what) {
     {
       std::lock_guard lock(pool_mutex_);
-      if (!pool_.empty()) {
+      if (gone_) {
+        throw Error(describe() + ": " + what + ": " + *gone_);
+      }
+      while (!pool_.empty()) {
         detail::tcp::Fd fd = std::move(pool_.back());
         pool_.pop_back();
-        return fd;
+        // An idle connection has nothing to read: readable means the server closed it.
+        pollfd pfd{fd.get(), POLLIN | POLLRDHUP, 0};
+        if (::poll(&pfd, 1, 0) == 0) {
+          return fd;
+        }
       }
     }
-    return connect(Clock::now() + timeout());
+    return connect(Clock::now() + timeout(), what);
   }
 
   void release(detail::tcp::Fd fd) {
@@ -320,7 +353,7 @@ private:
   /// Sends one request on a pooled connection and returns the reply body.
   std::vector<char> call(const std::vector<char>& request, std::chrono::milliseconds limit,
                          const std::string& what) {
-    detail::tcp::Fd fd = acquire();
+    detail::tcp::Fd fd = acquire(what);
     std::vector<char> reply;
     int err = 0;
     const auto r = detail::tcp::round_trip(fd.get(), request, Clock::now() + limit, reply, err);
@@ -332,9 +365,7 @@ private:
       throw TimeoutError(describe() + ": " + what + ": no reply within " + std::to_string(limit.count()) +
                          " ms");
     case detail::tcp::IoResult::closed:
-      throw Error(describe() + ": " + what +
-                  ": the store closed the connection (the process hosting it, rank 0 or dtensor-run, "
-                  "probably exited)");
+      throw Error(gone(what, "it closed the connection"));
     case detail::tcp::IoResult::failed:
       break;
     }
@@ -344,9 +375,12 @@ private:
   std::string host_;
   std::string connect_host_;
   int port_;
+  std::string owner_;
   std::shared_ptr<TcpStoreServer> server_;
+  std::atomic<bool> served_{false};
   std::mutex pool_mutex_;
   std::vector<detail::tcp::Fd> pool_;
+  std::optional<std::string> gone_;
 };
 
 } // namespace dtensor

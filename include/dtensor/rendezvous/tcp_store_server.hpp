@@ -12,7 +12,7 @@
 //  - Each request is handled atomically, in arrival order per connection: add and compare_set are atomic
 //    read-modify-writes; set, add, compare_set (when it stores) and multi_set wake the waits they complete.
 //  - A wait the server cannot complete in its time is answered "timeout"; the client names the keys.
-//  - stop() (or destruction) closes every connection: clients see "connection closed".
+//  - stop() (or destruction) closes every connection: clients see "the store is gone".
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/timeout.hpp"
@@ -64,7 +64,7 @@ public:
   /// The port it listens on (the one chosen when constructed with 0).
   int port() const noexcept { return port_; }
 
-  /// Stops serving and closes every connection (clients see "connection closed"). Idempotent.
+  /// Stops serving and closes every connection (clients see "the store is gone"). Idempotent.
   void stop() {
     if (stopping_.exchange(true)) {
       if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {

@@ -249,8 +249,13 @@ inline IoResult round_trip(int fd, const std::vector<char>& request, Clock::time
   return recv_all(fd, reply.data(), n, deadline, err);
 }
 
-/// One TCP connection attempt to any address of host:port, bounded by `deadline`. Sets `error` on failure.
-inline Fd try_connect(const std::string& host, int port, Clock::time_point deadline, std::string& error) {
+/// One TCP connection attempt to any address of host:port, bounded by `deadline`. Sets `error` on failure,
+/// and `refused` when every address refused the connection (nothing listens there).
+inline Fd try_connect(const std::string& host, int port, Clock::time_point deadline, std::string& error,
+                      bool& refused) {
+  refused = false;
+  int addresses = 0;
+  int refusals = 0;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -263,6 +268,7 @@ inline Fd try_connect(const std::string& host, int port, Clock::time_point deadl
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(list, &::freeaddrinfo);
   for (addrinfo* a = list; a != nullptr; a = a->ai_next) {
+    ++addresses;
     Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
     if (!fd) {
       error = "socket: " + errno_text(errno);
@@ -289,6 +295,7 @@ inline Fd try_connect(const std::string& host, int port, Clock::time_point deadl
       errno = so;
     }
     if (rc != 0) {
+      refusals += errno == ECONNREFUSED ? 1 : 0;
       error = "connect: " + errno_text(errno);
       continue;
     }
@@ -296,6 +303,7 @@ inline Fd try_connect(const std::string& host, int port, Clock::time_point deadl
     ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return fd;
   }
+  refused = addresses > 0 && refusals == addresses;
   return {};
 }
 
