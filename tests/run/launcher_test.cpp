@@ -6,6 +6,13 @@
 //   multinode     two launchers on one machine acting as two nodes; then a failure on node 1 stops node 0
 //   rank0_store   --rank0-store: rank 0 hosts the store, ranks started in any order still meet
 //   launcherless  ranks started as mpirun / srun start them (OpenMPI, Slurm variables), in reverse order
+// Dead and missing peers, with fault_program as the program (DTENSOR_TIMEOUT=2, three ranks): every
+// survivor gets an Error naming the cause within 2 timeouts, never an abort.
+//   kill_store_host  rank 0 hosts the store (--rank0-store) and is SIGKILLed mid-collective
+//   kill_rank        rank 2 is SIGKILLed mid-collective (the launcher hosts the store)
+//   stop_rank        rank 2 gets SIGTERM mid-collective
+//   never_joins      rank 2 never calls init_process_group
+//   port_in_use      --master-port held by another program: a clear error at once, no hang
 // Plain C++ (no Catch2): prints what it checks, exits 0 on success, 1 on the first failed check.
 #include "dtensor/rendezvous/tcp_store_server.hpp"
 
@@ -413,6 +420,101 @@ void launcherless() {
   }
 }
 
+/// Checks that rank `r` printed fault_program's Error line within two timeouts, containing each of `causes`.
+void expect_error(const std::string& output, const std::string& what, int r,
+                  const std::vector<std::string>& causes) {
+  constexpr long timeout_ms = 2000; // DTENSOR_TIMEOUT=2
+  const std::string rank = std::to_string(r);
+  const std::string head = "[rank" + rank + "]: fault error on rank " + rank + " after ";
+  const auto at = output.find(head);
+  EXPECT(at != std::string::npos, what + ": rank " + rank + " got an Error");
+  if (at == std::string::npos) {
+    return;
+  }
+  const std::string line = output.substr(at, output.find('\n', at) - at);
+  const long ms = std::atol(line.c_str() + head.size());
+  EXPECT(ms < 2 * timeout_ms,
+         what + ": rank " + rank + "'s error came within two timeouts (" + std::to_string(ms) + " ms)");
+  for (const auto& cause : causes) {
+    EXPECT(contains(line, cause), what + ": rank " + rank + "'s error says '" + cause + "'");
+  }
+}
+
+/// Runs fault_program `what` as three ranks; every rank in `survivors` must print an Error that contains
+/// each of `causes` within two timeouts of the op (or init) it was in.
+void dead_peer(const std::string& what, const std::vector<int>& survivors,
+               const std::vector<std::string>& causes) {
+  std::vector<std::string> argv = {g_launcher, "--standalone",   "--nproc-per-node",
+                                   "3",        "--stop-timeout", "20"};
+  if (what == "kill_store_host") {
+    argv.insert(argv.end(), {"--rank0-store", "--master-port", std::to_string(free_port())});
+  }
+  argv.insert(argv.end(), {g_program, what});
+  Proc p(argv, {{"DTENSOR_TIMEOUT", "2"}});
+  if (what == "stop_rank") {
+    const bool stopped = p.read_until([](const std::string& s) { return contains(s, "]: stopped "); }, 30s);
+    EXPECT(stopped, "rank 2 reached the loop");
+    const auto pids = pids_after(p.output, "stopped");
+    if (pids.size() == 1) {
+      ::kill(pids[0], SIGTERM);
+    }
+  }
+  const auto took = p.wait(60s);
+  show(p);
+  for (int r : survivors) {
+    expect_error(p.output, what, r, causes);
+  }
+  EXPECT(!contains(p.output, "terminate called") && !contains(p.output, "SIGABRT"),
+         what + ": nothing aborts");
+  EXPECT(took < 30s, what + ": the job ends (" + std::to_string(took.count()) + " ms)");
+}
+
+void kill_store_host() {
+  dead_peer("kill_store_host", {1, 2}, {"the store is gone", "its host, rank 0"});
+}
+void kill_rank() {
+  dead_peer("kill_rank", {0, 1}, {"no report from rank 2"});
+}
+void stop_rank() {
+  dead_peer("stop_rank", {0, 1}, {"no report from rank 2"});
+}
+void never_joins() {
+  dead_peer("never_joins", {0, 1}, {"rank 2 of the group did not arrive within 2000 ms"});
+}
+
+/// The store's port is held by a program that accepts connections but never answers.
+void port_in_use() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::listen(fd, 16);
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  const std::map<std::string, std::string> env = {{"DTENSOR_TIMEOUT", "2"}};
+
+  Proc l({g_launcher, "--master-port", port, "--nproc-per-node", "2", g_program, "kill_rank"}, env);
+  auto took = l.wait(30s);
+  show(l);
+  EXPECT(l.code() == 2 && contains(l.output, "cannot listen on *:" + port) &&
+             contains(l.output, "another program holds this port"),
+         "the launcher cannot host the store: exit 2 naming the port and the cause");
+  EXPECT(took < 5s, "at once (" + std::to_string(took.count()) + " ms)");
+
+  Proc r({g_launcher, "--nproc-per-node", "3", "--rank0-store", "--master-port", port, "--stop-timeout", "20",
+          g_program, "kill_rank"},
+         env);
+  took = r.wait(60s);
+  show(r);
+  expect_error(r.output, "port_in_use", 0, {"cannot listen on *:" + port, "another program holds this port"});
+  for (int rank : {1, 2}) {
+    expect_error(r.output, "port_in_use", rank, {"did not answer the store handshake"});
+  }
+  EXPECT(took < 30s, "the job ends (" + std::to_string(took.count()) + " ms)");
+  ::close(fd);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -430,7 +532,12 @@ int main(int argc, char** argv) {
                                                        {"unreachable", unreachable},
                                                        {"multinode", multinode},
                                                        {"rank0_store", rank0_store},
-                                                       {"launcherless", launcherless}};
+                                                       {"launcherless", launcherless},
+                                                       {"kill_store_host", kill_store_host},
+                                                       {"kill_rank", kill_rank},
+                                                       {"stop_rank", stop_rank},
+                                                       {"never_joins", never_joins},
+                                                       {"port_in_use", port_in_use}};
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
