@@ -6,6 +6,8 @@
 //   multinode     two launchers on one machine acting as two nodes; then a failure on node 1 stops node 0
 //   rank0_store   --rank0-store: rank 0 hosts the store, ranks started in any order still meet
 //   launcherless  ranks started as mpirun / srun start them (OpenMPI, Slurm variables), in reverse order
+//   orphans       the launcher killed by SIGKILL: the ranks' own children die too
+//   flags         malformed flags are refused with a clear message (--stop-timeout -1, nan, 1x)
 // Dead and missing peers, with fault_program as the program (DTENSOR_TIMEOUT=2, three ranks): every
 // survivor gets an Error naming the cause within 2 timeouts, never an abort.
 //   kill_store_host  rank 0 hosts the store (--rank0-store) and is SIGKILLed mid-collective
@@ -20,6 +22,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -175,6 +178,7 @@ bool all_dead(const std::vector<pid_t>& pids) {
   for (int tries = 0; tries < 50; ++tries) {
     bool dead = true;
     for (pid_t p : pids) {
+      ::waitpid(p, nullptr, WNOHANG); // an orphan this test adopted (main: a subreaper) is reaped here
       dead = dead && ::kill(p, 0) != 0;
     }
     if (dead) {
@@ -237,7 +241,7 @@ void early_exit() {
   show(p);
   EXPECT(p.code() == 7,
          "the launcher exits with the failed rank's code (7), got " + std::to_string(p.code()));
-  EXPECT(contains(p.output, "rank 2 (local rank 2 on node 0"), "the message names rank 2");
+  EXPECT(count_of(p.output, "rank 2 (local rank 2 on node 0") == 1, "one message names rank 2");
   EXPECT(contains(p.output, "failed: exit code 7"), "the message gives its exit code");
   EXPECT(took < 10s, "the others are stopped at once (" + std::to_string(took.count()) + " ms)");
   const auto pids = pids_after(p.output, "pid");
@@ -515,6 +519,31 @@ void port_in_use() {
   ::close(fd);
 }
 
+void orphans() {
+  Proc p({g_launcher, "--standalone", "--nproc-per-node", "2", "/bin/sh", "-c",
+          "sleep 60 & echo child $!; wait"},
+         {});
+  const bool ready = p.read_until([](const std::string& s) { return count_of(s, "]: child ") == 2; }, 20s);
+  EXPECT(ready, "both ranks started a child");
+  ::kill(p.pid, SIGKILL);
+  p.wait(10s);
+  show(p);
+  const auto children = pids_after(p.output, "child");
+  EXPECT(children.size() == 2 && all_dead(children),
+         "the ranks' children die with a launcher killed by SIGKILL");
+}
+
+void flags() {
+  for (const std::string v : {"-1", "nan", "1x", ""}) {
+    Proc p({g_launcher, "--stop-timeout", v, "/bin/true"}, {});
+    p.wait(10s);
+    show(p);
+    EXPECT(p.code() == 2 &&
+               contains(p.output, "--stop-timeout: '" + v + "' is not a number of seconds from 0 to"),
+           "--stop-timeout '" + v + "' is refused");
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -526,6 +555,7 @@ int main(int argc, char** argv) {
   g_program = argv[2];
   const std::string scenario = argv[3];
   ::signal(SIGPIPE, SIG_IGN);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1); // to see the launcher's orphans die (all_dead)
   const std::map<std::string, void (*)()> scenarios = {{"prefix", prefix},
                                                        {"early_exit", early_exit},
                                                        {"signals", signals},
@@ -533,6 +563,8 @@ int main(int argc, char** argv) {
                                                        {"multinode", multinode},
                                                        {"rank0_store", rank0_store},
                                                        {"launcherless", launcherless},
+                                                       {"orphans", orphans},
+                                                       {"flags", flags},
                                                        {"kill_store_host", kill_store_host},
                                                        {"kill_rank", kill_rank},
                                                        {"stop_rank", stop_rank},

@@ -175,10 +175,16 @@ Args parse(int argc, char** argv) {
     } else if (arg == "--rank0-store") {
       a.agent_store = false;
     } else if (arg == "--stop-timeout") {
+      const std::string v = need();
+      std::size_t used = 0;
       try {
-        a.stop_timeout = std::stod(need());
+        a.stop_timeout = std::stod(v, &used);
       } catch (...) {
-        die("--stop-timeout needs a number of seconds");
+        used = 0;
+      }
+      // A negative or NaN wait would send SIGKILL at once (or never); a day bounds the deadline arithmetic.
+      if (used != v.size() || v.empty() || !(a.stop_timeout >= 0 && a.stop_timeout <= 86400)) {
+        die("--stop-timeout: '" + v + "' is not a number of seconds from 0 to 86400");
       }
     } else {
       die("unknown option " + arg + " (see --help)");
@@ -256,6 +262,82 @@ void write_all(int fd, std::string_view s) {
   }
 }
 
+// ---- the guardian --------------------------------------------------------------------------------------
+
+/// A process that outlives a launcher killed by SIGKILL: the ranks die with the launcher
+/// (PR_SET_PDEATHSIG), but their own children would be orphaned and keep running. It learns each rank's
+/// process group through a pipe and, when the pipe closes without the launcher's "done", SIGKILLs every
+/// group it knows.
+class Guardian {
+public:
+  /// Forks it; call before any thread or rank exists, so it holds no other descriptor.
+  void start() {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) {
+      die("pipe: " + std::string(std::strerror(errno)));
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      die("fork: " + std::string(std::strerror(errno)));
+    }
+    if (pid == 0) {
+      ::close(p[1]);
+      // A Ctrl-C reaches the launcher, which stops the ranks itself; the guardian must stay for SIGKILL.
+      for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+        ::signal(sig, SIG_IGN);
+      }
+      const int null = ::open("/dev/null", O_RDWR);
+      for (int fd : {0, 1, 2}) { // nor keep the launcher's output pipes open after it died
+        ::dup2(null, fd);
+      }
+      watch(p[0]);
+    }
+    ::close(p[0]);
+    fd_ = p[1];
+  }
+
+  void add(pid_t group) { send(group); }
+  /// The group is empty: its id may be reused by an unrelated process.
+  void forget(pid_t group) { send(-group); }
+  /// The launcher stopped what it had to: the guardian exits without killing.
+  void done() { send(0); }
+
+private:
+  void send(std::int32_t v) const {
+    if (fd_ >= 0) {
+      write_all(fd_, std::string_view(reinterpret_cast<const char*>(&v), sizeof(v)));
+    }
+  }
+
+  [[noreturn]] static void watch(int fd) {
+    std::set<pid_t> groups;
+    for (;;) {
+      std::int32_t v = 0;
+      const ssize_t k = ::read(fd, &v, sizeof(v)); // writes of 4 bytes to a pipe are atomic
+      if (k < 0 && errno == EINTR) {
+        continue;
+      }
+      if (k != sizeof(v)) {
+        break; // the launcher is gone
+      }
+      if (v == 0) {
+        ::_exit(0);
+      }
+      if (v > 0) {
+        groups.insert(v);
+      } else {
+        groups.erase(-v);
+      }
+    }
+    for (pid_t g : groups) {
+      ::kill(-g, SIGKILL);
+    }
+    ::_exit(0);
+  }
+
+  int fd_ = -1;
+};
+
 // ---- ranks ---------------------------------------------------------------------------------------------
 
 struct Stream {
@@ -300,6 +382,7 @@ public:
   explicit Launcher(Args args) : a_(std::move(args)) {}
 
   int run() {
+    guardian_.start();
     install_handlers();
     store_timeout_ = store_timeout_from_env();
     // The store: node 0 hosts it (unless --rank0-store); with several nodes every launcher is a client too.
@@ -325,6 +408,7 @@ public:
     spawn_all();
     const int code = loop();
     finish_store(code == 0);
+    guardian_.done();
     return code;
   }
 
@@ -452,6 +536,7 @@ private:
       ::_exit(127);
     }
     ::setpgid(pid, pid); // also here, so the group exists before any kill(-pid)
+    guardian_.add(pid);
     r.pid = pid;
     r.running = true;
     ++running_;
@@ -555,16 +640,20 @@ private:
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok && !failed_ && !interrupted_) {
           failed_ = &r;
-          report_ = "rank " + std::to_string(r.rank) + " (local rank " + std::to_string(r.local_rank) +
-                    " on node " + std::to_string(a_.node_rank) + ", pid " + std::to_string(r.pid) +
-                    ") failed: " + describe_status(status);
-          std::fprintf(stderr, "dtensor-run: %s; stopping the other ranks\n", report_.c_str());
-          publish_failure(report_);
+          const std::string report = "rank " + std::to_string(r.rank) + " (local rank " +
+                                     std::to_string(r.local_rank) + " on node " +
+                                     std::to_string(a_.node_rank) + ", pid " + std::to_string(r.pid) +
+                                     ") failed: " + describe_status(status);
+          std::fprintf(stderr, "dtensor-run: %s; stopping the other ranks\n", report.c_str());
+          publish_failure(report);
           stop_all(SIGTERM);
         }
         if (kill_deadline_ || interrupted_) {
           // keep killing stragglers in this rank's group (grandchildren)
           ::kill(-r.pid, SIGKILL);
+        }
+        if (::kill(-r.pid, 0) != 0) {
+          guardian_.forget(r.pid);
         }
       }
     }
@@ -630,8 +719,7 @@ private:
                    signal_name(interrupted_).c_str(), a_.nproc_per_node);
       return 128 + interrupted_;
     }
-    if (failed_ != nullptr) {
-      std::fprintf(stderr, "dtensor-run: %s\n", report_.c_str());
+    if (failed_ != nullptr) { // already reported when it failed
       const int code = exit_code_of(failed_->status);
       return code == 0 ? 1 : code;
     }
@@ -738,11 +826,11 @@ private:
   }
 
   Args a_;
+  Guardian guardian_;
   std::chrono::milliseconds store_timeout_{0};
   std::vector<Rank> ranks_;
   int running_ = 0;
   Rank* failed_ = nullptr;
-  std::string report_;
   int interrupted_ = 0;
   std::optional<Clock::time_point> kill_deadline_;
   std::unique_ptr<dtensor::TcpStoreServer> server_;
