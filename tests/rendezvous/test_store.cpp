@@ -12,11 +12,17 @@
 #include <catch2/catch.hpp>
 
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -544,4 +550,202 @@ TEST_CASE("TcpStore: barrier through the member, the host waits for everyone to 
   } catch (const dtensor::TimeoutError& e) {
     CHECK(std::string(e.what()).find("1 of 3 processes arrived") != std::string::npos);
   }
+}
+
+// ---- the server's defences (issue 18, defect 8) ---------------------------------------------------------
+
+namespace {
+
+namespace tcp = dtensor::detail::tcp;
+
+/// A raw connection to a store, for what TcpStore never sends.
+tcp::Fd raw_connection(int port) {
+  std::string error;
+  bool refused = false;
+  tcp::Fd fd = tcp::try_connect("127.0.0.1", port, tcp::Clock::now() + 5s, error, refused);
+  REQUIRE(fd);
+  return fd;
+}
+
+std::vector<char> hello(std::string_view token = "") {
+  return std::move(tcp::Writer()
+                       .u8(static_cast<std::uint8_t>(tcp::Cmd::hello))
+                       .u32(tcp::kMagic)
+                       .u32(tcp::kVersion)
+                       .str(token))
+      .finish();
+}
+
+/// Sends `request`; the reply's status and its error text (if any), or "closed" / "timeout".
+std::string ask(int fd, const std::vector<char>& request) {
+  std::vector<char> reply;
+  int err = 0;
+  const auto r = tcp::round_trip(fd, request, tcp::Clock::now() + 5s, reply, err);
+  if (r != tcp::IoResult::ok) {
+    return r == tcp::IoResult::timeout ? "timeout" : "closed";
+  }
+  tcp::Reader rd(reply);
+  const auto s = static_cast<tcp::Status>(rd.u8());
+  return s == tcp::Status::error ? "error: " + rd.str() : "status " + std::to_string(static_cast<int>(s));
+}
+
+/// True when the peer closes `fd` within 5 s.
+bool closed_by_peer(int fd) {
+  pollfd pfd{fd, POLLIN, 0};
+  char c;
+  return ::poll(&pfd, 1, 5000) == 1 && ::recv(fd, &c, 1, 0) <= 0;
+}
+
+} // namespace
+
+TEST_CASE("TcpStore server: a client without the job's token is refused at once, the server serves on",
+          "[store]") {
+  TcpStoreOptions o = server();
+  o.token = "job-a";
+  TcpStore master("127.0.0.1", 0, o);
+  for (const std::string token : {"", "job-b", "job-a-longer"}) {
+    TcpStoreOptions c = client(5s);
+    c.token = token;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(TcpStore("127.0.0.1", master.port(), c),
+                      Catch::Contains("the store refused this client: wrong or missing job token"));
+    CHECK(std::chrono::steady_clock::now() - t0 < 1s); // not retried for the whole timeout
+  }
+  // A peer that skips the handshake is disconnected without an answer.
+  tcp::Fd raw = raw_connection(master.port());
+  CHECK(ask(raw.get(), std::move(tcp::Writer().u8(static_cast<std::uint8_t>(tcp::Cmd::num_keys))).finish()) ==
+        "closed");
+  TcpStoreOptions good = client();
+  good.token = "job-a";
+  TcpStore c("127.0.0.1", master.port(), good);
+  c.set("k", std::string_view("v"));
+  CHECK(str(master.get("k")) == "v");
+}
+
+TEST_CASE("TcpStore server: requests and the store's size are bounded, with an error the client can read",
+          "[store]") {
+  dtensor::TcpStoreServerOptions so;
+  so.max_request_bytes = 1024;
+  so.max_total_bytes = 4096;
+  dtensor::TcpStoreServer server(0, so);
+  TcpStore c("127.0.0.1", server.port(), client());
+
+  // One value past the request limit: refused by the client before sending, nothing stored.
+  CHECK_THROWS_WITH(c.set("big", Bytes(2000, 'x')), Catch::Contains("set('big'): a request of") &&
+                                                        Catch::Contains("passes the store's limit of 1024"));
+  CHECK_FALSE(c.check({"big"}));
+
+  // A peer declaring a 1 GiB request gets an error and is disconnected; nothing is allocated for it.
+  tcp::Fd raw = raw_connection(server.port());
+  REQUIRE(ask(raw.get(), hello()) == "status 0");
+  const std::uint32_t huge = 1u << 30;
+  std::vector<char> header(4);
+  std::memcpy(header.data(), &huge, 4);
+  int err = 0;
+  REQUIRE(tcp::send_all(raw.get(), header.data(), 4, tcp::Clock::now() + 5s, err) == tcp::IoResult::ok);
+  std::uint32_t n = 0;
+  REQUIRE(tcp::recv_all(raw.get(), reinterpret_cast<char*>(&n), 4, tcp::Clock::now() + 5s, err) ==
+          tcp::IoResult::ok);
+  std::vector<char> body(n);
+  REQUIRE(tcp::recv_all(raw.get(), body.data(), n, tcp::Clock::now() + 5s, err) == tcp::IoResult::ok);
+  tcp::Reader rd(body);
+  CHECK(rd.u8() == static_cast<std::uint8_t>(tcp::Status::error));
+  CHECK_THAT(rd.str(), Catch::Contains("a request of 1073741824 bytes passes the store's limit of 1024"));
+  CHECK(closed_by_peer(raw.get()));
+
+  // Requests pipelined behind a wait, past the limit: an error, then the connection is closed.
+  tcp::Fd piped = raw_connection(server.port());
+  REQUIRE(ask(piped.get(), hello()) == "status 0");
+  std::vector<char> wait =
+      std::move(tcp::Writer().u8(static_cast<std::uint8_t>(tcp::Cmd::wait)).u32(1).str("never").i64(60000))
+          .finish();
+  const std::vector<char> set =
+      std::move(tcp::Writer().u8(static_cast<std::uint8_t>(tcp::Cmd::set)).str("p").bytes(Bytes(900, 'p')))
+          .finish();
+  for (int i = 0; i < 4; ++i) {
+    wait.insert(wait.end(), set.begin(), set.end());
+  }
+  CHECK_THAT(ask(piped.get(), wait), Catch::Contains("bytes of requests pipelined"));
+  CHECK(closed_by_peer(piped.get()));
+
+  // The store's total: full is an error, a delete makes room again.
+  for (int i = 0; i < 5; ++i) {
+    c.set("v" + std::to_string(i), Bytes(700, 'v'));
+  }
+  CHECK_THROWS_WITH(c.set("v5", Bytes(700, 'v')), Catch::Contains("the store is full"));
+  CHECK_FALSE(c.check({"v5"}));
+  c.delete_key("v0");
+  c.set("v5", Bytes(700, 'v'));
+  CHECK(c.num_keys() == 5);
+}
+
+TEST_CASE("TcpStore: a wait's timeout is checked on both sides", "[store]") {
+  TcpStore master("127.0.0.1", 0, server());
+  CHECK_THROWS_WITH(master.wait({"k"}, 0ms), Catch::Contains("the timeout must be positive"));
+  tcp::Fd raw = raw_connection(master.port());
+  REQUIRE(ask(raw.get(), hello()) == "status 0");
+  for (std::int64_t ms : {std::int64_t{-5}, std::int64_t{0}, std::int64_t{1} << 62}) {
+    const auto wait =
+        std::move(tcp::Writer().u8(static_cast<std::uint8_t>(tcp::Cmd::wait)).u32(1).str("never").i64(ms))
+            .finish();
+    CHECK_THAT(ask(raw.get(), wait), Catch::Contains("is out of range (1 ms to 30 days)"));
+  }
+}
+
+TEST_CASE("TcpStore server: at its connection cap it closes the idlest, and serves new clients", "[store]") {
+  dtensor::TcpStoreServerOptions so;
+  so.max_connections = 8;
+  dtensor::TcpStoreServer server(0, so);
+  TcpStore c("127.0.0.1", server.port(), client());
+  c.set("k", std::string_view("v"));
+  std::vector<tcp::Fd> idle;
+  for (int i = 0; i < 20; ++i) {
+    idle.push_back(raw_connection(server.port()));
+  }
+  TcpStore late("127.0.0.1", server.port(), client());
+  CHECK(str(late.get("k")) == "v");
+  CHECK(str(c.get("k")) == "v"); // its connection may have been closed: it reconnects
+}
+
+TEST_CASE("TcpStore server: out of file descriptors it neither spins nor turns clients away", "[store]") {
+  int port_pipe[2];
+  REQUIRE(::pipe(port_pipe) == 0);
+  const pid_t child = ::fork();
+  if (child == 0) { // the server, in a process with few descriptors
+    rlimit lim{48, 48};
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+    dtensor::TcpStoreServer s(0);
+    const int port = s.port();
+    [[maybe_unused]] auto w = ::write(port_pipe[1], &port, sizeof(port));
+    std::this_thread::sleep_for(60s);
+    ::_exit(0);
+  }
+  int port = 0;
+  REQUIRE(::read(port_pipe[0], &port, sizeof(port)) == sizeof(port));
+  std::vector<tcp::Fd> idle;
+  for (int i = 0; i < 100; ++i) { // more than the server can hold: the kernel queues the rest
+    idle.push_back(raw_connection(port));
+  }
+  auto cpu_ticks = [child] {
+    std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+    std::string field;
+    long ticks = 0;
+    for (int i = 1; i <= 15 && stat >> field; ++i) {
+      if (i == 14 || i == 15) { // utime, stime
+        ticks += std::stol(field);
+      }
+    }
+    return ticks;
+  };
+  TcpStore c("127.0.0.1", port, client(5s));
+  c.set("k", std::string_view("v"));
+  CHECK(str(c.get("k")) == "v");
+  const long before = cpu_ticks();
+  std::this_thread::sleep_for(1s);
+  const long used = cpu_ticks() - before;
+  CHECK(used < ::sysconf(_SC_CLK_TCK) / 5); // under 20% of a core while clients wait in the queue
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::close(port_pipe[0]);
+  ::close(port_pipe[1]);
 }

@@ -24,6 +24,7 @@
 //    dead, each of them used to wait a timeout.)
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/barrier.hpp"
 #include "dtensor/rendezvous/detail/tcp.hpp"
 #include "dtensor/rendezvous/store.hpp"
@@ -53,6 +54,10 @@ struct TcpStoreOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(300);
   /// Interface address the server binds to; empty: all interfaces.
   std::string bind_host;
+  /// The job's token, sent in the handshake (and required by the server this TcpStore hosts, if any); a
+  /// server with another token refuses the client at once. Empty: none (accepted only by a server without
+  /// one).
+  std::string token;
   /// Who hosts the server, for the message when it is gone (e.g. "rank 0", "dtensor-run on node 0").
   std::string server_owner = "rank 0 or dtensor-run";
 };
@@ -66,9 +71,13 @@ public:
   /// the last socket error) when nothing answers in time. With options.is_server, first starts a server
   /// on `port`; port() then gives the port it got.
   TcpStore(std::string host, int port, TcpStoreOptions options = {})
-      : Store(options.timeout), host_(std::move(host)), port_(port), owner_(std::move(options.server_owner)) {
+      : Store(options.timeout), host_(std::move(host)), port_(port), owner_(std::move(options.server_owner)),
+        token_(std::move(options.token)) {
     if (options.is_server) {
-      server_ = std::make_shared<TcpStoreServer>(port, options.bind_host);
+      TcpStoreServerOptions so;
+      so.bind_host = options.bind_host;
+      so.token = token_;
+      server_ = std::make_shared<TcpStoreServer>(port, std::move(so));
       port_ = server_->port();
       connect_host_ = "127.0.0.1";
       if (!options.bind_host.empty()) {
@@ -117,6 +126,7 @@ public:
   }
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    detail::check_timeout(timeout, describe() + ": wait(" + detail::quoted_keys(keys) + ")");
     detail::tcp::Writer w;
     w.u8(cmd(Cmd::wait)).u32(static_cast<std::uint32_t>(keys.size()));
     for (const auto& k : keys) {
@@ -286,10 +296,12 @@ private:
       if (fd) {
         std::vector<char> reply;
         int err = 0;
-        const auto hello =
-            std::move(
-                detail::tcp::Writer().u8(cmd(Cmd::hello)).u32(detail::tcp::kMagic).u32(detail::tcp::kVersion))
-                .finish();
+        const auto hello = std::move(detail::tcp::Writer()
+                                         .u8(cmd(Cmd::hello))
+                                         .u32(detail::tcp::kMagic)
+                                         .u32(detail::tcp::kVersion)
+                                         .str(token_))
+                               .finish();
         const auto hs_deadline = std::max(deadline, Clock::now() + 1s);
         const auto r = detail::tcp::round_trip(fd.get(), hello, hs_deadline, reply, err);
         if (r == detail::tcp::IoResult::ok) {
@@ -299,6 +311,7 @@ private:
             throw Error(describe() + ": " + rd.str());
           }
           if (s == Status::ok && rd.u32() == detail::tcp::kMagic) {
+            max_request_.store(rd.i64());
             served_.store(true);
             return fd;
           }
@@ -354,6 +367,13 @@ private:
   std::vector<char> call(const std::vector<char>& request, std::chrono::milliseconds limit,
                          const std::string& what) {
     detail::tcp::Fd fd = acquire(what);
+    // Checked here too: the server would answer with an error and close the connection mid-send.
+    if (static_cast<std::int64_t>(request.size() - 4) > max_request_.load()) {
+      release(std::move(fd));
+      throw Error(describe() + ": " + what + ": a request of " + std::to_string(request.size() - 4) +
+                  " bytes passes the store's limit of " + std::to_string(max_request_.load()) +
+                  " (TcpStoreServerOptions::max_request_bytes)");
+    }
     std::vector<char> reply;
     int err = 0;
     const auto r = detail::tcp::round_trip(fd.get(), request, Clock::now() + limit, reply, err);
@@ -376,7 +396,9 @@ private:
   std::string connect_host_;
   int port_;
   std::string owner_;
+  std::string token_;
   std::shared_ptr<TcpStoreServer> server_;
+  std::atomic<std::int64_t> max_request_{0};
   std::atomic<bool> served_{false};
   std::mutex pool_mutex_;
   std::vector<detail::tcp::Fd> pool_;
