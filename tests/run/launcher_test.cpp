@@ -8,6 +8,8 @@
 //   launcherless  ranks started as mpirun / srun start them (OpenMPI, Slurm variables), in reverse order
 //   orphans       the launcher killed by SIGKILL: the ranks' own children die too
 //   flags         malformed flags are refused with a clear message (--stop-timeout -1, nan, 1x)
+//   store_security  --standalone: the store listens on loopback only and refuses clients without the
+//                 job's token, which the ranks get
 // Dead and missing peers, with fault_program as the program (DTENSOR_TIMEOUT=2, three ranks): every
 // survivor gets an Error naming the cause within 2 timeouts, never an abort.
 //   kill_store_host  rank 0 hosts the store (--rank0-store) and is SIGKILLed mid-collective
@@ -16,6 +18,7 @@
 //   never_joins      rank 2 never calls init_process_group
 //   port_in_use      --master-port held by another program: a clear error at once, no hang
 // Plain C++ (no Catch2): prints what it checks, exits 0 on success, 1 on the first failed check.
+#include "dtensor/rendezvous/tcp_store.hpp"
 #include "dtensor/rendezvous/tcp_store_server.hpp"
 
 #include <fcntl.h>
@@ -501,7 +504,7 @@ void port_in_use() {
   Proc l({g_launcher, "--master-port", port, "--nproc-per-node", "2", g_program, "kill_rank"}, env);
   auto took = l.wait(30s);
   show(l);
-  EXPECT(l.code() == 2 && contains(l.output, "cannot listen on *:" + port) &&
+  EXPECT(l.code() == 2 && contains(l.output, "cannot listen on 127.0.0.1:" + port) &&
              contains(l.output, "another program holds this port"),
          "the launcher cannot host the store: exit 2 naming the port and the cause");
   EXPECT(took < 5s, "at once (" + std::to_string(took.count()) + " ms)");
@@ -511,7 +514,7 @@ void port_in_use() {
          env);
   took = r.wait(60s);
   show(r);
-  expect_error(r.output, "port_in_use", 0, {"cannot listen on *:" + port, "another program holds this port"});
+  expect_error(r.output, "port_in_use", 0, {"cannot listen on 127.0.0.1:" + port, "another program holds this port"});
   for (int rank : {1, 2}) {
     expect_error(r.output, "port_in_use", rank, {"did not answer the store handshake"});
   }
@@ -531,6 +534,53 @@ void orphans() {
   const auto children = pids_after(p.output, "child");
   EXPECT(children.size() == 2 && all_dead(children),
          "the ranks' children die with a launcher killed by SIGKILL");
+}
+
+/// The local addresses (hex, as /proc/net/tcp{,6} print them) of the sockets listening on `port`.
+std::vector<std::string> listening_addresses(int port) {
+  char port_hex[8];
+  std::snprintf(port_hex, sizeof(port_hex), "%04X", port);
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line); // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const auto colon = local.find(':');
+      if (state == "0A" && colon != std::string::npos && local.substr(colon + 1) == port_hex) {
+        out.push_back(local.substr(0, colon));
+      }
+    }
+  }
+  return out;
+}
+
+void store_security() {
+  Proc p({g_launcher, "--standalone", "/bin/sh", "-c",
+          "echo port $MASTER_PORT token ${#DTENSOR_STORE_TOKEN}; sleep 3"},
+         {});
+  const bool ready = p.read_until([](const std::string& s) { return contains(s, "token "); }, 20s);
+  EXPECT(ready, "the rank started");
+  const int port = std::atoi(p.output.c_str() + p.output.find("port ") + 5);
+  const auto addresses = listening_addresses(port);
+  EXPECT(addresses.size() == 1 && addresses[0] == "0100007F",
+         "the store listens on 127.0.0.1 only (" + std::to_string(addresses.size()) + " listener(s)" +
+             (addresses.empty() ? std::string(")") : ", first " + addresses[0] + ")"));
+  EXPECT(contains(p.output, "token 32"), "the rank got a 128-bit token");
+  try {
+    dtensor::TcpStoreOptions o;
+    o.timeout = 2s;
+    dtensor::TcpStore stranger("127.0.0.1", port, o);
+    EXPECT(false, "a client without the token is refused");
+  } catch (const std::exception& e) {
+    EXPECT(contains(e.what(), "wrong or missing job token"),
+           std::string("a client without the token is refused: ") + e.what());
+  }
+  p.wait(20s);
+  EXPECT(p.code() == 0, "the job still succeeds");
 }
 
 void flags() {
@@ -565,6 +615,7 @@ int main(int argc, char** argv) {
                                                        {"launcherless", launcherless},
                                                        {"orphans", orphans},
                                                        {"flags", flags},
+                                                       {"store_security", store_security},
                                                        {"kill_store_host", kill_store_host},
                                                        {"kill_rank", kill_rank},
                                                        {"stop_rank", stop_rank},

@@ -8,9 +8,11 @@
 //   dtensor-run --nnodes 2 --node-rank 1 --master-addr node0 --nproc-per-node 8 ./train   # on node1
 //
 // The launcher on node 0 hosts the job's TcpStore on --master-port (DTENSOR_USE_AGENT_STORE=1 tells the
-// ranks), so the port stays bound for the whole job and ranks may start in any order. With several nodes
-// the launchers share failures through that store: a failed rank anywhere stops every node.
-// Run `dtensor-run --help` for every flag.
+// ranks), so the port stays bound for the whole job and ranks may start in any order. The store listens on
+// loopback when the master address is a loopback one (one machine), and serves only clients presenting
+// the job's token (DTENSOR_STORE_TOKEN: the launcher's own if set, else a random one on one machine). With
+// several nodes the launchers share failures through that store: a failed rank anywhere stops every node. Run
+// `dtensor-run --help` for every flag.
 
 #include "dtensor/rendezvous/tcp_store.hpp"
 #include "dtensor/rendezvous/tcp_store_server.hpp"
@@ -37,6 +39,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -66,8 +69,14 @@ options (torchrun's spellings; `--a-b` and `--a_b`, `--opt v` and `--opt=v` are 
   --log-dir DIR          also write each rank's captured streams to DIR/rank_N.{stdout,stderr}
   --local-ranks-filter L show output only from these local ranks (comma list, e.g. 0 or 0,3)
   --rank0-store          let rank 0 host the store instead of this launcher (as plain torch does)
+  --store-bind-addr A    interface the store listens on (default: the master address when it is a
+                         loopback one, as with --standalone, else every interface)
   --stop-timeout S       seconds between SIGTERM and SIGKILL when stopping ranks (default 10)
   -h, --help             this text
+
+Environment: DTENSOR_STORE_TOKEN, when set, is the job's token (give every node's launcher the same);
+else, on one machine, the launcher makes a random one. The ranks get it, and the store refuses clients
+without it. DTENSOR_TIMEOUT (seconds) bounds the launchers' own store calls.
 
 Exit status: 0 when every rank exited 0; else the first failed rank's exit code (128+signal when it
 was killed), 128+signal when dtensor-run itself was interrupted.
@@ -88,6 +97,9 @@ struct Args {
   std::string log_dir;
   std::set<int> ranks_filter;
   bool agent_store = true;
+  std::string store_bind_addr;
+  bool store_bind_given = false;
+  std::string token;
   double stop_timeout = 10;
   std::vector<std::string> cmd;
 };
@@ -104,6 +116,20 @@ int parse_int(const std::string& flag, const std::string& v, int lo, int hi) {
     die(flag + ": '" + v + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   return static_cast<int>(x);
+}
+
+/// 128 random bits as hex: the job's store token.
+std::string random_token() {
+  unsigned char bytes[16];
+  if (::getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
+    die("getrandom: " + std::string(std::strerror(errno)));
+  }
+  std::string hex;
+  for (unsigned char b : bytes) {
+    hex += "0123456789abcdef"[b >> 4];
+    hex += "0123456789abcdef"[b & 15];
+  }
+  return hex;
 }
 
 Args parse(int argc, char** argv) {
@@ -174,6 +200,9 @@ Args parse(int argc, char** argv) {
       }
     } else if (arg == "--rank0-store") {
       a.agent_store = false;
+    } else if (arg == "--store-bind-addr") {
+      a.store_bind_addr = need();
+      a.store_bind_given = true;
     } else if (arg == "--stop-timeout") {
       const std::string v = need();
       std::size_t used = 0;
@@ -215,6 +244,14 @@ Args parse(int argc, char** argv) {
   }
   if (!a.ranks_filter.empty() && a.tee == 0) {
     a.tee = 3;
+  }
+  if (!a.store_bind_given && dtensor::detail::tcp::is_loopback(a.master_addr)) {
+    a.store_bind_addr = a.master_addr;
+  }
+  if (const char* t = std::getenv("DTENSOR_STORE_TOKEN"); t != nullptr && *t != '\0') {
+    a.token = t;
+  } else if (a.nnodes == 1) {
+    a.token = random_token();
   }
   return a;
 }
@@ -388,7 +425,10 @@ public:
     // The store: node 0 hosts it (unless --rank0-store); with several nodes every launcher is a client too.
     if (a_.agent_store && a_.node_rank == 0) {
       try {
-        server_ = std::make_unique<dtensor::TcpStoreServer>(a_.master_port);
+        dtensor::TcpStoreServerOptions so;
+        so.bind_host = a_.store_bind_addr;
+        so.token = a_.token;
+        server_ = std::make_unique<dtensor::TcpStoreServer>(a_.master_port, std::move(so));
       } catch (const std::exception& e) {
         die(e.what());
       }
@@ -398,8 +438,11 @@ public:
       try {
         dtensor::TcpStoreOptions so;
         so.timeout = store_timeout_;
-        store_ = std::make_shared<dtensor::TcpStore>(a_.node_rank == 0 ? "127.0.0.1" : a_.master_addr,
-                                                     a_.master_port, so);
+        so.token = a_.token;
+        so.server_owner = "dtensor-run on node 0";
+        store_ = std::make_shared<dtensor::TcpStore>(
+            a_.node_rank == 0 && a_.store_bind_addr.empty() ? "127.0.0.1" : a_.master_addr, a_.master_port,
+            so);
       } catch (const std::exception& e) {
         die(std::string(e.what()), 1);
       }
@@ -440,7 +483,11 @@ private:
         {"MASTER_ADDR", a_.master_addr},
         {"MASTER_PORT", std::to_string(a_.master_port)},
         {"DTENSOR_USE_AGENT_STORE", a_.agent_store ? "1" : "0"},
+        {"DTENSOR_STORE_TOKEN", a_.token},
     };
+    if (a_.store_bind_given) {
+      set["DTENSOR_STORE_BIND_ADDR"] = a_.store_bind_addr;
+    }
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       std::string_view kv(*e);
