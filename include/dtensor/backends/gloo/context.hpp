@@ -21,6 +21,7 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/reduce_op.hpp"
+#include "dtensor/rendezvous/barrier.hpp"
 #include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
@@ -154,6 +155,13 @@ inline void connect_full_mesh(GlooContext& context, const std::shared_ptr<Store>
                   " could not connect: " + std::string(v.begin(), v.end()));
     }
   }
+  // Every member read every address (gloo's keys "<rank>" and "rank_<rank>") before it set
+  // "connected/<rank>".
+  for (int r = 0; r < size; ++r) {
+    keys.push_back(std::to_string(r));
+    keys.push_back("rank_" + std::to_string(r));
+  }
+  delete_after_all_read(*store, "connected/read", size, keys);
 }
 
 /// What the groups of one rank share: the transport device, the root store, the groups (to abort them
@@ -172,11 +180,12 @@ struct GlooRankState {
   std::vector<std::weak_ptr<Backend>> groups;
   std::optional<std::string> aborted;
 
-  /// Adds a group; aborts it at once when this rank was aborted before.
+  /// Adds a group (forgetting those destroyed); aborts it at once when this rank was aborted before.
   void add_group(const std::shared_ptr<Backend>& group) {
     std::optional<std::string> reason;
     {
       std::lock_guard lock(m);
+      std::erase_if(groups, [](const std::weak_ptr<Backend>& g) { return g.expired(); });
       groups.push_back(group);
       reason = aborted;
     }
