@@ -535,6 +535,21 @@ TEST_CASE("TcpStore: once the server is gone, every call fails at once, naming i
   }
 }
 
+TEST_CASE("delete_after_all_read: the last reader deletes the keys and its counter", "[store]") {
+  TcpStore master("127.0.0.1", 0, server());
+  master.set("id/0", std::string_view("a"));
+  master.set("id/1", std::string_view("b"));
+  const std::int64_t before = master.num_keys();
+  dtensor::delete_after_all_read(master, "id/read", 3, {"id/0", "id/1"});
+  dtensor::delete_after_all_read(master, "id/read", 3, {"id/0", "id/1"});
+  CHECK(master.check({"id/0", "id/1"})); // a reader is still to come
+  dtensor::delete_after_all_read(master, "id/read", 3, {"id/0", "id/1"});
+  CHECK_FALSE(master.check({"id/0"}));
+  CHECK_FALSE(master.check({"id/1"}));
+  CHECK_FALSE(master.check({"id/read"}));
+  CHECK(master.num_keys() == before - 2);
+}
+
 TEST_CASE("TcpStore: barrier through the member, the host waits for everyone to leave", "[store]") {
   TcpStore master("127.0.0.1", 0, server());
   std::thread other([port = master.port()] {
