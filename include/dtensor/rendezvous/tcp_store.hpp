@@ -17,11 +17,12 @@
 //    wait() never delays a set() from another thread of the same process.
 //  - With is_server, the server (rendezvous/tcp_store_server.hpp) runs on a background thread of this
 //    process and stops when this TcpStore is destroyed.
-//  - Once the store has served this client, losing it is final: a connection it closes, or a reconnect it
-//    refuses, makes this call and every later one throw Error at once ("the store is gone (...; its
-//    host, rank 0, probably exited or was killed)"), instead of each call retrying for the whole
-//    timeout. (A failing rank's peers ask the store several times why it failed; with the store's host
-//    dead, each of them used to wait a timeout.)
+//  - Once the store has served this client, losing it is final: a fresh connection it closes mid-request,
+//    or a reconnect it refuses, makes this call and every later one throw Error at once ("the store is
+//    gone (...; its host, rank 0, probably exited or was killed)") instead of each call retrying for the
+//    whole timeout (a failing rank's peers ask the store several times why it failed). A pooled connection
+//    the server closed (at its connection cap it closes the idlest) is replaced, and the request sent
+//    again when it may run twice (all but add, compare_set and delete_key, which throw Error instead).
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/timeout.hpp"
@@ -168,7 +169,7 @@ public:
   std::int64_t add(const std::string& key, std::int64_t delta) override {
     const std::string what = "add('" + key + "')";
     auto body = call(std::move(detail::tcp::Writer().u8(cmd(Cmd::add)).str(key).i64(delta)).finish(),
-                     timeout(), what);
+                     timeout(), what, false);
     detail::tcp::Reader r(body);
     check_status(static_cast<Status>(r.u8()), r, what);
     return r.i64();
@@ -180,7 +181,7 @@ public:
     auto body = call(
         std::move(detail::tcp::Writer().u8(cmd(Cmd::compare_set)).str(key).bytes(expected).bytes(desired))
             .finish(),
-        timeout(), what);
+        timeout(), what, false);
     detail::tcp::Reader r(body);
     check_status(static_cast<Status>(r.u8()), r, what);
     return r.bytes();
@@ -188,7 +189,8 @@ public:
 
   bool delete_key(const std::string& key) override {
     const std::string what = "delete_key('" + key + "')";
-    auto body = call(std::move(detail::tcp::Writer().u8(cmd(Cmd::erase)).str(key)).finish(), timeout(), what);
+    auto body =
+        call(std::move(detail::tcp::Writer().u8(cmd(Cmd::erase)).str(key)).finish(), timeout(), what, false);
     detail::tcp::Reader r(body);
     check_status(static_cast<Status>(r.u8()), r, what);
     return r.u8() != 0;
@@ -336,8 +338,9 @@ private:
     }
   }
 
-  /// A pooled connection the store still holds open, else a new one; Error at once when it is gone.
-  detail::tcp::Fd acquire(const std::string& what) {
+  /// A pooled connection the store still holds open (`pooled` set), else a new one; Error at once when the
+  /// store is gone.
+  detail::tcp::Fd acquire(const std::string& what, bool& pooled) {
     {
       std::lock_guard lock(pool_mutex_);
       if (gone_) {
@@ -349,6 +352,7 @@ private:
         // An idle connection has nothing to read: readable means the server closed it.
         pollfd pfd{fd.get(), POLLIN | POLLRDHUP, 0};
         if (::poll(&pfd, 1, 0) == 0) {
+          pooled = true;
           return fd;
         }
       }
@@ -363,33 +367,49 @@ private:
     }
   }
 
-  /// Sends one request on a pooled connection and returns the reply body.
+  /// Sends one request on a pooled connection and returns the reply body. When the server closed a pooled
+  /// connection just as the request went out (at its connection cap it closes the idlest), the request is
+  /// sent again on a new connection if it may run twice (`repeatable`); a store that refuses the new
+  /// connection is gone.
   std::vector<char> call(const std::vector<char>& request, std::chrono::milliseconds limit,
-                         const std::string& what) {
-    detail::tcp::Fd fd = acquire(what);
+                         const std::string& what, bool repeatable = true) {
     // Checked here too: the server would answer with an error and close the connection mid-send.
     if (static_cast<std::int64_t>(request.size() - 4) > max_request_.load()) {
-      release(std::move(fd));
       throw Error(describe() + ": " + what + ": a request of " + std::to_string(request.size() - 4) +
                   " bytes passes the store's limit of " + std::to_string(max_request_.load()) +
                   " (TcpStoreServerOptions::max_request_bytes)");
     }
-    std::vector<char> reply;
-    int err = 0;
-    const auto r = detail::tcp::round_trip(fd.get(), request, Clock::now() + limit, reply, err);
-    switch (r) {
-    case detail::tcp::IoResult::ok:
-      release(std::move(fd));
-      return reply;
-    case detail::tcp::IoResult::timeout:
-      throw TimeoutError(describe() + ": " + what + ": no reply within " + std::to_string(limit.count()) +
-                         " ms");
-    case detail::tcp::IoResult::closed:
-      throw Error(gone(what, "it closed the connection"));
-    case detail::tcp::IoResult::failed:
-      break;
+    bool pooled = false;
+    detail::tcp::Fd fd = acquire(what, pooled);
+    for (;;) {
+      std::vector<char> reply;
+      int err = 0;
+      const auto r = detail::tcp::round_trip(fd.get(), request, Clock::now() + limit, reply, err);
+      switch (r) {
+      case detail::tcp::IoResult::ok:
+        release(std::move(fd));
+        return reply;
+      case detail::tcp::IoResult::timeout:
+        throw TimeoutError(describe() + ": " + what + ": no reply within " + std::to_string(limit.count()) +
+                           " ms");
+      case detail::tcp::IoResult::closed:
+        if (!pooled) {
+          throw Error(gone(what, "it closed the connection"));
+        }
+        fd = connect(Clock::now() + timeout(), what);
+        pooled = false;
+        if (!repeatable) {
+          release(std::move(fd));
+          throw Error(describe() + ": " + what +
+                      ": the store closed the connection before answering; it is up, but the request may "
+                      "or may not have taken effect");
+        }
+        continue;
+      case detail::tcp::IoResult::failed:
+        break;
+      }
+      throw Error(describe() + ": " + what + ": " + detail::tcp::errno_text(err));
     }
-    throw Error(describe() + ": " + what + ": " + detail::tcp::errno_text(err));
   }
 
   std::string host_;

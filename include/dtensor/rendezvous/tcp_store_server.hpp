@@ -43,6 +43,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -444,7 +445,9 @@ private:
   bool evict_idlest() {
     Client* idlest = nullptr;
     for (auto& [fd, c] : clients_) {
-      if (c.dead || c.waiting || !c.out.empty() || !c.in.empty()) {
+      int unread = 0;
+      if (c.dead || c.waiting || !c.out.empty() || !c.in.empty() || ::ioctl(fd, FIONREAD, &unread) != 0 ||
+          unread > 0) { // a request on its way: closing would reset it under the client
         continue;
       }
       if (idlest == nullptr || std::pair(c.greeted, c.active) < std::pair(idlest->greeted, idlest->active)) {
