@@ -729,27 +729,38 @@ TEST_CASE("TcpStore server: at its connection cap it closes the idlest, and serv
   CHECK(c.add("n", 1) == 1);
 }
 
-TEST_CASE("TcpStore server: out of file descriptors it neither spins nor turns clients away", "[store]") {
-  int port_pipe[2];
-  REQUIRE(::pipe(port_pipe) == 0);
-  const pid_t child = ::fork();
-  if (child == 0) { // the server, in a process with few descriptors
-    rlimit lim{48, 48};
-    ::setrlimit(RLIMIT_NOFILE, &lim);
-    dtensor::TcpStoreServer s(0);
-    const int port = s.port();
-    [[maybe_unused]] auto w = ::write(port_pipe[1], &port, sizeof(port));
-    std::this_thread::sleep_for(60s);
-    ::_exit(0);
-  }
+namespace {
+
+/// A TcpStoreServer in a child process limited to 48 file descriptors; kill_server() ends it.
+struct ServerProcess {
+  pid_t pid = -1;
   int port = 0;
-  REQUIRE(::read(port_pipe[0], &port, sizeof(port)) == sizeof(port));
-  std::vector<tcp::Fd> idle;
-  for (int i = 0; i < 100; ++i) { // more than the server can hold: the kernel queues the rest
-    idle.push_back(raw_connection(port));
+
+  ServerProcess() {
+    int port_pipe[2];
+    REQUIRE(::pipe(port_pipe) == 0);
+    pid = ::fork();
+    if (pid == 0) {
+      rlimit lim{48, 48};
+      ::setrlimit(RLIMIT_NOFILE, &lim);
+      dtensor::TcpStoreServer s(0);
+      const int p = s.port();
+      [[maybe_unused]] auto w = ::write(port_pipe[1], &p, sizeof(p));
+      std::this_thread::sleep_for(60s);
+      ::_exit(0);
+    }
+    REQUIRE(::read(port_pipe[0], &port, sizeof(port)) == sizeof(port));
+    ::close(port_pipe[0]);
+    ::close(port_pipe[1]);
   }
-  auto cpu_ticks = [child] {
-    std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+  ~ServerProcess() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+
+  /// The CPU time it used (user + system) in clock ticks.
+  long cpu_ticks() const {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
     std::string field;
     long ticks = 0;
     for (int i = 1; i <= 15 && stat >> field; ++i) {
@@ -758,16 +769,50 @@ TEST_CASE("TcpStore server: out of file descriptors it neither spins nor turns c
       }
     }
     return ticks;
-  };
-  TcpStore c("127.0.0.1", port, client(5s));
-  c.set("k", std::string_view("v"));
-  CHECK(str(c.get("k")) == "v");
-  const long before = cpu_ticks();
-  std::this_thread::sleep_for(1s);
-  const long used = cpu_ticks() - before;
-  CHECK(used < ::sysconf(_SC_CLK_TCK) / 5); // under 20% of a core while clients wait in the queue
-  ::kill(child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
-  ::close(port_pipe[0]);
-  ::close(port_pipe[1]);
+  }
+
+  /// True when it used under 20% of a core during the next second.
+  bool quiet() const {
+    const long before = cpu_ticks();
+    std::this_thread::sleep_for(1s);
+    return cpu_ticks() - before < ::sysconf(_SC_CLK_TCK) / 5;
+  }
+};
+
+} // namespace
+
+TEST_CASE("TcpStore server: out of file descriptors it neither spins nor turns clients away", "[store]") {
+  SECTION("idle connections fill its descriptors: the idlest make room for a client") {
+    ServerProcess server;
+    std::vector<tcp::Fd> idle;
+    for (int i = 0; i < 100; ++i) { // more than the server can hold: the kernel queues the rest
+      idle.push_back(raw_connection(server.port));
+    }
+    TcpStore c("127.0.0.1", server.port, client(5s));
+    c.set("k", std::string_view("v"));
+    CHECK(str(c.get("k")) == "v");
+    CHECK(server.quiet());
+  }
+  SECTION("waiting clients fill them: a new connection is closed at once, not left spinning") {
+    ServerProcess server;
+    const auto wait =
+        std::move(tcp::Writer().u8(static_cast<std::uint8_t>(tcp::Cmd::wait)).u32(1).str("never").i64(60000))
+            .finish();
+    std::vector<tcp::Fd> waiting;
+    for (int i = 0; i < 60; ++i) { // each one greets and waits: none may be closed to make room
+      tcp::Fd fd = raw_connection(server.port);
+      std::vector<char> reply;
+      int err = 0;
+      if (tcp::round_trip(fd.get(), hello(), tcp::Clock::now() + 1s, reply, err) != tcp::IoResult::ok) {
+        break; // the server is full
+      }
+      REQUIRE(tcp::send_all(fd.get(), wait.data(), wait.size(), tcp::Clock::now() + 1s, err) ==
+              tcp::IoResult::ok);
+      waiting.push_back(std::move(fd));
+    }
+    CHECK(waiting.size() < 60);
+    tcp::Fd late = raw_connection(server.port);
+    CHECK(closed_by_peer(late.get()));
+    CHECK(server.quiet());
+  }
 }

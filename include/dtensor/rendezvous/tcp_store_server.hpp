@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -482,7 +483,9 @@ private:
           ::close(refused);
         }
         reserve_ = detail::tcp::Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-        if (refused < 0) {
+        if (refused < 0) { // another thread of this process took the descriptor: listen again a bit later
+          ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listener_.get(), nullptr);
+          listener_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
           return;
         }
         continue;
@@ -595,7 +598,16 @@ private:
   void loop() {
     std::vector<epoll_event> events(256);
     for (;;) {
-      const int timeout_ms = expire_waits();
+      int timeout_ms = expire_waits();
+      if (listener_paused_until_) {
+        if (Clock::now() >= *listener_paused_until_) {
+          listener_paused_until_.reset();
+          watch(listener_.get(), EPOLLIN);
+        } else {
+          const int ms = detail::tcp::ms_until(*listener_paused_until_) + 1;
+          timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+        }
+      }
       settle();
       const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), timeout_ms);
       if (n < 0 && errno != EINTR) {
@@ -635,6 +647,7 @@ private:
   detail::tcp::Fd wake_write_;
   detail::tcp::Fd epoll_;
   detail::tcp::Fd reserve_; // closed to accept (and refuse) one connection when out of descriptors
+  std::optional<Clock::time_point> listener_paused_until_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::unordered_map<int, Client> clients_;
