@@ -289,7 +289,8 @@ public:
   /// What the members in `members` (group ranks; all when empty) published with publish_op, waiting up to
   /// `patience` for all of them: "; the members disagree: rank 0: all_reduce #3 (16 x float32, op sum);
   /// rank 1: all_reduce #3 (32 x float32, op sum)", or "; every member that reported ran ..." when they
-  /// agree; a member that published nothing (it never arrived, or is in no op) is "rank 2: no report".
+  /// agree; a member that published nothing (it never arrived, or is in no op) is "rank 2: no report"; when
+  /// the store is gone, says so instead.
   std::string members_ops(const std::string& mine, std::vector<int> members,
                           std::chrono::milliseconds patience) {
     if (members.empty()) {
@@ -318,6 +319,9 @@ public:
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (auto lost = store_lost()) {
+      return "; what the other members ran is unknown, the job's store is unreachable: " + *lost;
     }
     bool differ = false;
     std::string list;
