@@ -514,7 +514,8 @@ void port_in_use() {
          env);
   took = r.wait(60s);
   show(r);
-  expect_error(r.output, "port_in_use", 0, {"cannot listen on 127.0.0.1:" + port, "another program holds this port"});
+  expect_error(r.output, "port_in_use", 0,
+               {"cannot listen on 127.0.0.1:" + port, "another program holds this port"});
   for (int rank : {1, 2}) {
     expect_error(r.output, "port_in_use", rank, {"did not answer the store handshake"});
   }
