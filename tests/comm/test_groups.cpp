@@ -213,3 +213,37 @@ TEST_CASE("run_ranks takes any backend that rendezvouses through a Store", "[com
       options);
   CHECK(made == 3);
 }
+
+TEST_CASE("making groups leaves no keys behind: the store's size stays flat over 50 new_group and split",
+          "[comm][groups]") {
+  std::shared_ptr<Store> shared;
+  testing::RunRanksOptions options;
+  options.make_backend = [&](std::shared_ptr<Store> store, int rank, int size,
+                             std::chrono::milliseconds timeout) {
+    shared = store;
+    GlooOptions go;
+    go.timeout = timeout;
+    return make_gloo_backend(std::move(store), rank, size, go);
+  };
+  std::vector<std::int64_t> keys(3);
+  testing::run_ranks(
+      3,
+      [&](ProcessGroup& world) {
+        for (int i = 0; i < 50; ++i) {
+          if (world.rank() < 2) {
+            auto pair = world.new_group({0, 1});
+            auto t = Tensor<int, 1>::full({2}, 1);
+            all_reduce(t, ReduceOp::sum, pair);
+          }
+          auto halves = world.split(world.rank() % 2, world.rank());
+          barrier(world);
+          if (world.rank() == 0 && (i == 4 || i == 49)) {
+            keys[i == 4 ? 0 : 1] = shared->num_keys();
+          }
+          barrier(world);
+        }
+      },
+      options);
+  INFO("keys after 5 rounds: " << keys[0] << ", after 50: " << keys[1]);
+  CHECK(keys[1] == keys[0]);
+}

@@ -12,11 +12,17 @@
 #include <catch2/catch.hpp>
 
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -502,9 +508,46 @@ TEST_CASE("TcpStore: a client sees the server going away", "[store]") {
   } catch (const dtensor::TimeoutError&) {
     FAIL("expected a connection error, not a timeout");
   } catch (const dtensor::Error& e) {
-    CHECK(std::string(e.what()).find("closed the connection") != std::string::npos);
+    CHECK(std::string(e.what()).find("the store is gone") != std::string::npos);
   }
   killer.join();
+}
+
+TEST_CASE("TcpStore: once the server is gone, every call fails at once, naming its host", "[store]") {
+  auto master = std::make_unique<TcpStore>("127.0.0.1", 0, server());
+  TcpStoreOptions o = client(5s);
+  o.server_owner = "rank 0";
+  TcpStore idle("127.0.0.1", master->port(), o);   // its pooled connection is closed under it
+  TcpStore waiter("127.0.0.1", master->port(), o); // loses the server in the middle of a wait
+  idle.set("x", std::string_view("1"));
+  std::thread killer([&] {
+    std::this_thread::sleep_for(200ms);
+    master.reset();
+  });
+  CHECK_THROWS_WITH(waiter.wait({"never"}), Catch::Contains("the store is gone (it") &&
+                                                Catch::Contains("its host, rank 0, probably exited"));
+  killer.join();
+  for (TcpStore* c : {&idle, &waiter, &idle}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(c->check({"x"}),
+                      Catch::Contains("check: the store is gone") && Catch::Contains("its host, rank 0"));
+    CHECK(std::chrono::steady_clock::now() - t0 < 1s); // not a reconnect for the whole 5 s timeout
+  }
+}
+
+TEST_CASE("delete_after_all_read: the last reader deletes the keys and its counter", "[store]") {
+  TcpStore master("127.0.0.1", 0, server());
+  master.set("id/0", std::string_view("a"));
+  master.set("id/1", std::string_view("b"));
+  const std::int64_t before = master.num_keys();
+  dtensor::delete_after_all_read(master, "id/read", 3, {"id/0", "id/1"});
+  dtensor::delete_after_all_read(master, "id/read", 3, {"id/0", "id/1"});
+  CHECK(master.check({"id/0", "id/1"})); // a reader is still to come
+  dtensor::delete_after_all_read(master, "id/read", 3, {"id/0", "id/1"});
+  CHECK_FALSE(master.check({"id/0"}));
+  CHECK_FALSE(master.check({"id/1"}));
+  CHECK_FALSE(master.check({"id/read"}));
+  CHECK(master.num_keys() == before - 2);
 }
 
 TEST_CASE("TcpStore: barrier through the member, the host waits for everyone to leave", "[store]") {
@@ -521,5 +564,255 @@ TEST_CASE("TcpStore: barrier through the member, the host waits for everyone to 
     FAIL("barrier passed alone");
   } catch (const dtensor::TimeoutError& e) {
     CHECK(std::string(e.what()).find("1 of 3 processes arrived") != std::string::npos);
+  }
+}
+
+// ---- the server's defences (issue 18, defect 8) ---------------------------------------------------------
+
+namespace {
+
+namespace tcp = dtensor::detail::tcp;
+
+/// A raw connection to a store, for what TcpStore never sends.
+tcp::Fd raw_connection(int port) {
+  std::string error;
+  bool refused = false;
+  tcp::Fd fd = tcp::try_connect("127.0.0.1", port, tcp::Clock::now() + 5s, error, refused);
+  REQUIRE(fd);
+  return fd;
+}
+
+std::vector<char> hello(std::string_view token = "") {
+  return std::move(tcp::Writer()
+                       .u8(static_cast<std::uint8_t>(tcp::Cmd::hello))
+                       .u32(tcp::kMagic)
+                       .u32(tcp::kVersion)
+                       .str(token))
+      .finish();
+}
+
+/// Sends `request`; the reply's status and its error text (if any), or "closed" / "timeout".
+std::string ask(int fd, const std::vector<char>& request) {
+  std::vector<char> reply;
+  int err = 0;
+  const auto r = tcp::round_trip(fd, request, tcp::Clock::now() + 5s, reply, err);
+  if (r != tcp::IoResult::ok) {
+    return r == tcp::IoResult::timeout ? "timeout" : "closed";
+  }
+  tcp::Reader rd(reply);
+  const auto s = static_cast<tcp::Status>(rd.u8());
+  return s == tcp::Status::error ? "error: " + rd.str() : "status " + std::to_string(static_cast<int>(s));
+}
+
+/// True when the peer closes `fd` within 5 s.
+bool closed_by_peer(int fd) {
+  pollfd pfd{fd, POLLIN, 0};
+  char c;
+  return ::poll(&pfd, 1, 5000) == 1 && ::recv(fd, &c, 1, 0) <= 0;
+}
+
+} // namespace
+
+TEST_CASE("TcpStore server: a client without the job's token is refused at once, the server serves on",
+          "[store]") {
+  TcpStoreOptions o = server();
+  o.token = "job-a";
+  TcpStore master("127.0.0.1", 0, o);
+  for (const std::string token : {"", "job-b", "job-a-longer"}) {
+    TcpStoreOptions c = client(5s);
+    c.token = token;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(TcpStore("127.0.0.1", master.port(), c),
+                      Catch::Contains("the store refused this client: wrong or missing job token"));
+    CHECK(std::chrono::steady_clock::now() - t0 < 1s); // not retried for the whole timeout
+  }
+  // A peer that skips the handshake is disconnected without an answer.
+  tcp::Fd raw = raw_connection(master.port());
+  CHECK(ask(raw.get(), std::move(tcp::Writer().u8(static_cast<std::uint8_t>(tcp::Cmd::num_keys))).finish()) ==
+        "closed");
+  TcpStoreOptions good = client();
+  good.token = "job-a";
+  TcpStore c("127.0.0.1", master.port(), good);
+  c.set("k", std::string_view("v"));
+  CHECK(str(master.get("k")) == "v");
+}
+
+TEST_CASE("TcpStore server: requests and the store's size are bounded, with an error the client can read",
+          "[store]") {
+  dtensor::TcpStoreServerOptions so;
+  so.max_request_bytes = 1024;
+  so.max_total_bytes = 4096;
+  dtensor::TcpStoreServer server(0, so);
+  TcpStore c("127.0.0.1", server.port(), client());
+
+  // One value past the request limit: refused by the client before sending, nothing stored.
+  CHECK_THROWS_WITH(c.set("big", Bytes(2000, 'x')), Catch::Contains("set('big'): a request of") &&
+                                                        Catch::Contains("passes the store's limit of 1024"));
+  CHECK_FALSE(c.check({"big"}));
+
+  // A peer declaring a 1 GiB request gets an error and is disconnected; nothing is allocated for it.
+  tcp::Fd raw = raw_connection(server.port());
+  REQUIRE(ask(raw.get(), hello()) == "status 0");
+  const std::uint32_t huge = 1u << 30;
+  std::vector<char> header(4);
+  std::memcpy(header.data(), &huge, 4);
+  int err = 0;
+  REQUIRE(tcp::send_all(raw.get(), header.data(), 4, tcp::Clock::now() + 5s, err) == tcp::IoResult::ok);
+  std::uint32_t n = 0;
+  REQUIRE(tcp::recv_all(raw.get(), reinterpret_cast<char*>(&n), 4, tcp::Clock::now() + 5s, err) ==
+          tcp::IoResult::ok);
+  std::vector<char> body(n);
+  REQUIRE(tcp::recv_all(raw.get(), body.data(), n, tcp::Clock::now() + 5s, err) == tcp::IoResult::ok);
+  tcp::Reader rd(body);
+  CHECK(rd.u8() == static_cast<std::uint8_t>(tcp::Status::error));
+  CHECK_THAT(rd.str(), Catch::Contains("a request of 1073741824 bytes passes the store's limit of 1024"));
+  CHECK(closed_by_peer(raw.get()));
+
+  // Requests pipelined behind a wait, past the limit: an error, then the connection is closed.
+  tcp::Fd piped = raw_connection(server.port());
+  REQUIRE(ask(piped.get(), hello()) == "status 0");
+  std::vector<char> wait =
+      std::move(tcp::Writer().u8(static_cast<std::uint8_t>(tcp::Cmd::wait)).u32(1).str("never").i64(60000))
+          .finish();
+  const std::vector<char> set =
+      std::move(tcp::Writer().u8(static_cast<std::uint8_t>(tcp::Cmd::set)).str("p").bytes(Bytes(900, 'p')))
+          .finish();
+  for (int i = 0; i < 4; ++i) {
+    wait.insert(wait.end(), set.begin(), set.end());
+  }
+  CHECK_THAT(ask(piped.get(), wait), Catch::Contains("bytes of requests pipelined"));
+  CHECK(closed_by_peer(piped.get()));
+
+  // The store's total: full is an error, a delete makes room again.
+  for (int i = 0; i < 5; ++i) {
+    c.set("v" + std::to_string(i), Bytes(700, 'v'));
+  }
+  CHECK_THROWS_WITH(c.set("v5", Bytes(700, 'v')), Catch::Contains("the store is full"));
+  CHECK_FALSE(c.check({"v5"}));
+  c.delete_key("v0");
+  c.set("v5", Bytes(700, 'v'));
+  CHECK(c.num_keys() == 5);
+}
+
+TEST_CASE("TcpStore: a wait's timeout is checked on both sides", "[store]") {
+  TcpStore master("127.0.0.1", 0, server());
+  CHECK_THROWS_WITH(master.wait({"k"}, 0ms), Catch::Contains("the timeout must be positive"));
+  tcp::Fd raw = raw_connection(master.port());
+  REQUIRE(ask(raw.get(), hello()) == "status 0");
+  for (std::int64_t ms : {std::int64_t{-5}, std::int64_t{0}, std::int64_t{1} << 62}) {
+    const auto wait =
+        std::move(tcp::Writer().u8(static_cast<std::uint8_t>(tcp::Cmd::wait)).u32(1).str("never").i64(ms))
+            .finish();
+    CHECK_THAT(ask(raw.get(), wait), Catch::Contains("is out of range (1 ms to 30 days)"));
+  }
+}
+
+TEST_CASE("TcpStore server: at its connection cap it closes the idlest, and serves new clients", "[store]") {
+  dtensor::TcpStoreServerOptions so;
+  so.max_connections = 8;
+  dtensor::TcpStoreServer server(0, so);
+  TcpStore c("127.0.0.1", server.port(), client());
+  c.set("k", std::string_view("v"));
+  std::vector<tcp::Fd> idle;
+  for (int i = 0; i < 20; ++i) {
+    idle.push_back(raw_connection(server.port()));
+  }
+  TcpStore late("127.0.0.1", server.port(), client());
+  CHECK(str(late.get("k")) == "v");
+  // Clients that completed the handshake, past the cap: the idlest of them (c's) are closed too.
+  std::vector<std::unique_ptr<TcpStore>> busy;
+  for (int i = 0; i < 10; ++i) {
+    busy.push_back(std::make_unique<TcpStore>("127.0.0.1", server.port(), client()));
+    busy.back()->set("b" + std::to_string(i), std::string_view("1"));
+  }
+  CHECK(str(c.get("k")) == "v"); // its connection was closed while idle: it reconnects
+  CHECK(c.add("n", 1) == 1);
+}
+
+namespace {
+
+/// A TcpStoreServer in a child process limited to 48 file descriptors; kill_server() ends it.
+struct ServerProcess {
+  pid_t pid = -1;
+  int port = 0;
+
+  ServerProcess() {
+    int port_pipe[2];
+    REQUIRE(::pipe(port_pipe) == 0);
+    pid = ::fork();
+    if (pid == 0) {
+      rlimit lim{48, 48};
+      ::setrlimit(RLIMIT_NOFILE, &lim);
+      dtensor::TcpStoreServer s(0);
+      const int p = s.port();
+      [[maybe_unused]] auto w = ::write(port_pipe[1], &p, sizeof(p));
+      std::this_thread::sleep_for(60s);
+      ::_exit(0);
+    }
+    REQUIRE(::read(port_pipe[0], &port, sizeof(port)) == sizeof(port));
+    ::close(port_pipe[0]);
+    ::close(port_pipe[1]);
+  }
+  ~ServerProcess() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+
+  /// The CPU time it used (user + system) in clock ticks.
+  long cpu_ticks() const {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string field;
+    long ticks = 0;
+    for (int i = 1; i <= 15 && stat >> field; ++i) {
+      if (i == 14 || i == 15) { // utime, stime
+        ticks += std::stol(field);
+      }
+    }
+    return ticks;
+  }
+
+  /// True when it used under 20% of a core during the next second.
+  bool quiet() const {
+    const long before = cpu_ticks();
+    std::this_thread::sleep_for(1s);
+    return cpu_ticks() - before < ::sysconf(_SC_CLK_TCK) / 5;
+  }
+};
+
+} // namespace
+
+TEST_CASE("TcpStore server: out of file descriptors it neither spins nor turns clients away", "[store]") {
+  SECTION("idle connections fill its descriptors: the idlest make room for a client") {
+    ServerProcess server;
+    std::vector<tcp::Fd> idle;
+    for (int i = 0; i < 100; ++i) { // more than the server can hold: the kernel queues the rest
+      idle.push_back(raw_connection(server.port));
+    }
+    TcpStore c("127.0.0.1", server.port, client(5s));
+    c.set("k", std::string_view("v"));
+    CHECK(str(c.get("k")) == "v");
+    CHECK(server.quiet());
+  }
+  SECTION("waiting clients fill them: a new connection is closed at once, not left spinning") {
+    ServerProcess server;
+    const auto wait =
+        std::move(tcp::Writer().u8(static_cast<std::uint8_t>(tcp::Cmd::wait)).u32(1).str("never").i64(60000))
+            .finish();
+    std::vector<tcp::Fd> waiting;
+    for (int i = 0; i < 60; ++i) { // each one greets and waits: none may be closed to make room
+      tcp::Fd fd = raw_connection(server.port);
+      std::vector<char> reply;
+      int err = 0;
+      if (tcp::round_trip(fd.get(), hello(), tcp::Clock::now() + 1s, reply, err) != tcp::IoResult::ok) {
+        break; // the server is full
+      }
+      REQUIRE(tcp::send_all(fd.get(), wait.data(), wait.size(), tcp::Clock::now() + 1s, err) ==
+              tcp::IoResult::ok);
+      waiting.push_back(std::move(fd));
+    }
+    CHECK(waiting.size() < 60);
+    tcp::Fd late = raw_connection(server.port);
+    CHECK(closed_by_peer(late.get()));
+    CHECK(server.quiet());
   }
 }

@@ -3,17 +3,79 @@
 // message says the members disagree (gloo used to abort the process with SIGABRT, EnforceNotMet at
 // pair.cc:510, or return stale data); exit 0 then, 1 when the call succeeded or the message is wrong.
 // Run with a short DTENSOR_TIMEOUT.
+//
+// Dead and missing peers (run by launcher_test's fault scenarios, which check every survivor's line):
+//   kill_store_host  rank 0 (hosting the store: --rank0-store) SIGKILLs itself mid-loop of all_reduces
+//   kill_rank        the last rank SIGKILLs itself mid-loop
+//   stop_rank        the last rank stops in the loop (prints "stopped <pid>"; the test sends it SIGTERM)
+//   never_joins      the last rank never calls init_process_group (it sleeps 3 timeouts, then exits)
+// Survivors ignore SIGTERM (the launcher sends it once a rank died) and print
+// "fault error on rank R after MS ms: <message>" for the Error they got (MS: from the start of the op or
+// init that failed).
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/init.hpp"
 #include "dtensor/comm/p2p.hpp"
 
+#include "dtensor/core/timeout.hpp"
+
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <thread>
+
+#include <unistd.h>
 
 using namespace dtensor;
 
+namespace {
+
+int dead_peer(const std::string& what) {
+  const int size = std::atoi(std::getenv("WORLD_SIZE"));
+  const int rank = std::atoi(std::getenv("RANK"));
+  const int victim = what == "kill_store_host" ? 0 : size - 1;
+  if (what == "never_joins" && rank == victim) {
+    std::this_thread::sleep_for(3 * detail::init_timeout());
+    return 0;
+  }
+  if (rank != victim || what == "never_joins") {
+    std::signal(SIGTERM, SIG_IGN);
+  }
+  auto start = std::chrono::steady_clock::now();
+  try {
+    InitOptions options;
+    options.backend = "gloo";
+    ProcessGroup world = init_process_group(options);
+    auto t = Tensor<float, 1>::full({1024}, 1.0f);
+    for (int i = 0;; ++i) {
+      if (i == 20 && rank == victim) {
+        if (what == "stop_rank") {
+          std::printf("stopped %d\n", int(::getpid()));
+          std::fflush(stdout);
+          std::this_thread::sleep_for(std::chrono::hours(1));
+        }
+        ::raise(SIGKILL);
+      }
+      start = std::chrono::steady_clock::now();
+      all_reduce(t, ReduceOp::max, world);
+    }
+  } catch (const Error& e) {
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start)
+            .count();
+    std::printf("fault error on rank %d after %lld ms: %s\n", rank, static_cast<long long>(ms), e.what());
+    return 0;
+  }
+}
+
+} // namespace
+
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "";
+  if (what == "kill_store_host" || what == "kill_rank" || what == "stop_rank" || what == "never_joins") {
+    return dead_peer(what);
+  }
   InitOptions options;
   options.backend = "gloo";
   ProcessGroup world = init_process_group(options);

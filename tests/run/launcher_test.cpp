@@ -6,13 +6,26 @@
 //   multinode     two launchers on one machine acting as two nodes; then a failure on node 1 stops node 0
 //   rank0_store   --rank0-store: rank 0 hosts the store, ranks started in any order still meet
 //   launcherless  ranks started as mpirun / srun start them (OpenMPI, Slurm variables), in reverse order
+//   orphans       the launcher killed by SIGKILL: the ranks' own children die too
+//   flags         malformed flags are refused with a clear message (--stop-timeout -1, nan, 1x)
+//   store_security  --standalone: the store listens on loopback only and refuses clients without the
+//                 job's token, which the ranks get
+// Dead and missing peers, with fault_program as the program (DTENSOR_TIMEOUT=2, three ranks): every
+// survivor gets an Error naming the cause within 2 timeouts, never an abort.
+//   kill_store_host  rank 0 hosts the store (--rank0-store) and is SIGKILLed mid-collective
+//   kill_rank        rank 2 is SIGKILLed mid-collective (the launcher hosts the store)
+//   stop_rank        rank 2 gets SIGTERM mid-collective
+//   never_joins      rank 2 never calls init_process_group
+//   port_in_use      --master-port held by another program: a clear error at once, no hang
 // Plain C++ (no Catch2): prints what it checks, exits 0 on success, 1 on the first failed check.
+#include "dtensor/rendezvous/tcp_store.hpp"
 #include "dtensor/rendezvous/tcp_store_server.hpp"
 
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -168,6 +181,7 @@ bool all_dead(const std::vector<pid_t>& pids) {
   for (int tries = 0; tries < 50; ++tries) {
     bool dead = true;
     for (pid_t p : pids) {
+      ::waitpid(p, nullptr, WNOHANG); // an orphan this test adopted (main: a subreaper) is reaped here
       dead = dead && ::kill(p, 0) != 0;
     }
     if (dead) {
@@ -230,7 +244,7 @@ void early_exit() {
   show(p);
   EXPECT(p.code() == 7,
          "the launcher exits with the failed rank's code (7), got " + std::to_string(p.code()));
-  EXPECT(contains(p.output, "rank 2 (local rank 2 on node 0"), "the message names rank 2");
+  EXPECT(count_of(p.output, "rank 2 (local rank 2 on node 0") == 1, "one message names rank 2");
   EXPECT(contains(p.output, "failed: exit code 7"), "the message gives its exit code");
   EXPECT(took < 10s, "the others are stopped at once (" + std::to_string(took.count()) + " ms)");
   const auto pids = pids_after(p.output, "pid");
@@ -413,6 +427,174 @@ void launcherless() {
   }
 }
 
+/// Checks that rank `r` printed fault_program's Error line within two timeouts, containing each of `causes`.
+void expect_error(const std::string& output, const std::string& what, int r,
+                  const std::vector<std::string>& causes) {
+  constexpr long timeout_ms = 2000; // DTENSOR_TIMEOUT=2
+  const std::string rank = std::to_string(r);
+  const std::string head = "[rank" + rank + "]: fault error on rank " + rank + " after ";
+  const auto at = output.find(head);
+  EXPECT(at != std::string::npos, what + ": rank " + rank + " got an Error");
+  if (at == std::string::npos) {
+    return;
+  }
+  const std::string line = output.substr(at, output.find('\n', at) - at);
+  const long ms = std::atol(line.c_str() + head.size());
+  EXPECT(ms < 2 * timeout_ms,
+         what + ": rank " + rank + "'s error came within two timeouts (" + std::to_string(ms) + " ms)");
+  for (const auto& cause : causes) {
+    EXPECT(contains(line, cause), what + ": rank " + rank + "'s error says '" + cause + "'");
+  }
+}
+
+/// Runs fault_program `what` as three ranks; every rank in `survivors` must print an Error that contains
+/// each of `causes` within two timeouts of the op (or init) it was in.
+void dead_peer(const std::string& what, const std::vector<int>& survivors,
+               const std::vector<std::string>& causes) {
+  std::vector<std::string> argv = {g_launcher, "--standalone",   "--nproc-per-node",
+                                   "3",        "--stop-timeout", "20"};
+  if (what == "kill_store_host") {
+    argv.insert(argv.end(), {"--rank0-store", "--master-port", std::to_string(free_port())});
+  }
+  argv.insert(argv.end(), {g_program, what});
+  Proc p(argv, {{"DTENSOR_TIMEOUT", "2"}});
+  if (what == "stop_rank") {
+    const bool stopped = p.read_until([](const std::string& s) { return contains(s, "]: stopped "); }, 30s);
+    EXPECT(stopped, "rank 2 reached the loop");
+    const auto pids = pids_after(p.output, "stopped");
+    if (pids.size() == 1) {
+      ::kill(pids[0], SIGTERM);
+    }
+  }
+  const auto took = p.wait(60s);
+  show(p);
+  for (int r : survivors) {
+    expect_error(p.output, what, r, causes);
+  }
+  EXPECT(!contains(p.output, "terminate called") && !contains(p.output, "SIGABRT"),
+         what + ": nothing aborts");
+  EXPECT(took < 30s, what + ": the job ends (" + std::to_string(took.count()) + " ms)");
+}
+
+void kill_store_host() {
+  dead_peer("kill_store_host", {1, 2}, {"the store is gone", "its host, rank 0"});
+}
+void kill_rank() {
+  dead_peer("kill_rank", {0, 1}, {"no report from rank 2"});
+}
+void stop_rank() {
+  dead_peer("stop_rank", {0, 1}, {"no report from rank 2"});
+}
+void never_joins() {
+  dead_peer("never_joins", {0, 1}, {"rank 2 of the group did not arrive within 2000 ms"});
+}
+
+/// The store's port is held by a program that accepts connections but never answers.
+void port_in_use() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::listen(fd, 16);
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  const std::map<std::string, std::string> env = {{"DTENSOR_TIMEOUT", "2"}};
+
+  Proc l({g_launcher, "--master-port", port, "--nproc-per-node", "2", g_program, "kill_rank"}, env);
+  auto took = l.wait(30s);
+  show(l);
+  EXPECT(l.code() == 2 && contains(l.output, "cannot listen on 127.0.0.1:" + port) &&
+             contains(l.output, "another program holds this port"),
+         "the launcher cannot host the store: exit 2 naming the port and the cause");
+  EXPECT(took < 5s, "at once (" + std::to_string(took.count()) + " ms)");
+
+  Proc r({g_launcher, "--nproc-per-node", "3", "--rank0-store", "--master-port", port, "--stop-timeout", "20",
+          g_program, "kill_rank"},
+         env);
+  took = r.wait(60s);
+  show(r);
+  expect_error(r.output, "port_in_use", 0,
+               {"cannot listen on 127.0.0.1:" + port, "another program holds this port"});
+  for (int rank : {1, 2}) {
+    expect_error(r.output, "port_in_use", rank, {"did not answer the store handshake"});
+  }
+  EXPECT(took < 30s, "the job ends (" + std::to_string(took.count()) + " ms)");
+  ::close(fd);
+}
+
+void orphans() {
+  Proc p({g_launcher, "--standalone", "--nproc-per-node", "2", "/bin/sh", "-c",
+          "sleep 60 & echo child $!; wait"},
+         {});
+  const bool ready = p.read_until([](const std::string& s) { return count_of(s, "]: child ") == 2; }, 20s);
+  EXPECT(ready, "both ranks started a child");
+  ::kill(p.pid, SIGKILL);
+  p.wait(10s);
+  show(p);
+  const auto children = pids_after(p.output, "child");
+  EXPECT(children.size() == 2 && all_dead(children),
+         "the ranks' children die with a launcher killed by SIGKILL");
+}
+
+/// The local addresses (hex, as /proc/net/tcp{,6} print them) of the sockets listening on `port`.
+std::vector<std::string> listening_addresses(int port) {
+  char port_hex[8];
+  std::snprintf(port_hex, sizeof(port_hex), "%04X", port);
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line); // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const auto colon = local.find(':');
+      if (state == "0A" && colon != std::string::npos && local.substr(colon + 1) == port_hex) {
+        out.push_back(local.substr(0, colon));
+      }
+    }
+  }
+  return out;
+}
+
+void store_security() {
+  Proc p({g_launcher, "--standalone", "/bin/sh", "-c",
+          "echo port $MASTER_PORT token ${#DTENSOR_STORE_TOKEN}; sleep 3"},
+         {});
+  const bool ready = p.read_until([](const std::string& s) { return contains(s, "token "); }, 20s);
+  EXPECT(ready, "the rank started");
+  const int port = std::atoi(p.output.c_str() + p.output.find("port ") + 5);
+  const auto addresses = listening_addresses(port);
+  EXPECT(addresses.size() == 1 && addresses[0] == "0100007F",
+         "the store listens on 127.0.0.1 only (" + std::to_string(addresses.size()) + " listener(s)" +
+             (addresses.empty() ? std::string(")") : ", first " + addresses[0] + ")"));
+  EXPECT(contains(p.output, "token 32"), "the rank got a 128-bit token");
+  try {
+    dtensor::TcpStoreOptions o;
+    o.timeout = 2s;
+    dtensor::TcpStore stranger("127.0.0.1", port, o);
+    EXPECT(false, "a client without the token is refused");
+  } catch (const std::exception& e) {
+    EXPECT(contains(e.what(), "wrong or missing job token"),
+           std::string("a client without the token is refused: ") + e.what());
+  }
+  p.wait(20s);
+  EXPECT(p.code() == 0, "the job still succeeds");
+}
+
+void flags() {
+  for (const std::string v : {"-1", "nan", "1x", ""}) {
+    Proc p({g_launcher, "--stop-timeout", v, "/bin/true"}, {});
+    p.wait(10s);
+    show(p);
+    EXPECT(p.code() == 2 &&
+               contains(p.output, "--stop-timeout: '" + v + "' is not a number of seconds from 0 to"),
+           "--stop-timeout '" + v + "' is refused");
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -424,13 +606,22 @@ int main(int argc, char** argv) {
   g_program = argv[2];
   const std::string scenario = argv[3];
   ::signal(SIGPIPE, SIG_IGN);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1); // to see the launcher's orphans die (all_dead)
   const std::map<std::string, void (*)()> scenarios = {{"prefix", prefix},
                                                        {"early_exit", early_exit},
                                                        {"signals", signals},
                                                        {"unreachable", unreachable},
                                                        {"multinode", multinode},
                                                        {"rank0_store", rank0_store},
-                                                       {"launcherless", launcherless}};
+                                                       {"launcherless", launcherless},
+                                                       {"orphans", orphans},
+                                                       {"flags", flags},
+                                                       {"store_security", store_security},
+                                                       {"kill_store_host", kill_store_host},
+                                                       {"kill_rank", kill_rank},
+                                                       {"stop_rank", stop_rank},
+                                                       {"never_joins", never_joins},
+                                                       {"port_in_use", port_in_use}};
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());

@@ -8,9 +8,11 @@
 //   dtensor-run --nnodes 2 --node-rank 1 --master-addr node0 --nproc-per-node 8 ./train   # on node1
 //
 // The launcher on node 0 hosts the job's TcpStore on --master-port (DTENSOR_USE_AGENT_STORE=1 tells the
-// ranks), so the port stays bound for the whole job and ranks may start in any order. With several nodes
-// the launchers share failures through that store: a failed rank anywhere stops every node.
-// Run `dtensor-run --help` for every flag.
+// ranks), so the port stays bound for the whole job and ranks may start in any order. The store listens on
+// loopback when the master address is a loopback one (one machine), and serves only clients presenting
+// the job's token (DTENSOR_STORE_TOKEN: the launcher's own if set, else a random one on one machine). With
+// several nodes the launchers share failures through that store: a failed rank anywhere stops every node. Run
+// `dtensor-run --help` for every flag.
 
 #include "dtensor/rendezvous/tcp_store.hpp"
 #include "dtensor/rendezvous/tcp_store_server.hpp"
@@ -37,6 +39,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -66,8 +69,14 @@ options (torchrun's spellings; `--a-b` and `--a_b`, `--opt v` and `--opt=v` are 
   --log-dir DIR          also write each rank's captured streams to DIR/rank_N.{stdout,stderr}
   --local-ranks-filter L show output only from these local ranks (comma list, e.g. 0 or 0,3)
   --rank0-store          let rank 0 host the store instead of this launcher (as plain torch does)
+  --store-bind-addr A    interface the store listens on (default: the master address when it is a
+                         loopback one, as with --standalone, else every interface)
   --stop-timeout S       seconds between SIGTERM and SIGKILL when stopping ranks (default 10)
   -h, --help             this text
+
+Environment: DTENSOR_STORE_TOKEN, when set, is the job's token (give every node's launcher the same);
+else, on one machine, the launcher makes a random one. The ranks get it, and the store refuses clients
+without it. DTENSOR_TIMEOUT (seconds) bounds the launchers' own store calls.
 
 Exit status: 0 when every rank exited 0; else the first failed rank's exit code (128+signal when it
 was killed), 128+signal when dtensor-run itself was interrupted.
@@ -88,6 +97,9 @@ struct Args {
   std::string log_dir;
   std::set<int> ranks_filter;
   bool agent_store = true;
+  std::string store_bind_addr;
+  bool store_bind_given = false;
+  std::string token;
   double stop_timeout = 10;
   std::vector<std::string> cmd;
 };
@@ -104,6 +116,20 @@ int parse_int(const std::string& flag, const std::string& v, int lo, int hi) {
     die(flag + ": '" + v + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   return static_cast<int>(x);
+}
+
+/// 128 random bits as hex: the job's store token.
+std::string random_token() {
+  unsigned char bytes[16];
+  if (::getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
+    die("getrandom: " + std::string(std::strerror(errno)));
+  }
+  std::string hex;
+  for (unsigned char b : bytes) {
+    hex += "0123456789abcdef"[b >> 4];
+    hex += "0123456789abcdef"[b & 15];
+  }
+  return hex;
 }
 
 Args parse(int argc, char** argv) {
@@ -174,11 +200,20 @@ Args parse(int argc, char** argv) {
       }
     } else if (arg == "--rank0-store") {
       a.agent_store = false;
+    } else if (arg == "--store-bind-addr") {
+      a.store_bind_addr = need();
+      a.store_bind_given = true;
     } else if (arg == "--stop-timeout") {
+      const std::string v = need();
+      std::size_t used = 0;
       try {
-        a.stop_timeout = std::stod(need());
+        a.stop_timeout = std::stod(v, &used);
       } catch (...) {
-        die("--stop-timeout needs a number of seconds");
+        used = 0;
+      }
+      // A negative or NaN wait would send SIGKILL at once (or never); a day bounds the deadline arithmetic.
+      if (used != v.size() || v.empty() || !(a.stop_timeout >= 0 && a.stop_timeout <= 86400)) {
+        die("--stop-timeout: '" + v + "' is not a number of seconds from 0 to 86400");
       }
     } else {
       die("unknown option " + arg + " (see --help)");
@@ -209,6 +244,14 @@ Args parse(int argc, char** argv) {
   }
   if (!a.ranks_filter.empty() && a.tee == 0) {
     a.tee = 3;
+  }
+  if (!a.store_bind_given && dtensor::detail::tcp::is_loopback(a.master_addr)) {
+    a.store_bind_addr = a.master_addr;
+  }
+  if (const char* t = std::getenv("DTENSOR_STORE_TOKEN"); t != nullptr && *t != '\0') {
+    a.token = t;
+  } else if (a.nnodes == 1) {
+    a.token = random_token();
   }
   return a;
 }
@@ -256,6 +299,82 @@ void write_all(int fd, std::string_view s) {
   }
 }
 
+// ---- the guardian --------------------------------------------------------------------------------------
+
+/// A process that outlives a launcher killed by SIGKILL: the ranks die with the launcher
+/// (PR_SET_PDEATHSIG), but their own children would be orphaned and keep running. It learns each rank's
+/// process group through a pipe and, when the pipe closes without the launcher's "done", SIGKILLs every
+/// group it knows.
+class Guardian {
+public:
+  /// Forks it; call before any thread or rank exists, so it holds no other descriptor.
+  void start() {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) {
+      die("pipe: " + std::string(std::strerror(errno)));
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      die("fork: " + std::string(std::strerror(errno)));
+    }
+    if (pid == 0) {
+      ::close(p[1]);
+      // A Ctrl-C reaches the launcher, which stops the ranks itself; the guardian must stay for SIGKILL.
+      for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+        ::signal(sig, SIG_IGN);
+      }
+      const int null = ::open("/dev/null", O_RDWR);
+      for (int fd : {0, 1, 2}) { // nor keep the launcher's output pipes open after it died
+        ::dup2(null, fd);
+      }
+      watch(p[0]);
+    }
+    ::close(p[0]);
+    fd_ = p[1];
+  }
+
+  void add(pid_t group) { send(group); }
+  /// The group is empty: its id may be reused by an unrelated process.
+  void forget(pid_t group) { send(-group); }
+  /// The launcher stopped what it had to: the guardian exits without killing.
+  void done() { send(0); }
+
+private:
+  void send(std::int32_t v) const {
+    if (fd_ >= 0) {
+      write_all(fd_, std::string_view(reinterpret_cast<const char*>(&v), sizeof(v)));
+    }
+  }
+
+  [[noreturn]] static void watch(int fd) {
+    std::set<pid_t> groups;
+    for (;;) {
+      std::int32_t v = 0;
+      const ssize_t k = ::read(fd, &v, sizeof(v)); // writes of 4 bytes to a pipe are atomic
+      if (k < 0 && errno == EINTR) {
+        continue;
+      }
+      if (k != sizeof(v)) {
+        break; // the launcher is gone
+      }
+      if (v == 0) {
+        ::_exit(0);
+      }
+      if (v > 0) {
+        groups.insert(v);
+      } else {
+        groups.erase(-v);
+      }
+    }
+    for (pid_t g : groups) {
+      ::kill(-g, SIGKILL);
+    }
+    ::_exit(0);
+  }
+
+  int fd_ = -1;
+};
+
 // ---- ranks ---------------------------------------------------------------------------------------------
 
 struct Stream {
@@ -300,12 +419,16 @@ public:
   explicit Launcher(Args args) : a_(std::move(args)) {}
 
   int run() {
+    guardian_.start();
     install_handlers();
     store_timeout_ = store_timeout_from_env();
     // The store: node 0 hosts it (unless --rank0-store); with several nodes every launcher is a client too.
     if (a_.agent_store && a_.node_rank == 0) {
       try {
-        server_ = std::make_unique<dtensor::TcpStoreServer>(a_.master_port);
+        dtensor::TcpStoreServerOptions so;
+        so.bind_host = a_.store_bind_addr;
+        so.token = a_.token;
+        server_ = std::make_unique<dtensor::TcpStoreServer>(a_.master_port, std::move(so));
       } catch (const std::exception& e) {
         die(e.what());
       }
@@ -315,8 +438,11 @@ public:
       try {
         dtensor::TcpStoreOptions so;
         so.timeout = store_timeout_;
-        store_ = std::make_shared<dtensor::TcpStore>(a_.node_rank == 0 ? "127.0.0.1" : a_.master_addr,
-                                                     a_.master_port, so);
+        so.token = a_.token;
+        so.server_owner = "dtensor-run on node 0";
+        store_ = std::make_shared<dtensor::TcpStore>(
+            a_.node_rank == 0 && a_.store_bind_addr.empty() ? "127.0.0.1" : a_.master_addr, a_.master_port,
+            so);
       } catch (const std::exception& e) {
         die(std::string(e.what()), 1);
       }
@@ -325,6 +451,7 @@ public:
     spawn_all();
     const int code = loop();
     finish_store(code == 0);
+    guardian_.done();
     return code;
   }
 
@@ -356,7 +483,11 @@ private:
         {"MASTER_ADDR", a_.master_addr},
         {"MASTER_PORT", std::to_string(a_.master_port)},
         {"DTENSOR_USE_AGENT_STORE", a_.agent_store ? "1" : "0"},
+        {"DTENSOR_STORE_TOKEN", a_.token},
     };
+    if (a_.store_bind_given) {
+      set["DTENSOR_STORE_BIND_ADDR"] = a_.store_bind_addr;
+    }
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       std::string_view kv(*e);
@@ -452,6 +583,7 @@ private:
       ::_exit(127);
     }
     ::setpgid(pid, pid); // also here, so the group exists before any kill(-pid)
+    guardian_.add(pid);
     r.pid = pid;
     r.running = true;
     ++running_;
@@ -555,16 +687,20 @@ private:
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok && !failed_ && !interrupted_) {
           failed_ = &r;
-          report_ = "rank " + std::to_string(r.rank) + " (local rank " + std::to_string(r.local_rank) +
-                    " on node " + std::to_string(a_.node_rank) + ", pid " + std::to_string(r.pid) +
-                    ") failed: " + describe_status(status);
-          std::fprintf(stderr, "dtensor-run: %s; stopping the other ranks\n", report_.c_str());
-          publish_failure(report_);
+          const std::string report = "rank " + std::to_string(r.rank) + " (local rank " +
+                                     std::to_string(r.local_rank) + " on node " +
+                                     std::to_string(a_.node_rank) + ", pid " + std::to_string(r.pid) +
+                                     ") failed: " + describe_status(status);
+          std::fprintf(stderr, "dtensor-run: %s; stopping the other ranks\n", report.c_str());
+          publish_failure(report);
           stop_all(SIGTERM);
         }
         if (kill_deadline_ || interrupted_) {
           // keep killing stragglers in this rank's group (grandchildren)
           ::kill(-r.pid, SIGKILL);
+        }
+        if (::kill(-r.pid, 0) != 0) {
+          guardian_.forget(r.pid);
         }
       }
     }
@@ -630,8 +766,7 @@ private:
                    signal_name(interrupted_).c_str(), a_.nproc_per_node);
       return 128 + interrupted_;
     }
-    if (failed_ != nullptr) {
-      std::fprintf(stderr, "dtensor-run: %s\n", report_.c_str());
+    if (failed_ != nullptr) { // already reported when it failed
       const int code = exit_code_of(failed_->status);
       return code == 0 ? 1 : code;
     }
@@ -738,11 +873,11 @@ private:
   }
 
   Args a_;
+  Guardian guardian_;
   std::chrono::milliseconds store_timeout_{0};
   std::vector<Rank> ranks_;
   int running_ = 0;
   Rank* failed_ = nullptr;
-  std::string report_;
   int interrupted_ = 0;
   std::optional<Clock::time_point> kill_deadline_;
   std::unique_ptr<dtensor::TcpStoreServer> server_;

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,7 +42,9 @@ inline std::string describe_op(std::string_view name, std::uint32_t seq, std::in
   return s + ")";
 }
 
-/// The "op/<rank>" entries of one group's store (see the top of this file).
+/// The "op/<rank>" entries of one group's store (see the top of this file). A store request that fails
+/// (the store may be gone with a failed process) is remembered: members_ops() then says so instead of
+/// waiting, and store_lost() tells the caller.
 class OpBoard {
 public:
   OpBoard(std::shared_ptr<Store> store, int rank, int size)
@@ -52,16 +55,13 @@ public:
     if (store_ == nullptr || published_.exchange(true)) {
       return;
     }
-    try {
-      store_->set("op/" + std::to_string(rank_), std::string_view(desc));
-    } catch (...) { // the store may be gone with a failed process
-    }
+    ask([&] { store_->set("op/" + std::to_string(rank_), std::string_view(desc)); });
   }
 
   /// What the members in `members` (group ranks; all when empty) published, waiting up to `patience` for
   /// all of them: "; the members disagree: rank 0: ...; rank 1: ...", or "; what each member reported:
   /// ..." when they agree; a member that published nothing (it never arrived, or is in no op, or finished
-  /// the op) is "rank 2: no report".
+  /// the op) is "rank 2: no report"; when the store is gone, says so instead.
   std::string members_ops(const std::string& mine, std::vector<int> members,
                           std::chrono::milliseconds patience) {
     if (members.empty()) {
@@ -78,19 +78,21 @@ public:
           ops[i] = mine;
         }
         if (!ops[i] && store_ != nullptr) {
-          try {
+          ask([&] {
             if (auto v = store_->try_get("op/" + std::to_string(members[i]))) {
               ops[i] = std::string(v->begin(), v->end());
             }
-          } catch (...) { // the store may be gone with a failed process
-          }
+          });
         }
         all = all && ops[i].has_value();
       }
-      if (all || std::chrono::steady_clock::now() >= deadline) {
+      if (all || std::chrono::steady_clock::now() >= deadline || store_lost()) {
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (auto lost = store_lost()) {
+      return "; what the other members ran is unknown, the job's store is unreachable: " + *lost;
     }
     bool differ = false;
     std::string list;
@@ -102,11 +104,31 @@ public:
     return differ ? "; the members disagree: " + list : "; what each member reported: " + list;
   }
 
+  /// Why a store request of this board failed, if one did.
+  std::optional<std::string> store_lost() const {
+    std::lock_guard lock(m_);
+    return lost_;
+  }
+
 private:
+  template <class F>
+  void ask(F&& request) {
+    try {
+      request();
+    } catch (const std::exception& e) {
+      std::lock_guard lock(m_);
+      if (!lost_) {
+        lost_ = e.what();
+      }
+    }
+  }
+
   std::shared_ptr<Store> store_;
   int rank_;
   int size_;
   std::atomic<bool> published_{false};
+  mutable std::mutex m_;
+  std::optional<std::string> lost_;
 };
 
 } // namespace dtensor::detail

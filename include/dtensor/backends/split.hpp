@@ -6,13 +6,15 @@
 //   auto [members, me] = detail::split_members(all, color, rank);   // members: old group ranks
 //
 // Contract: every member of the old group calls exchange_split_colors with the same `name` (unique per
-// split of that group) and gets every member's (colour, key), in old-group rank order. Members with one
+// split of that group) and gets every member's (colour, key), in old-group rank order; the last member to
+// read them deletes the keys. Members with one
 // colour >= 0 form a group ordered by (key, old rank), as ncclCommSplit orders it. new_group is made by
 // its members only: they meet under a name made of their global ranks and how many groups over that list
 // this rank made before (GroupGenerations, backends/group_generations.hpp), so ranks outside the list never
 // take part.
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/barrier.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
 #include <algorithm>
@@ -82,6 +84,7 @@ inline std::vector<SplitEntry> exchange_split_colors(Store& store, const std::st
     throw TimeoutError(what + ": not every member called split in time: " + e.what());
   }
   const auto values = store.multi_get(keys);
+  delete_after_all_read(store, name + "/read", size, keys);
   std::vector<SplitEntry> out(values.size());
   for (std::size_t r = 0; r < values.size(); ++r) {
     const std::string_view text(values[r].data(), values[r].size());

@@ -15,9 +15,12 @@
 // left out when every rank runs on this machine (then 127.0.0.1); under Slurm it defaults to the first host
 // of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST.
 //
-// Rendezvous: rank 0 hosts a TcpStore on MASTER_PORT (every interface) unless DTENSOR_USE_AGENT_STORE=1
-// says the launcher (dtensor-run on node 0) hosts it; every rank connects to MASTER_ADDR:MASTER_PORT,
-// retrying until the timeout, so ranks may start in any order. The backend then rendezvouses through the
+// Rendezvous: rank 0 hosts a TcpStore on MASTER_PORT unless DTENSOR_USE_AGENT_STORE=1 says the launcher
+// (dtensor-run on node 0) hosts it; every rank connects to MASTER_ADDR:MASTER_PORT, retrying until the
+// timeout, so ranks may start in any order. Rank 0's store listens on DTENSOR_STORE_BIND_ADDR, else on
+// MASTER_ADDR when that is a loopback address (one machine: nothing outside it can connect), else on every
+// interface; with DTENSOR_STORE_TOKEN set (dtensor-run sets it), the store serves only clients presenting
+// the same token. The backend then rendezvouses through the
 // store (gloo: its pair addresses; NCCL: the unique id), and all ranks meet at a store barrier before
 // init_process_group returns.
 //
@@ -70,6 +73,10 @@ struct DistEnv {
   std::string source = "default";
   /// The launcher hosts the store (DTENSOR_USE_AGENT_STORE=1); rank 0 then is a client like the others.
   bool agent_store = false;
+  /// The job's token (DTENSOR_STORE_TOKEN), presented to the store and required by one rank 0 hosts.
+  std::string store_token;
+  /// Where rank 0's store listens (DTENSOR_STORE_BIND_ADDR); empty: see connect_store.
+  std::string store_bind_addr;
 };
 
 /// Reads one environment variable; nullopt when unset.
@@ -195,6 +202,8 @@ inline DistEnv read_dist_env(const EnvLookup& env = detail::system_env) {
     e.master_addr = "127.0.0.1";
   }
   e.agent_store = detail::env_flag(env, "DTENSOR_USE_AGENT_STORE");
+  e.store_token = env("DTENSOR_STORE_TOKEN").value_or("");
+  e.store_bind_addr = env("DTENSOR_STORE_BIND_ADDR").value_or("");
   return e;
 }
 
@@ -244,16 +253,24 @@ inline std::string resolve_backend(const std::string& name) {
 } // namespace detail
 
 /// The job's store as init_process_group reaches it: hosted here when this is rank 0 and no launcher
-/// hosts it (DistEnv::agent_store), a private one on a free port for a lone process without launcher
-/// variables, else a client of MASTER_ADDR:MASTER_PORT (retrying until `timeout`).
+/// hosts it (DistEnv::agent_store), a private one on a free loopback port for a lone process without
+/// launcher variables, else a client of MASTER_ADDR:MASTER_PORT (retrying until `timeout`). A store hosted
+/// here listens on DistEnv::store_bind_addr, else on MASTER_ADDR when it is a loopback address, else on
+/// every interface.
 inline std::shared_ptr<TcpStore> connect_store(const DistEnv& env, std::chrono::milliseconds timeout) {
   TcpStoreOptions so;
   so.timeout = timeout;
+  so.token = env.store_token;
   if (env.world_size == 1 && env.source == "default") {
     so.is_server = true;
+    so.bind_host = "127.0.0.1";
     return std::make_shared<TcpStore>("127.0.0.1", 0, so);
   }
   so.is_server = env.rank == 0 && !env.agent_store;
+  so.bind_host = !env.store_bind_addr.empty()                ? env.store_bind_addr
+                 : detail::tcp::is_loopback(env.master_addr) ? env.master_addr
+                                                             : "";
+  so.server_owner = env.agent_store ? "dtensor-run on node 0" : "rank 0";
   return std::make_shared<TcpStore>(env.master_addr, env.master_port, so);
 }
 

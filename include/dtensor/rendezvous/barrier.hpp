@@ -1,7 +1,9 @@
 #pragma once
-// store_barrier: processes meet at a named point through any Store (torch's store-based barrier).
+// store_barrier: processes meet at a named point through any Store (torch's store-based barrier);
+// delete_after_all_read: rendezvous keys removed once every reader is done with them.
 //
 //   dtensor::store_barrier(*store, "init/ready", world_size, std::chrono::seconds(60));
+//   dtensor::delete_after_all_read(*store, "split3/read", size, keys);   // after this caller's last read
 //
 // Contract: every one of `world_size` callers of one name returns once all of them have called it, or
 // throws dtensor::TimeoutError saying how many arrived after `timeout`. Each name is single use (it leaves
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dtensor {
 
@@ -44,6 +47,20 @@ inline void store_barrier(Store& store, const std::string& name, int world_size,
                        std::to_string(timeout.count()) + " ms: " + std::to_string(now) + " of " +
                        std::to_string(world_size) + " processes arrived");
   }
+}
+
+/// Deletes `keys` once each of `readers` callers has read them: every reader calls this after its last read
+/// of them, and the last one deletes them with the counter `counter`. (Each group creation's rendezvous
+/// keys would otherwise stay in the job's store for the job's whole life.)
+inline void delete_after_all_read(Store& store, const std::string& counter, int readers,
+                                  const std::vector<std::string>& keys) {
+  if (store.add(counter, 1) < readers) {
+    return;
+  }
+  for (const auto& k : keys) {
+    store.delete_key(k);
+  }
+  store.delete_key(counter);
 }
 
 } // namespace dtensor

@@ -16,16 +16,23 @@
 //  - Thread safe. Each concurrent call uses its own connection (a small pool), so a thread blocked in
 //    wait() never delays a set() from another thread of the same process.
 //  - With is_server, the server (rendezvous/tcp_store_server.hpp) runs on a background thread of this
-//    process and stops when this TcpStore is destroyed: clients then see "the store closed the
-//    connection".
+//    process and stops when this TcpStore is destroyed.
+//  - Once the store has served this client, losing it is final: a fresh connection it closes mid-request,
+//    or a reconnect it refuses, makes this call and every later one throw Error at once ("the store is
+//    gone (...; its host, rank 0, probably exited or was killed)") instead of each call retrying for the
+//    whole timeout (a failing rank's peers ask the store several times why it failed). A pooled connection
+//    the server closed (at its connection cap it closes the idlest) is replaced, and the request sent
+//    again when it may run twice (all but add, compare_set and delete_key, which throw Error instead).
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/barrier.hpp"
 #include "dtensor/rendezvous/detail/tcp.hpp"
 #include "dtensor/rendezvous/store.hpp"
 #include "dtensor/rendezvous/tcp_store_server.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -35,6 +42,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <poll.h>
 
 namespace dtensor {
 
@@ -46,6 +55,12 @@ struct TcpStoreOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(300);
   /// Interface address the server binds to; empty: all interfaces.
   std::string bind_host;
+  /// The job's token, sent in the handshake (and required by the server this TcpStore hosts, if any); a
+  /// server with another token refuses the client at once. Empty: none (accepted only by a server without
+  /// one).
+  std::string token;
+  /// Who hosts the server, for the message when it is gone (e.g. "rank 0", "dtensor-run on node 0").
+  std::string server_owner = "rank 0 or dtensor-run";
 };
 
 /// Client of a TcpStoreServer (and, with is_server, its owner). See the top of this file.
@@ -57,9 +72,13 @@ public:
   /// the last socket error) when nothing answers in time. With options.is_server, first starts a server
   /// on `port`; port() then gives the port it got.
   TcpStore(std::string host, int port, TcpStoreOptions options = {})
-      : Store(options.timeout), host_(std::move(host)), port_(port) {
+      : Store(options.timeout), host_(std::move(host)), port_(port), owner_(std::move(options.server_owner)),
+        token_(std::move(options.token)) {
     if (options.is_server) {
-      server_ = std::make_shared<TcpStoreServer>(port, options.bind_host);
+      TcpStoreServerOptions so;
+      so.bind_host = options.bind_host;
+      so.token = token_;
+      server_ = std::make_shared<TcpStoreServer>(port, std::move(so));
       port_ = server_->port();
       connect_host_ = "127.0.0.1";
       if (!options.bind_host.empty()) {
@@ -68,7 +87,7 @@ public:
     } else {
       connect_host_ = host_;
     }
-    release(connect(Clock::now() + timeout()));
+    release(connect(Clock::now() + timeout(), "connect"));
   }
 
   const std::string& host() const noexcept { return host_; }
@@ -108,6 +127,7 @@ public:
   }
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    detail::check_timeout(timeout, describe() + ": wait(" + detail::quoted_keys(keys) + ")");
     detail::tcp::Writer w;
     w.u8(cmd(Cmd::wait)).u32(static_cast<std::uint32_t>(keys.size()));
     for (const auto& k : keys) {
@@ -149,7 +169,7 @@ public:
   std::int64_t add(const std::string& key, std::int64_t delta) override {
     const std::string what = "add('" + key + "')";
     auto body = call(std::move(detail::tcp::Writer().u8(cmd(Cmd::add)).str(key).i64(delta)).finish(),
-                     timeout(), what);
+                     timeout(), what, false);
     detail::tcp::Reader r(body);
     check_status(static_cast<Status>(r.u8()), r, what);
     return r.i64();
@@ -161,7 +181,7 @@ public:
     auto body = call(
         std::move(detail::tcp::Writer().u8(cmd(Cmd::compare_set)).str(key).bytes(expected).bytes(desired))
             .finish(),
-        timeout(), what);
+        timeout(), what, false);
     detail::tcp::Reader r(body);
     check_status(static_cast<Status>(r.u8()), r, what);
     return r.bytes();
@@ -169,7 +189,8 @@ public:
 
   bool delete_key(const std::string& key) override {
     const std::string what = "delete_key('" + key + "')";
-    auto body = call(std::move(detail::tcp::Writer().u8(cmd(Cmd::erase)).str(key)).finish(), timeout(), what);
+    auto body =
+        call(std::move(detail::tcp::Writer().u8(cmd(Cmd::erase)).str(key)).finish(), timeout(), what, false);
     detail::tcp::Reader r(body);
     check_status(static_cast<Status>(r.u8()), r, what);
     return r.u8() != 0;
@@ -250,22 +271,39 @@ private:
     check_status(static_cast<Status>(r.u8()), r, what);
   }
 
-  /// A connected, handshaken socket; retries until `deadline`.
-  detail::tcp::Fd connect(Clock::time_point deadline) {
+  /// Marks the store gone (the first reason sticks) and returns the Error text for `what`.
+  std::string gone(const std::string& what, const std::string& reason) {
+    std::lock_guard lock(pool_mutex_);
+    if (!gone_) {
+      gone_ = "the store is gone (" + reason + "; its host, " + owner_ + ", probably exited or was killed)";
+      pool_.clear();
+    }
+    return describe() + ": " + what + ": " + *gone_;
+  }
+
+  /// A connected, handshaken socket; retries until `deadline` (only while the store never served this
+  /// client: later, a refusal means it is gone).
+  detail::tcp::Fd connect(Clock::time_point deadline, const std::string& what) {
     using namespace std::chrono_literals;
     std::string last = "no attempt made";
     auto backoff = 10ms;
     int attempts = 0;
     for (;;) {
       ++attempts;
-      detail::tcp::Fd fd = detail::tcp::try_connect(connect_host_, port_, deadline, last);
+      bool refused = false;
+      detail::tcp::Fd fd = detail::tcp::try_connect(connect_host_, port_, deadline, last, refused);
+      if (refused && served_.load()) {
+        throw Error(gone(what, "it refuses connections"));
+      }
       if (fd) {
         std::vector<char> reply;
         int err = 0;
-        const auto hello =
-            std::move(
-                detail::tcp::Writer().u8(cmd(Cmd::hello)).u32(detail::tcp::kMagic).u32(detail::tcp::kVersion))
-                .finish();
+        const auto hello = std::move(detail::tcp::Writer()
+                                         .u8(cmd(Cmd::hello))
+                                         .u32(detail::tcp::kMagic)
+                                         .u32(detail::tcp::kVersion)
+                                         .str(token_))
+                               .finish();
         const auto hs_deadline = std::max(deadline, Clock::now() + 1s);
         const auto r = detail::tcp::round_trip(fd.get(), hello, hs_deadline, reply, err);
         if (r == detail::tcp::IoResult::ok) {
@@ -275,6 +313,8 @@ private:
             throw Error(describe() + ": " + rd.str());
           }
           if (s == Status::ok && rd.u32() == detail::tcp::kMagic) {
+            max_request_.store(rd.i64());
+            served_.store(true);
             return fd;
           }
           last = "the peer is not a dtensor store (unexpected handshake reply)";
@@ -298,16 +338,26 @@ private:
     }
   }
 
-  detail::tcp::Fd acquire() {
+  /// A pooled connection the store still holds open (`pooled` set), else a new one; Error at once when the
+  /// store is gone.
+  detail::tcp::Fd acquire(const std::string& what, bool& pooled) {
     {
       std::lock_guard lock(pool_mutex_);
-      if (!pool_.empty()) {
+      if (gone_) {
+        throw Error(describe() + ": " + what + ": " + *gone_);
+      }
+      while (!pool_.empty()) {
         detail::tcp::Fd fd = std::move(pool_.back());
         pool_.pop_back();
-        return fd;
+        // An idle connection has nothing to read: readable means the server closed it.
+        pollfd pfd{fd.get(), POLLIN | POLLRDHUP, 0};
+        if (::poll(&pfd, 1, 0) == 0) {
+          pooled = true;
+          return fd;
+        }
       }
     }
-    return connect(Clock::now() + timeout());
+    return connect(Clock::now() + timeout(), what);
   }
 
   void release(detail::tcp::Fd fd) {
@@ -317,36 +367,62 @@ private:
     }
   }
 
-  /// Sends one request on a pooled connection and returns the reply body.
+  /// Sends one request on a pooled connection and returns the reply body. When the server closed a pooled
+  /// connection just as the request went out (at its connection cap it closes the idlest), the request is
+  /// sent again on a new connection if it may run twice (`repeatable`); a store that refuses the new
+  /// connection is gone.
   std::vector<char> call(const std::vector<char>& request, std::chrono::milliseconds limit,
-                         const std::string& what) {
-    detail::tcp::Fd fd = acquire();
-    std::vector<char> reply;
-    int err = 0;
-    const auto r = detail::tcp::round_trip(fd.get(), request, Clock::now() + limit, reply, err);
-    switch (r) {
-    case detail::tcp::IoResult::ok:
-      release(std::move(fd));
-      return reply;
-    case detail::tcp::IoResult::timeout:
-      throw TimeoutError(describe() + ": " + what + ": no reply within " + std::to_string(limit.count()) +
-                         " ms");
-    case detail::tcp::IoResult::closed:
-      throw Error(describe() + ": " + what +
-                  ": the store closed the connection (the process hosting it, rank 0 or dtensor-run, "
-                  "probably exited)");
-    case detail::tcp::IoResult::failed:
-      break;
+                         const std::string& what, bool repeatable = true) {
+    // Checked here too: the server would answer with an error and close the connection mid-send.
+    if (static_cast<std::int64_t>(request.size() - 4) > max_request_.load()) {
+      throw Error(describe() + ": " + what + ": a request of " + std::to_string(request.size() - 4) +
+                  " bytes passes the store's limit of " + std::to_string(max_request_.load()) +
+                  " (TcpStoreServerOptions::max_request_bytes)");
     }
-    throw Error(describe() + ": " + what + ": " + detail::tcp::errno_text(err));
+    bool pooled = false;
+    detail::tcp::Fd fd = acquire(what, pooled);
+    for (;;) {
+      std::vector<char> reply;
+      int err = 0;
+      const auto r = detail::tcp::round_trip(fd.get(), request, Clock::now() + limit, reply, err);
+      switch (r) {
+      case detail::tcp::IoResult::ok:
+        release(std::move(fd));
+        return reply;
+      case detail::tcp::IoResult::timeout:
+        throw TimeoutError(describe() + ": " + what + ": no reply within " + std::to_string(limit.count()) +
+                           " ms");
+      case detail::tcp::IoResult::closed:
+        if (!pooled) {
+          throw Error(gone(what, "it closed the connection"));
+        }
+        fd = connect(Clock::now() + timeout(), what);
+        pooled = false;
+        if (!repeatable) {
+          release(std::move(fd));
+          throw Error(describe() + ": " + what +
+                      ": the store closed the connection before answering; it is up, but the request may "
+                      "or may not have taken effect");
+        }
+        continue;
+      case detail::tcp::IoResult::failed:
+        break;
+      }
+      throw Error(describe() + ": " + what + ": " + detail::tcp::errno_text(err));
+    }
   }
 
   std::string host_;
   std::string connect_host_;
   int port_;
+  std::string owner_;
+  std::string token_;
   std::shared_ptr<TcpStoreServer> server_;
+  std::atomic<std::int64_t> max_request_{0};
+  std::atomic<bool> served_{false};
   std::mutex pool_mutex_;
   std::vector<detail::tcp::Fd> pool_;
+  std::optional<std::string> gone_;
 };
 
 } // namespace dtensor

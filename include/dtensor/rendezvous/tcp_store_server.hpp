@@ -1,10 +1,10 @@
 #pragma once
 // TcpStoreServer: the server half of TcpStore (torch's TCPStore master daemon): one map, served to any
-// number of clients by one background thread (a poll loop). Usually owned by a TcpStore constructed with
+// number of clients by one background thread (an epoll loop). Usually owned by a TcpStore constructed with
 // is_server = true, or by dtensor-run.
 //
-//   dtensor::TcpStoreServer server(29500);               // or 0: a free port, see port()
-//   dtensor::TcpStore client("127.0.0.1", server.port());
+//   dtensor::TcpStoreServer server(29500, {.bind_host = "127.0.0.1", .token = "job-secret"}); // 0: a free
+//   port dtensor::TcpStore client("127.0.0.1", server.port(), {.token = "job-secret"});
 //
 // Contract
 //  - Binds with SO_REUSEADDR, so a port left in TIME_WAIT by a previous run is reused at once; throws
@@ -12,7 +12,13 @@
 //  - Each request is handled atomically, in arrival order per connection: add and compare_set are atomic
 //    read-modify-writes; set, add, compare_set (when it stores) and multi_set wake the waits they complete.
 //  - A wait the server cannot complete in its time is answered "timeout"; the client names the keys.
-//  - stop() (or destruction) closes every connection: clients see "connection closed".
+//  - stop() (or destruction) closes every connection: clients see "the store is gone".
+//  - What a client can make it do is bounded (TcpStoreServerOptions): a client must first send the job's
+//    token, if the server has one (else it is refused with an error and disconnected); a request larger
+//    than max_request_bytes, or more than that much pipelined behind a wait, is answered with an error and
+//    the connection closed; a store holding max_total_bytes of keys and values refuses to grow; at
+//    max_connections (or out of file descriptors) the connection idle the longest is closed to admit the
+//    new one (clients reconnect). The cost of a request does not grow with the number of connections.
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/timeout.hpp"
@@ -25,34 +31,59 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 namespace dtensor {
 
+/// Options of a TcpStoreServer.
+struct TcpStoreServerOptions {
+  /// Interface address to listen on; empty: every interface.
+  std::string bind_host;
+  /// The job's token: a client must present it in its handshake. Empty: any client is served.
+  std::string token;
+  /// The largest request (a set's key and value; a multi_set's keys and values together).
+  std::size_t max_request_bytes = std::size_t{64} << 20;
+  /// The most bytes of keys and values the store holds.
+  std::size_t max_total_bytes = std::size_t{1} << 30;
+  /// The most open connections; beyond, the one idle the longest is closed.
+  std::size_t max_connections = 16384;
+};
+
 /// The server half of TcpStore (see the top of this file).
 class TcpStoreServer {
 public:
-  /// Listens on `port` (0: a free one) of every interface, or of `bind_host` when it is not empty.
-  /// Throws Error when the port cannot be bound (e.g. held by another live program).
-  explicit TcpStoreServer(int port = 0, const std::string& bind_host = "") {
-    listener_ = detail::tcp::listen_on(bind_host, port, port_);
+  /// Listens on `port` (0: a free one). Throws Error when the port cannot be bound (e.g. held by another
+  /// live program).
+  explicit TcpStoreServer(int port = 0, TcpStoreServerOptions options = {}) : options_(std::move(options)) {
+    listener_ = detail::tcp::listen_on(options_.bind_host, port, port_);
     int pipe_fds[2];
     if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
       throw Error("dtensor TcpStore: pipe: " + detail::tcp::errno_text(errno));
     }
     wake_read_ = detail::tcp::Fd(pipe_fds[0]);
     wake_write_ = detail::tcp::Fd(pipe_fds[1]);
+    epoll_ = detail::tcp::Fd(::epoll_create1(EPOLL_CLOEXEC));
+    reserve_ = detail::tcp::Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!epoll_ || !reserve_) {
+      throw Error("dtensor TcpStore: epoll_create1 / open: " + detail::tcp::errno_text(errno));
+    }
+    watch(wake_read_.get(), EPOLLIN);
+    watch(listener_.get(), EPOLLIN);
     thread_ = std::thread([this] { loop(); });
   }
 
@@ -64,7 +95,7 @@ public:
   /// The port it listens on (the one chosen when constructed with 0).
   int port() const noexcept { return port_; }
 
-  /// Stops serving and closes every connection (clients see "connection closed"). Idempotent.
+  /// Stops serving and closes every connection (clients see "the store is gone"). Idempotent.
   void stop() {
     if (stopping_.exchange(true)) {
       if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
@@ -86,20 +117,75 @@ private:
     detail::tcp::Fd fd;
     std::vector<char> in;
     std::vector<char> out;
+    bool greeted = false; // sent a valid hello (with the token, if any)
     bool waiting = false;
+    bool closing = false; // close once `out` is sent; read nothing more
+    bool dead = false;
+    bool polling_out = false;
+    bool dirty = false; // in dirty_
     std::vector<std::string> wait_keys;
     Clock::time_point deadline;
+    Clock::time_point active; // last request: the connection idle the longest is closed first
   };
 
   static std::vector<char> reply(detail::tcp::Status s) {
     return std::move(detail::tcp::Writer().u8(static_cast<std::uint8_t>(s))).finish();
   }
 
+  static std::vector<char> error_reply(const std::string& text) {
+    return std::move(
+               detail::tcp::Writer().u8(static_cast<std::uint8_t>(detail::tcp::Status::error)).str(text))
+        .finish();
+  }
+
+  void watch(int fd, std::uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = fd;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
+  }
+
   bool has_all(const std::vector<std::string>& keys) const {
     return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return map_.contains(k); });
   }
 
-  void queue(Client& c, const std::vector<char>& msg) { c.out.insert(c.out.end(), msg.begin(), msg.end()); }
+  void queue(Client& c, const std::vector<char>& msg) {
+    c.out.insert(c.out.end(), msg.begin(), msg.end());
+    if (!c.dirty) {
+      c.dirty = true;
+      dirty_.push_back(c.fd.get());
+    }
+  }
+
+  /// Answers `text` and closes the connection once it is sent.
+  void refuse(Client& c, const std::string& text) {
+    queue(c, error_reply(text));
+    c.closing = true;
+    c.in.clear();
+  }
+
+  std::size_t stored_size(const std::string& key) const {
+    auto it = map_.find(key);
+    return it == map_.end() ? 0 : key.size() + it->second.size();
+  }
+
+  /// True when storing `added` bytes in place of `removed` keeps the store within max_total_bytes; else
+  /// answers an error.
+  bool fits(Client& c, std::size_t removed, std::size_t added) {
+    if (bytes_ - removed + added <= options_.max_total_bytes) {
+      return true;
+    }
+    queue(c, error_reply("the store is full: it holds " + std::to_string(bytes_) + " bytes, storing " +
+                         std::to_string(added) + " more would pass its limit of " +
+                         std::to_string(options_.max_total_bytes) +
+                         " (TcpStoreServerOptions::max_total_bytes)"));
+    return false;
+  }
+
+  void store(std::string key, std::vector<char> value) {
+    bytes_ = bytes_ - stored_size(key) + key.size() + value.size();
+    map_[std::move(key)] = std::move(value);
+  }
 
   /// Handles one request; returns false when the client must be dropped (protocol error).
   bool handle(Client& c, std::span<const char> body) {
@@ -108,6 +194,9 @@ private:
     using detail::tcp::Writer;
     detail::tcp::Reader r(body);
     const auto cmd = static_cast<Cmd>(r.u8());
+    if (!c.greeted && cmd != Cmd::hello) {
+      return false; // not a client of this store, or one skipping the handshake
+    }
     switch (cmd) {
     case Cmd::hello: {
       const std::uint32_t magic = r.u32();
@@ -116,21 +205,31 @@ private:
         return false;
       }
       if (version != detail::tcp::kVersion) {
-        queue(c, std::move(Writer()
-                               .u8(static_cast<std::uint8_t>(Status::error))
-                               .str("store protocol version " + std::to_string(detail::tcp::kVersion) +
-                                    " here, " + std::to_string(version) + " in the client"))
-                     .finish());
+        refuse(c, "store protocol version " + std::to_string(detail::tcp::kVersion) + " here, " +
+                      std::to_string(version) + " in the client");
         return true;
       }
-      queue(c, std::move(Writer().u8(0).u32(detail::tcp::kMagic)).finish());
+      if (!options_.token.empty() && !detail::tcp::same_token(r.str(), options_.token)) {
+        refuse(c, "the store refused this client: wrong or missing job token (DTENSOR_STORE_TOKEN; "
+                  "dtensor-run gives its ranks the job's token): is this another job's store?");
+        return true;
+      }
+      c.greeted = true;
+      queue(c, std::move(Writer()
+                             .u8(0)
+                             .u32(detail::tcp::kMagic)
+                             .i64(static_cast<std::int64_t>(options_.max_request_bytes)))
+                   .finish());
       return true;
     }
     case Cmd::set: {
       std::string key = r.str();
-      map_[std::move(key)] = r.bytes();
-      queue(c, reply(Status::ok));
-      wake_waiters();
+      std::vector<char> value = r.bytes();
+      if (fits(c, stored_size(key), key.size() + value.size())) {
+        store(std::move(key), std::move(value));
+        queue(c, reply(Status::ok));
+        wake_waiters();
+      }
       return true;
     }
     case Cmd::get: {
@@ -149,14 +248,16 @@ private:
         keys.push_back(r.str());
       }
       const std::int64_t timeout_ms = r.i64();
-      if (has_all(keys)) {
+      if (timeout_ms < 1 || timeout_ms > kMaxTimeout.count()) { // from the network: checked before use
+        queue(c, error_reply("wait: a timeout of " + std::to_string(timeout_ms) +
+                             " ms is out of range (1 ms to 30 days)"));
+      } else if (has_all(keys)) {
         queue(c, reply(Status::ok));
       } else {
         c.waiting = true;
         c.wait_keys = std::move(keys);
-        // From the network: clamped, so the deadline cannot overflow whatever a client sends.
-        c.deadline = Clock::now() +
-                     std::chrono::milliseconds(std::clamp<std::int64_t>(timeout_ms, 0, kMaxTimeout.count()));
+        c.deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+        waiting_.insert(c.fd.get());
       }
       return true;
     }
@@ -168,19 +269,18 @@ private:
         try {
           value = std::stoll(std::string(it->second.begin(), it->second.end()));
         } catch (...) {
-          queue(c, std::move(Writer()
-                                 .u8(static_cast<std::uint8_t>(Status::error))
-                                 .str("add('" + key + "'): the current value is not an integer"))
-                       .finish());
+          queue(c, error_reply("add('" + key + "'): the current value is not an integer"));
           return true;
         }
       }
       value =
           static_cast<std::int64_t>(static_cast<std::uint64_t>(value) + static_cast<std::uint64_t>(delta));
       const std::string text = std::to_string(value);
-      map_[key] = std::vector<char>(text.begin(), text.end());
-      queue(c, std::move(Writer().u8(0).i64(value)).finish());
-      wake_waiters();
+      if (fits(c, stored_size(key), key.size() + text.size())) {
+        store(key, std::vector<char>(text.begin(), text.end()));
+        queue(c, std::move(Writer().u8(0).i64(value)).finish());
+        wake_waiters();
+      }
       return true;
     }
     case Cmd::check: {
@@ -193,7 +293,9 @@ private:
       return true;
     }
     case Cmd::erase: {
-      const bool erased = map_.erase(r.str()) > 0;
+      const std::string key = r.str();
+      bytes_ -= stored_size(key);
+      const bool erased = map_.erase(key) > 0;
       queue(c, std::move(Writer().u8(0).u8(erased ? 1 : 0)).finish());
       return true;
     }
@@ -213,9 +315,11 @@ private:
         queue(c, std::move(Writer().u8(0).bytes(it->second)).finish());
         return true;
       }
-      queue(c, std::move(Writer().u8(0).bytes(desired)).finish());
-      map_[std::move(key)] = std::move(desired);
-      wake_waiters();
+      if (fits(c, stored_size(key), key.size() + desired.size())) {
+        queue(c, std::move(Writer().u8(0).bytes(desired)).finish());
+        store(std::move(key), std::move(desired));
+        wake_waiters();
+      }
       return true;
     }
     case Cmd::multi_get: {
@@ -239,16 +343,24 @@ private:
     }
     case Cmd::multi_set: {
       const std::uint32_t n = r.u32();
-      std::vector<std::pair<std::string, std::vector<char>>> items;
+      std::map<std::string, std::vector<char>> items; // a key given twice: the last value, as set in order
       for (std::uint32_t i = 0; i < n; ++i) {
         std::string key = r.str();
-        items.emplace_back(std::move(key), r.bytes());
+        items[std::move(key)] = r.bytes();
       }
-      for (auto& [k, v] : items) { // parsed completely first: a malformed request changes nothing
-        map_[std::move(k)] = std::move(v);
+      std::size_t removed = 0;
+      std::size_t added = 0;
+      for (const auto& [k, v] : items) {
+        removed += stored_size(k);
+        added += k.size() + v.size();
       }
-      queue(c, reply(Status::ok));
-      wake_waiters();
+      if (fits(c, removed, added)) { // parsed and checked completely first: a refused request changes nothing
+        for (auto& [k, v] : items) {
+          store(k, std::move(v));
+        }
+        queue(c, reply(Status::ok));
+        wake_waiters();
+      }
       return true;
     }
     }
@@ -256,29 +368,39 @@ private:
   }
 
   void wake_waiters() {
-    for (auto& [fd, c] : clients_) {
-      if (c.waiting && has_all(c.wait_keys)) {
+    for (int fd : waiting_) {
+      Client& c = clients_.at(fd);
+      if (has_all(c.wait_keys)) {
         c.waiting = false;
         c.wait_keys.clear();
         queue(c, reply(detail::tcp::Status::ok));
+        released_.push_back(fd);
       }
     }
+    std::erase_if(waiting_, [&](int fd) { return !clients_.at(fd).waiting; });
   }
 
   /// Parses every complete request in c.in. Returns false to drop the client.
   bool consume(Client& c) {
     std::size_t at = 0;
     bool ok = true;
-    while (!c.waiting && c.in.size() - at >= 4) {
+    while (!c.waiting && !c.closing && c.in.size() - at >= 4) {
       std::uint32_t n;
       std::memcpy(&n, c.in.data() + at, 4);
-      if (n > detail::tcp::kMaxMessage || n == 0) {
+      if (n == 0) {
         ok = false;
         break;
+      }
+      if (n > options_.max_request_bytes) {
+        refuse(c, "a request of " + std::to_string(n) + " bytes passes the store's limit of " +
+                      std::to_string(options_.max_request_bytes) +
+                      " (TcpStoreServerOptions::max_request_bytes)");
+        return true;
       }
       if (c.in.size() - at - 4 < n) {
         break;
       }
+      c.active = Clock::now();
       try {
         ok = handle(c, std::span<const char>(c.in.data() + at + 4, n));
       } catch (const std::exception&) {
@@ -289,7 +411,9 @@ private:
         break;
       }
     }
-    c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(at));
+    if (!c.closing) {
+      c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(at));
+    }
     return ok;
   }
 
@@ -310,115 +434,229 @@ private:
     return true;
   }
 
-  void loop() {
-    std::vector<pollfd> pfds;
+  void drop(Client& c) {
+    if (!c.dead) {
+      c.dead = true;
+      dead_.push_back(c.fd.get());
+    }
+  }
+
+  /// Closes the connection idle the longest (not waiting, nothing pending either way), those that never
+  /// greeted first.
+  bool evict_idlest() {
+    Client* idlest = nullptr;
+    for (auto& [fd, c] : clients_) {
+      int unread = 0;
+      if (c.dead || c.waiting || !c.out.empty() || !c.in.empty() || ::ioctl(fd, FIONREAD, &unread) != 0 ||
+          unread > 0) { // a request on its way: closing would reset it under the client
+        continue;
+      }
+      if (idlest == nullptr || std::pair(c.greeted, c.active) < std::pair(idlest->greeted, idlest->active)) {
+        idlest = &c;
+      }
+    }
+    if (idlest == nullptr) {
+      return false;
+    }
+    const int fd = idlest->fd.get();
+    waiting_.erase(fd);
+    clients_.erase(fd); // closes it now: the descriptor is what the caller needs
+    return true;
+  }
+
+  void accept_all() {
     for (;;) {
-      // Expire waits and compute the next deadline.
-      const auto now = Clock::now();
-      int timeout_ms = -1;
-      for (auto& [fd, c] : clients_) {
-        if (!c.waiting) {
+      int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0 && errno == EINTR) {
+        continue;
+      }
+      if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+        // Out of descriptors, the pending connection keeps the listener readable: without taking it the
+        // loop would spin. Make room by closing the idlest connection; when none can go, take it with the
+        // reserve descriptor and close it (the client retries).
+        if (evict_idlest()) {
           continue;
         }
-        if (c.deadline <= now) {
-          c.waiting = false;
-          c.wait_keys.clear();
-          queue(c, reply(detail::tcp::Status::timeout));
-          if (!consume(c)) { // requests pipelined behind the wait
-            c.fd.reset();
-          }
+        reserve_.reset();
+        const int refused = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (refused >= 0) {
+          ::close(refused);
+        }
+        reserve_ = detail::tcp::Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        if (refused < 0) { // another thread of this process took the descriptor: listen again a bit later
+          ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listener_.get(), nullptr);
+          listener_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+          return;
+        }
+        continue;
+      }
+      if (fd < 0) {
+        return; // EAGAIN: no more pending connections
+      }
+      if (clients_.size() >= options_.max_connections) {
+        evict_idlest();
+      }
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      Client& c = clients_[fd];
+      c.fd = detail::tcp::Fd(fd);
+      c.active = Clock::now();
+      watch(fd, EPOLLIN);
+    }
+  }
+
+  void read_from(Client& c) {
+    char buf[65536];
+    for (;;) {
+      const ssize_t k = ::recv(c.fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
+      if (k > 0) {
+        if (c.closing) {
+          continue; // discarded: a refused client's rest
+        }
+        c.in.insert(c.in.end(), buf, buf + k);
+        // Requests pipelined behind a wait are kept, within a bound.
+        if (c.in.size() > 2 * options_.max_request_bytes + 8) {
+          refuse(c, "more than " + std::to_string(2 * options_.max_request_bytes) +
+                        " bytes of requests pipelined (TcpStoreServerOptions::max_request_bytes)");
+        }
+        continue;
+      }
+      if (k < 0 && errno == EINTR) {
+        continue;
+      }
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      }
+      drop(c); // closed or failed
+      return;
+    }
+    if (!consume(c)) {
+      drop(c);
+    }
+  }
+
+  /// Sends what the clients in dirty_ have queued, closes the finished and the dead.
+  void settle() {
+    // Released waiters may have requests pipelined behind their wait; handling them may release others.
+    while (!released_.empty()) {
+      const int fd = released_.back();
+      released_.pop_back();
+      auto it = clients_.find(fd);
+      if (it != clients_.end() && !it->second.dead && !consume(it->second)) {
+        drop(it->second);
+      }
+    }
+    for (int fd : std::exchange(dirty_, {})) {
+      auto it = clients_.find(fd);
+      if (it == clients_.end()) {
+        continue;
+      }
+      Client& c = it->second;
+      c.dirty = false;
+      if (c.dead) {
+        continue;
+      }
+      if (!flush(c) || (c.closing && c.out.empty())) {
+        drop(c);
+        continue;
+      }
+      const bool want_out = !c.out.empty();
+      if (want_out != c.polling_out) {
+        epoll_event ev{};
+        ev.events = EPOLLIN | (want_out ? EPOLLOUT : 0u);
+        ev.data.fd = fd;
+        ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd, &ev);
+        c.polling_out = want_out;
+      }
+    }
+    for (int fd : std::exchange(dead_, {})) {
+      waiting_.erase(fd);
+      clients_.erase(fd); // closing removes it from the epoll set
+    }
+  }
+
+  /// Answers the waits past their deadline; returns the milliseconds until the next one (-1: none).
+  int expire_waits() {
+    const auto now = Clock::now();
+    int timeout_ms = -1;
+    for (int fd : waiting_) {
+      Client& c = clients_.at(fd);
+      if (c.deadline <= now) {
+        c.waiting = false;
+        c.wait_keys.clear();
+        queue(c, reply(detail::tcp::Status::timeout));
+        released_.push_back(fd);
+      } else {
+        const int ms = detail::tcp::ms_until(c.deadline) + 1;
+        timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+      }
+    }
+    std::erase_if(waiting_, [&](int fd) { return !clients_.at(fd).waiting; });
+    return timeout_ms;
+  }
+
+  void loop() {
+    std::vector<epoll_event> events(256);
+    for (;;) {
+      int timeout_ms = expire_waits();
+      if (listener_paused_until_) {
+        if (Clock::now() >= *listener_paused_until_) {
+          listener_paused_until_.reset();
+          watch(listener_.get(), EPOLLIN);
         } else {
-          const int ms = detail::tcp::ms_until(c.deadline) + 1;
+          const int ms = detail::tcp::ms_until(*listener_paused_until_) + 1;
           timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
         }
       }
-      for (auto& [fd, c] : clients_) {
-        if (c.fd && !flush(c)) {
-          c.fd.reset();
-        }
-      }
-      std::erase_if(clients_, [](const auto& kv) { return !kv.second.fd; });
-
-      pfds.clear();
-      pfds.push_back({wake_read_.get(), POLLIN, 0});
-      pfds.push_back({listener_.get(), POLLIN, 0});
-      for (auto& [fd, c] : clients_) {
-        pfds.push_back({fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
-      }
-      const int r = ::poll(pfds.data(), pfds.size(), timeout_ms);
-      if (r < 0 && errno != EINTR) {
+      settle();
+      const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), timeout_ms);
+      if (n < 0 && errno != EINTR) {
         return; // nothing sensible left to do
       }
-      if (stopping_.load() || (pfds[0].revents & POLLIN) != 0) {
-        for (auto& [fd, c] : clients_) { // best effort: replies already decided go out
-          if (c.fd) {
+      for (int i = 0; i < n; ++i) {
+        const int fd = events[static_cast<std::size_t>(i)].data.fd;
+        if (fd == wake_read_.get() || stopping_.load()) {
+          for (auto& [cfd, c] : clients_) { // best effort: replies already decided go out
             flush(c);
           }
+          return;
         }
-        return;
-      }
-      if ((pfds[1].revents & POLLIN) != 0) {
-        for (;;) {
-          const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-          if (fd < 0) {
-            break;
-          }
-          int one = 1;
-          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-          clients_[fd].fd = detail::tcp::Fd(fd);
-        }
-      }
-      for (std::size_t i = 2; i < pfds.size(); ++i) {
-        if (pfds[i].revents == 0) {
+        if (fd == listener_.get()) {
+          accept_all();
           continue;
         }
-        auto it = clients_.find(pfds[i].fd);
-        if (it == clients_.end() || !it->second.fd) {
-          continue;
+        auto it = clients_.find(fd);
+        if (it == clients_.end() || it->second.dead) {
+          continue; // closed earlier in this batch
         }
-        Client& c = it->second;
-        bool alive = true;
-        if ((pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-          char buf[65536];
-          for (;;) {
-            const ssize_t k = ::recv(c.fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
-            if (k > 0) {
-              c.in.insert(c.in.end(), buf, buf + k);
-              continue;
-            }
-            if (k < 0 && errno == EINTR) {
-              continue;
-            }
-            if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-              break;
-            }
-            alive = false; // closed or failed
-            break;
-          }
-          if (alive) {
-            alive = consume(c);
-          }
+        const std::uint32_t ev = events[static_cast<std::size_t>(i)].events;
+        if ((ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0) {
+          read_from(it->second);
         }
-        if (!alive) {
-          c.fd.reset();
-        }
-      }
-      // Sets may have released waiters whose own pipelined requests are now parseable.
-      for (auto& [fd, c] : clients_) {
-        if (c.fd && !c.waiting && !c.in.empty() && !consume(c)) {
-          c.fd.reset();
+        if ((ev & EPOLLOUT) != 0 && !it->second.dirty) {
+          it->second.dirty = true;
+          dirty_.push_back(fd);
         }
       }
     }
   }
 
+  TcpStoreServerOptions options_;
   detail::tcp::Fd listener_;
   detail::tcp::Fd wake_read_;
   detail::tcp::Fd wake_write_;
+  detail::tcp::Fd epoll_;
+  detail::tcp::Fd reserve_; // closed to accept (and refuse) one connection when out of descriptors
+  std::optional<Clock::time_point> listener_paused_until_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
-  std::map<int, Client> clients_;
+  std::unordered_map<int, Client> clients_;
+  std::set<int> waiting_;
+  std::vector<int> dirty_;
+  std::vector<int> released_;
+  std::vector<int> dead_;
   std::map<std::string, std::vector<char>> map_;
+  std::size_t bytes_ = 0; // keys and values in map_
   std::thread thread_;
 };
 

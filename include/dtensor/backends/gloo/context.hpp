@@ -9,7 +9,9 @@
 //  - GlooFailures: a failing member leaves its reason in the group's store under "err/<rank>" and closes
 //    its connections, so peers blocked on it fail at once; a peer whose op fails with a transport error
 //    reads the members' reasons (up to 1 s) and reports the root cause (a peer's timeout stays a
-//    TimeoutError). translate() turns any failure of an op into the Error / TimeoutError wait() rethrows.
+//    TimeoutError), else the members that reported nothing (a killed process cannot). When the store
+//    itself is gone (its host died), the board says so at once instead of asking again.
+//    translate() turns any failure of an op into the Error / TimeoutError wait() rethrows.
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/gloo/rendezvous.hpp"
@@ -20,6 +22,7 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/reduce_op.hpp"
+#include "dtensor/rendezvous/barrier.hpp"
 #include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
@@ -40,6 +43,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -83,6 +87,27 @@ public:
   }
 };
 
+/// "rank 2 of the group did not arrive within 2000 ms: " for the members that never published their
+/// address (gloo's key "<rank>"), or "" when they all did (or the store cannot tell).
+inline std::string absent_members(Store& store, int size, std::chrono::milliseconds timeout) {
+  std::string list;
+  int n = 0;
+  try {
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({std::to_string(r)})) {
+        list += (n++ == 0 ? "" : ", ") + std::to_string(r);
+      }
+    }
+  } catch (const std::exception&) {
+    return "";
+  }
+  if (n == 0) {
+    return "";
+  }
+  return (n == 1 ? "rank " : "ranks ") + list + " of the group did not arrive within " +
+         std::to_string(timeout.count()) + " ms: ";
+}
+
 /// Connects `context` to every other member through `store` (gloo's connectFullMesh), then meets them at
 /// a store barrier: no member returns (and so none can destroy the group) before every member's pairs are
 /// connected. Without it, a member whose side of a connection completed in the kernel could return, drop
@@ -107,7 +132,7 @@ inline void connect_full_mesh(GlooContext& context, const std::shared_ptr<Store>
   const std::string head = what + ": connecting the group failed: ";
   if (!failure.empty()) {
     if (is_timeout) {
-      throw TimeoutError(head + failure);
+      throw TimeoutError(head + absent_members(*store, size, timeout) + failure);
     }
     throw Error(head + failure);
   }
@@ -131,6 +156,13 @@ inline void connect_full_mesh(GlooContext& context, const std::shared_ptr<Store>
                   " could not connect: " + std::string(v.begin(), v.end()));
     }
   }
+  // Every member read every address (gloo's keys "<rank>" and "rank_<rank>") before it set
+  // "connected/<rank>".
+  for (int r = 0; r < size; ++r) {
+    keys.push_back(std::to_string(r));
+    keys.push_back("rank_" + std::to_string(r));
+  }
+  delete_after_all_read(*store, "connected/read", size, keys);
 }
 
 /// What the groups of one rank share: the transport device, the root store, the groups (to abort them
@@ -149,11 +181,12 @@ struct GlooRankState {
   std::vector<std::weak_ptr<Backend>> groups;
   std::optional<std::string> aborted;
 
-  /// Adds a group; aborts it at once when this rank was aborted before.
+  /// Adds a group (forgetting those destroyed); aborts it at once when this rank was aborted before.
   void add_group(const std::shared_ptr<Backend>& group) {
     std::optional<std::string> reason;
     {
       std::lock_guard lock(m);
+      std::erase_if(groups, [](const std::weak_ptr<Backend>& g) { return g.expired(); });
       groups.push_back(group);
       reason = aborted;
     }
@@ -231,10 +264,7 @@ public:
       return;
     }
     std::string v = (is_timeout ? "T" : "E") + msg;
-    try {
-      store_->set("err/" + std::to_string(rank_), std::string_view(v));
-    } catch (...) { // the store may be gone with the failing process: the peers still fail, less precisely
-    }
+    ask([&] { store_->set("err/" + std::to_string(rank_), std::string_view(v)); });
   }
 
   /// The reason a member published, waiting up to `patience` for one to appear. Timeouts first.
@@ -247,10 +277,7 @@ public:
           continue;
         }
         std::optional<std::vector<char>> v;
-        try {
-          v = store_->try_get("err/" + std::to_string(r));
-        } catch (...) { // the store may be gone with a failed process: no reason to read
-        }
+        ask([&] { v = store_->try_get("err/" + std::to_string(r)); });
         if (v && !v->empty()) {
           bool t = (*v)[0] == 'T';
           if (!found || (t && !found->first)) {
@@ -258,11 +285,36 @@ public:
           }
         }
       }
-      if (found || GlooClock::now() >= deadline) {
+      if (found || GlooClock::now() >= deadline || store_lost()) {
         return found;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+  }
+
+  /// Why nobody's reason could be read: "; ... the job's store is unreachable too: <its error>" when the
+  /// store is gone, else the members that published neither an op nor a reason ("; no report from rank 2
+  /// (...)"). Called after peer_reason's patience, by when every live member in an op published its op.
+  std::string silent_members() {
+    std::vector<int> silent;
+    for (int r = 0; r < size_ && !store_lost(); ++r) {
+      const std::string me = std::to_string(r);
+      if (r != rank_ && !ask([&] { return store_->check({"op/" + me}) || store_->check({"err/" + me}); })) {
+        silent.push_back(r);
+      }
+    }
+    if (auto lost = store_lost()) {
+      return "; no member's reason can be read, the job's store is unreachable too: " + *lost;
+    }
+    if (silent.empty()) {
+      return "";
+    }
+    std::string list;
+    for (int r : silent) {
+      list += (list.empty() ? "" : ", ") + std::to_string(r);
+    }
+    return "; no report from rank" + std::string(silent.size() > 1 ? "s " : " ") + list +
+           " (exited or killed, or not in an op of this group)";
   }
 
   /// The exception wait() rethrows for op `d` that failed with `e` after starting at `start`, with the
@@ -292,7 +344,10 @@ public:
     } catch (...) {
       reason = "unknown exception";
     }
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(GlooClock::now() - start).count();
+    const auto elapsed = [&] {
+      return std::to_string(
+          std::chrono::duration_cast<std::chrono::milliseconds>(GlooClock::now() - start).count());
+    };
     const std::string mine = d.to_string();
     ops_.publish_op(mine); // before anything else: a member that timed out may be waiting for it
     std::string msg;
@@ -304,18 +359,20 @@ public:
       if ((n == "send" || n == "recv") && d.root >= 0) {
         members = {std::min(rank_, d.root), std::max(rank_, d.root)};
       }
-      msg = head + " timed out after " + std::to_string(ms) + " ms (limit " + std::to_string(limit.count()) +
+      const std::string ops =
+          ops_.members_ops(mine, std::move(members), std::min(limit, std::chrono::milliseconds(1000)));
+      msg = head + " timed out after " + elapsed() + " ms (limit " + std::to_string(limit.count()) +
             " ms): a member did not arrive, or the members disagree on the sizes (counts), dtypes or "
             "arguments [" +
-            reason + "]" +
-            ops_.members_ops(mine, std::move(members), std::min(limit, std::chrono::milliseconds(1000)));
+            reason + "]" + ops;
     } else if (transport) {
       if (auto peer = peer_reason(std::chrono::milliseconds(1000))) {
         is_timeout = peer->first;
-        msg = head + " failed after " + std::to_string(ms) + " ms because a peer failed: " + peer->second;
+        msg = head + " failed after " + elapsed() + " ms because a peer failed: " + peer->second;
         publish(is_timeout, peer->second); // pass the root cause on, not a chain
       } else {
-        msg = head + " failed after " + std::to_string(ms) + " ms: " + reason;
+        const std::string silent = silent_members();
+        msg = head + " failed after " + elapsed() + " ms: " + reason + silent;
       }
     } else {
       msg = head + " failed: " + reason;
@@ -328,10 +385,37 @@ public:
   }
 
 private:
+  /// Runs one store request; a failure (the store may be gone with a failed process) is remembered for
+  /// store_lost(), and the request counts as answering "no".
+  template <class F>
+  bool ask(F&& request) {
+    try {
+      if constexpr (std::is_void_v<decltype(request())>) {
+        request();
+        return true;
+      } else {
+        return request();
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard lock(m_);
+      if (!store_lost_) {
+        store_lost_ = e.what();
+      }
+    }
+    return false;
+  }
+
+  std::optional<std::string> store_lost() {
+    std::lock_guard lock(m_);
+    return store_lost_ ? store_lost_ : ops_.store_lost();
+  }
+
   std::shared_ptr<Store> store_;
   int rank_;
   int size_;
   std::atomic<bool> published_{false};
+  std::mutex m_;
+  std::optional<std::string> store_lost_;
   OpBoard ops_; // what each member was running when it failed
 };
 

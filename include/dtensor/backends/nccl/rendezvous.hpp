@@ -5,6 +5,7 @@
 
 #include "dtensor/backends/nccl/types.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/barrier.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
 #include <nccl.h>
@@ -17,7 +18,8 @@
 namespace dtensor::detail {
 
 /// Rank 0 creates the id and publishes it under `key`; the others wait for it (TimeoutError after
-/// `timeout`, naming the key). With one rank the store may be null: the id stays local.
+/// `timeout`, naming the key), and the last of them to read it deletes it. With one rank the store may be
+/// null: the id stays local.
 inline ncclUniqueId exchange_nccl_unique_id(Store* store, const std::string& key, int rank, int size,
                                             std::chrono::milliseconds timeout) {
   ncclUniqueId id{};
@@ -39,6 +41,7 @@ inline ncclUniqueId exchange_nccl_unique_id(Store* store, const std::string& key
                                                      std::to_string(v.size()) + " bytes, expected " +
                                                      std::to_string(sizeof(id.internal)));
   std::memcpy(id.internal, v.data(), v.size());
+  delete_after_all_read(*store, key + "/read", size - 1, {key});
   return id;
 }
 

@@ -5,8 +5,9 @@
 // Wire format (host byte order; server and clients run the same code on the same kind of machine):
 // every message is a u32 length followed by that many bytes; a request is a u8 command and its fields,
 // a reply a u8 status and its fields; strings and byte values are a u32 length and bytes. The handshake
-// (hello: magic, version) tells a dtensor store from whatever else listens on the port and rejects a peer
-// speaking another version of the protocol.
+// (hello: magic, version, the job's token; answered with the magic and the server's request limit) tells a
+// dtensor store from whatever else listens on the port, rejects a peer speaking another version of the
+// protocol, and a client of another job.
 
 #include "dtensor/core/error.hpp"
 
@@ -39,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 inline constexpr std::uint32_t kMagic = 0x44545354; // "DTST"
-inline constexpr std::uint32_t kVersion = 2;
+inline constexpr std::uint32_t kVersion = 3;
 inline constexpr std::uint32_t kMaxMessage = 1u << 30;
 
 enum class Cmd : std::uint8_t {
@@ -56,6 +57,18 @@ enum class Cmd : std::uint8_t {
   multi_set
 };
 enum class Status : std::uint8_t { ok = 0, missing, timeout, error };
+
+/// Compares a token a client sent with the server's in time independent of where they differ.
+inline bool same_token(std::string_view given, std::string_view expected) {
+  if (expected.empty()) {
+    return given.empty();
+  }
+  unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (std::size_t i = 0; i < given.size(); ++i) {
+    diff |= static_cast<unsigned char>(given[i] ^ expected[i % expected.size()]);
+  }
+  return diff == 0;
+}
 
 inline std::string errno_text(int err) {
   return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
@@ -105,7 +118,10 @@ inline int ms_until(Clock::time_point deadline) {
 
 class Writer {
 public:
-  Writer() { buf_.resize(4); } // room for the length
+  Writer() { // room for the length; the reserve also keeps GCC 12 from false -Warray-bounds on resize
+    buf_.reserve(64);
+    buf_.resize(4);
+  }
   Writer& u8(std::uint8_t v) { return raw(&v, 1); }
   Writer& u32(std::uint32_t v) { return raw(&v, 4); }
   Writer& i64(std::int64_t v) { return raw(&v, 8); }
@@ -249,8 +265,13 @@ inline IoResult round_trip(int fd, const std::vector<char>& request, Clock::time
   return recv_all(fd, reply.data(), n, deadline, err);
 }
 
-/// One TCP connection attempt to any address of host:port, bounded by `deadline`. Sets `error` on failure.
-inline Fd try_connect(const std::string& host, int port, Clock::time_point deadline, std::string& error) {
+/// One TCP connection attempt to any address of host:port, bounded by `deadline`. Sets `error` on failure,
+/// and `refused` when every address refused the connection (nothing listens there).
+inline Fd try_connect(const std::string& host, int port, Clock::time_point deadline, std::string& error,
+                      bool& refused) {
+  refused = false;
+  int addresses = 0;
+  int refusals = 0;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -263,6 +284,7 @@ inline Fd try_connect(const std::string& host, int port, Clock::time_point deadl
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(list, &::freeaddrinfo);
   for (addrinfo* a = list; a != nullptr; a = a->ai_next) {
+    ++addresses;
     Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
     if (!fd) {
       error = "socket: " + errno_text(errno);
@@ -289,6 +311,7 @@ inline Fd try_connect(const std::string& host, int port, Clock::time_point deadl
       errno = so;
     }
     if (rc != 0) {
+      refusals += errno == ECONNREFUSED ? 1 : 0;
       error = "connect: " + errno_text(errno);
       continue;
     }
@@ -296,6 +319,7 @@ inline Fd try_connect(const std::string& host, int port, Clock::time_point deadl
     ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return fd;
   }
+  refused = addresses > 0 && refusals == addresses;
   return {};
 }
 
