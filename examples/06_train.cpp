@@ -780,6 +780,14 @@ int train_main(ProcessGroup& world, const DeviceMesh<Mesh>& mesh, const Options&
   heap(1) = double(got.heap_peak);
   heap(2) = double(got.heap_end);
   all_reduce(heap, ReduceOp::max, world);
+#ifdef DTENSOR_TRAIN_COUNT_HEAP
+  // At the optimizer step every parameter, gradient and AdamW state is live on the heap at once.
+  if (opt.steps > 1 && heap(1) < double(got.state_bytes)) {
+    std::fprintf(stderr, "rank %d: heap peak %.0f bytes below the %lld bytes of state this rank holds\n",
+                 world.rank(), heap(1), static_cast<long long>(got.state_bytes));
+    ok = false;
+  }
+#endif
   const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-10;
   double loss_diff = 0, param_diff = 0;
   if (opt.check) {
