@@ -31,6 +31,7 @@
 //                       Fsdp<"dp">: prefetch (the next group's all_gather issued before the current group
 //                       computes), reshard_after_forward (the backward gathers again and recomputes the
 //                       block's forward from its saved input), one reduce_scatter per group, asynchronous
+//                       (at most two in flight: each holds its group's unsharded gradient buffer)
 //   hsdp     (2, 2, 1)  the same with Hsdp<"rep", "dp">: reduce_scatter over dp, all_reduce over rep
 //   fsdp_tp  (1, 2, 2)  FSDP over dp of parameters that are tensor-parallel over tp
 // Every layout then clips the gradients by their global norm and steps AdamW on its local shards. The
@@ -603,6 +604,10 @@ struct Model {
             reductions.push_back(group.reduce_gradients(async_op, grads...));
             if (!clock.overlap) {
               reductions.back().wait();
+            } else if (reductions.size() >= 2) {
+              // At most two in flight: a reduction holds its group's unsharded gradient buffer until it
+              // finishes, so waiting for the previous group's bounds them to two groups'.
+              reductions[reductions.size() - 2].wait();
             }
           });
         };
