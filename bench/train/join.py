@@ -16,8 +16,10 @@ A pass whose run failed its own check (collective pins; torch's one-process chec
 import argparse
 import json
 import os
+import socket
 import statistics
 import sys
+import time
 
 LAYOUTS = ["tp", "ddp", "fsdp", "hsdp", "fsdp_tp"]
 
@@ -83,6 +85,7 @@ def main():
                             "pass_ref_ms": [r["step_ms"] for r in t]})
                 rec["ratio"] = rec["ours_ms"] / rec["ref_ms"]
                 rec["paired_ratio"] = med(pairs) if pairs else None
+            rec["date"], rec["host"] = time.strftime("%Y-%m-%d", time.gmtime()), socket.gethostname()
             rec["check"] = "FAILED" if any(p.startswith(f"{size} {layout}:") for p in problems) else \
                 "ok: collectives pinned every step" + ("; torch equal to one process" if t else "")
             out.append(rec)
