@@ -5,6 +5,12 @@
 //   --layout tp|ddp|fsdp|hsdp|fsdp_tp   how the parameters are held and reduced (default fsdp_tp)
 //   --mesh REP,DP,TP                     the mesh (default: from the layout, see below)
 //   --steps N                            training steps (default 50)
+//   --dtype double|float                 the element type of parameters, activations and gradients
+//                                        (default double)
+//   --tokens N --hidden H --ffn F --vocab V   the sizes (default 38, 18, 30, 37: none divides by 4)
+//   --no-check                           skip the one-rank reference (benchmarks: large sizes)
+//   --json FILE                          rank 0 writes the measurements as one JSON object
+//   --print-comm                         rank 0 prints the collectives of one step
 //
 // The model: a vocab-parallel embedding, kBlocks blocks of (rms_norm, an MLP in tensor + sequence parallel,
 // a residual), a final rms_norm and a head whose logits stay sharded on the vocabulary (cross_entropy as
@@ -25,16 +31,23 @@
 //                       Fsdp<"dp">: prefetch (the next group's all_gather issued before the current group
 //                       computes), reshard_after_forward (the backward gathers again and recomputes the
 //                       block's forward from its saved input), one reduce_scatter per group, asynchronous
+//                       (at most two in flight: each holds its group's unsharded gradient buffer)
 //   hsdp     (2, 2, 1)  the same with Hsdp<"rep", "dp">: reduce_scatter over dp, all_reduce over rep
 //   fsdp_tp  (1, 2, 2)  FSDP over dp of parameters that are tensor-parallel over tp
 // Every layout then clips the gradients by their global norm and steps AdamW on its local shards. The
 // parameters start from the sharding-invariant RNG (parallel/init.hpp), so every layout starts from the
-// one-rank weights. Sizes are uneven: 38 tokens, hidden 18, ffn 30, vocab 37 on 4 ranks.
+// one-rank weights. The default sizes are uneven: 38 tokens, hidden 18, ffn 30, vocab 37 on 4 ranks.
 //
 // Self-check: the same training runs on one rank in this process (an in-process world of 1, a (1, 1, 1)
-// mesh, parameters replicated and reduced as the tp/ddp layout does, clipped with clip_grad_norm). In
-// double precision the loss at every step and every final parameter must agree within 1e-10 (relative for
-// the loss, against max(1, |value|) for the parameters); the program exits 1 otherwise.
+// mesh, parameters replicated and reduced as the tp/ddp layout does, clipped with clip_grad_norm), in the
+// same element type. The loss at every step and every final parameter must agree within 1e-10 in double,
+// 1e-5 in float (relative for the loss, against max(1, |value|) for the parameters); the program exits 1
+// otherwise.
+//
+// Communication pins: every training step runs under a CommDebugMode, and its collectives (op, mesh axis,
+// count) must equal the ones the layout implies, derived from the model's structure (kBlocks blocks, the
+// FSDP groups, DDP's buckets) by expected_comms below; the program names the differences and exits 1
+// otherwise.
 //
 // Time split (rank 0, milliseconds per step): the example times its communication regions on the training
 // thread with a steady clock: every blocking redistribute (the tensor-parallel all_gathers and
@@ -48,6 +61,7 @@
 // blocked wait also holds the time the peers need to reach the collective, so these are upper bounds.
 
 #include <dtensor/comm/collectives.hpp>
+#include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops.hpp>
@@ -61,9 +75,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -76,475 +92,642 @@ using R = Replicate;
 using P = Partial<>;
 template <int D>
 using S = Shard<D>;
-using T = double;
 
-constexpr std::int64_t kTokens = 38, kHidden = 18, kFfn = 30, kVocab = 37;
+/// The model's sizes (set once by main from the flags).
+struct Sizes {
+  std::int64_t tokens = 38, hidden = 18, ffn = 30, vocab = 37;
+};
+Sizes sizes;
 constexpr int kBlocks = 3;
 constexpr double kLr = 1e-2, kMaxNorm = 0.5; // the early steps clip
 
-// Parameters (unsharded placements) and their gradients as the ops' backward gives them.
-using Ids = DTensor<std::int64_t, 1, Mesh, S<0>, S<0>, R>;
-using Act = DTensor<T, 2, Mesh, S<0>, S<0>, S<0>>; // (tokens, H) between the TP regions
-using Gain = DTensor<T, 1, Mesh, R, R, R>;         // rms_norm's weight (H)
-using ColW = DTensor<T, 2, Mesh, R, R, S<0>>;      // W_emb (V, H), W1 (F, H), W_out (V, H)
-using RowW = DTensor<T, 2, Mesh, R, R, S<1>>;      // W2 (H, F)
-using DGain = DTensor<T, 1, Mesh, P, P, P>;        // rows sharded on every axis
-using DColW = DTensor<T, 2, Mesh, P, P, S<0>>;
-using DRowW = DTensor<T, 2, Mesh, P, P, S<1>>;
-
 enum class Layout { tp, ddp, fsdp, hsdp, fsdp_tp };
 
-/// Seconds the training thread spent in communication regions (see the top of the file).
-struct CommClock {
-  bool overlap = true; ///< false: every asynchronous collective is waited for as soon as it is issued
-  double blocked = 0;
-  template <class F>
-  decltype(auto) operator()(F&& f) {
-    const auto t0 = std::chrono::steady_clock::now();
-    struct Add {
-      CommClock& c;
-      std::chrono::steady_clock::time_point t0;
-      ~Add() { c.blocked += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
-    } add{*this, t0};
-    return std::forward<F>(f)();
+/// Heap bytes live now, and their peak since reset_heap_peak(): bench_train (bench/train/train_bench.cpp)
+/// builds this file with bench/common/alloc_counter.hpp, which counts every operator new; here they are 0.
+#ifdef DTENSOR_TRAIN_COUNT_HEAP
+std::int64_t heap_live() {
+  return bench::alloc::live();
+}
+std::int64_t heap_peak() {
+  return bench::alloc::peak();
+}
+void reset_heap_peak() {
+  bench::alloc::reset_peak();
+}
+#else
+std::int64_t heap_live() {
+  return 0;
+}
+std::int64_t heap_peak() {
+  return 0;
+}
+void reset_heap_peak() {}
+#endif
+
+// ---- communication pins ----------------------------------------------------------------------------------
+
+/// Collectives of one step: (op, mesh axes as CommDebugMode labels them) -> count.
+using CommCounts = std::map<std::pair<std::string, std::string>, std::int64_t>;
+
+/// The collectives one training step of `layout` must issue, from the model's structure: kBlocks blocks,
+/// for the sharded layouts kBlocks + 2 FSDP groups, for the replicated ones `buckets` DDP buckets. Every
+/// mesh axis issues its ops whatever its size (a collective over one rank is still called).
+CommCounts expected_comms(Layout layout, int buckets) {
+  const std::int64_t b = kBlocks;
+  CommCounts c;
+  // distribute_tensor of the step's ids and targets from rank 0: the shape broadcast, the blocks scattered.
+  c[{"broadcast", "rep*dp*tp"}] = 2;
+  c[{"scatter", "rep*dp*tp"}] = 2;
+  // cross_entropy on logits [S(0),S(0),S(1)]: the row max and the row sums over the vocab axis, the mean
+  // over each axis that shards the rows.
+  c[{"all_reduce", "tp"}] += 2;
+  c[{"all_reduce", "rep"}] += 1;
+  c[{"all_reduce", "dp"}] += 1;
+  // A rms_norm gain's gradient is Partial on every axis, a matrix's on rep and dp (its rows are its own on
+  // tp). Each Partial axis that is not reduced by DDP or FSDP is all-reduced, one op per axis.
+  if (layout == Layout::tp || layout == Layout::ddp) {
+    // TP + SP: forward one all_gather (before W1, before the head) and one reduce_scatter (after W2, after
+    // the embedding) per region; the backward runs their duals.
+    c[{"all_gather", "tp"}] = 2 * (b + 1);
+    c[{"reduce_scatter", "tp"}] = 2 * (b + 1);
+    c[{"all_reduce", "dp"}] += buckets;                // DDP: one per bucket
+    c[{"all_reduce", "rep"}] += (b + 1) + (2 * b + 2); // every gradient (a second batch axis)
+    c[{"all_reduce", "tp"}] += b + 1;                  // the gains (sequence parallel)
+    c[{"all_reduce", "tp"}] += 1; // clip_grad_norm: one double over the axes where some gradient is sharded
+    return c;
   }
-};
+  const std::int64_t groups = b + 2;
+  // FSDP: each group gathered for the forward, again for the backward (but the head, which runs its
+  // forward and backward at once); the blocks and the embedding recompute their forward in the backward,
+  // with their tensor-parallel collectives.
+  c[{"all_gather", "dp"}] = groups + (b + 1);
+  c[{"all_gather", "tp"}] = (b + 1) + b + (b + 1);
+  c[{"reduce_scatter", "tp"}] = (b + 1) + (b + 1) + (b + 1);
+  c[{"reduce_scatter", "dp"}] = groups; // one per group
+  c[{"all_reduce", "tp"}] += b + 1;     // the gains, before packing
+  if (layout == Layout::fsdp) {
+    c[{"all_reduce", "rep"}] += (b + 1) + (2 * b + 2); // rep is no FSDP axis: every gradient, before packing
+  } else {
+    c[{"all_reduce", "rep"}] += groups; // HSDP: each group's reduced shard over the replicas
+  }
+  c[{"all_reduce", ""}] += 1; // the global norm of the gradients (one double over the world group)
+  return c;
+}
 
-// ---- the model: forward with the backward's context, on any mesh -------------------------------------
-
-struct BlockGrads {
-  Act dh;
-  DGain dg;
-  DColW dw1;
-  DRowW dw2;
-};
-struct BlockOut {
-  Act h;
-  std::function<BlockGrads(const Act&)> back;
-};
-
-/// h + W2 gelu(W1 rms_norm(h)), tensor + sequence parallel.
-BlockOut block(const Act& h, const Gain& g, const ColW& w1, const RowW& w2, CommClock& clock) {
-  auto [n, norm_back] = rms_norm<1>(h, g, 1e-6, with_backward);                            // [S,S,S]
-  auto [x, ag_back] = clock([&] { return redistribute_with_backward<S<0>, S<0>, R>(n); }); // all_gather
-  auto [u, mm1_back] = linear(x, w1, with_backward);                                       // [S,S,S(1)]
-  auto [a, gelu_back] = gelu(u, with_backward);
-  auto [v, mm2_back] = linear(a, w2, with_backward); // [S,S,P]
-  auto [v_sp, rs_back] = clock([&] { return redistribute_with_backward<S<0>, S<0>, S<0>>(v); });
-  auto [out, add_back] = add(h, v_sp, with_backward);
-  auto back = [&clock, norm_back, ag_back, mm1_back, gelu_back, mm2_back, rs_back,
-               add_back](const Act& dout) -> BlockGrads {
-    auto [dh_res, dv_sp] = add_back(dout);
-    auto [da, dw2] = mm2_back(clock([&] { return rs_back(dv_sp); }));
-    auto [dx, dw1] = mm1_back(gelu_back(da));
-    auto [dh_norm, dg] = norm_back(clock([&] { return ag_back(dx); }));
-    return {add(dh_res, dh_norm), dg, dw1, dw2};
+/// Empty when `comm` recorded exactly `want`; otherwise the differences.
+std::string compare_comms(const CommDebugMode& comm, const CommCounts& want) {
+  CommCounts got;
+  for (const auto& [key, e] : comm.entries()) {
+    got[key] = e.count;
+  }
+  std::string diff;
+  auto note = [&](const auto& key, std::int64_t w, std::int64_t g) {
+    if (w != g) {
+      diff += " " + key.first + "(" + key.second + "): " + std::to_string(g) + " where " + std::to_string(w) +
+              " expected;";
+    }
   };
-  return {out, back};
+  for (const auto& [key, w] : want) {
+    note(key, w, got.count(key) ? got[key] : 0);
+  }
+  for (const auto& [key, g] : got) {
+    if (!want.count(key)) {
+      note(key, 0, g);
+    }
+  }
+  return diff;
 }
 
-struct EmbOut {
-  Act h;
-  std::function<DColW(const Act&)> back;
-};
-EmbOut embed(const Ids& ids, const ColW& w, CommClock& clock) {
-  auto [e, emb_back] = embedding(ids, w, with_backward); // [S,S,P]
-  auto [h, rs_back] =
-      clock([&] { return redistribute_with_backward<S<0>, S<0>, S<0>>(e); }); // reduce_scatter
-  return {
-      h, [&clock, emb_back, rs_back](const Act& dh) { return emb_back(clock([&] { return rs_back(dh); })); }};
-}
+/// The model, its trainers and their timing, in element type T (float or double).
+template <class T>
+struct Model {
+  // Parameters (unsharded placements) and their gradients as the ops' backward gives them.
+  using Ids = DTensor<std::int64_t, 1, Mesh, S<0>, S<0>, R>;
+  using Act = DTensor<T, 2, Mesh, S<0>, S<0>, S<0>>; // (tokens, H) between the TP regions
+  using Gain = DTensor<T, 1, Mesh, R, R, R>;         // rms_norm's weight (H)
+  using ColW = DTensor<T, 2, Mesh, R, R, S<0>>;      // W_emb (V, H), W1 (F, H), W_out (V, H)
+  using RowW = DTensor<T, 2, Mesh, R, R, S<1>>;      // W2 (H, F)
+  using DGain = DTensor<T, 1, Mesh, P, P, P>;        // rows sharded on every axis
+  using DColW = DTensor<T, 2, Mesh, P, P, S<0>>;
+  using DRowW = DTensor<T, 2, Mesh, P, P, S<1>>;
 
-struct HeadGrads {
-  Act dh;
-  DGain dg;
-  DColW dw;
-};
-struct HeadOut {
-  double loss;
-  std::function<HeadGrads()> back;
-};
-HeadOut head(const Act& h, const Ids& targets, const Gain& g, const ColW& w, CommClock& clock) {
-  auto [n, norm_back] = rms_norm<1>(h, g, 1e-6, with_backward);
-  auto [x, ag_back] = clock([&] { return redistribute_with_backward<S<0>, S<0>, R>(n); });
-  auto [logits, mm_back] = linear(x, w, with_backward); // [S(0),S(0),S(1)]: the vocabulary over tp
-  auto [loss, loss_back] = cross_entropy(logits, targets, with_backward);
-  auto back = [&clock, norm_back, ag_back, mm_back, loss_back]() -> HeadGrads {
-    auto [dx, dw] = mm_back(loss_back(1.0));
-    auto [dh, dg] = norm_back(clock([&] { return ag_back(dx); }));
-    return {dh, dg, dw};
+  /// Seconds the training thread spent in communication regions (see the top of the file).
+  struct CommClock {
+    bool overlap = true; ///< false: every asynchronous collective is waited for as soon as it is issued
+    double blocked = 0;
+    template <class F>
+    decltype(auto) operator()(F&& f) {
+      const auto t0 = std::chrono::steady_clock::now();
+      struct Add {
+        CommClock& c;
+        std::chrono::steady_clock::time_point t0;
+        ~Add() { c.blocked += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+      } add{*this, t0};
+      return std::forward<F>(f)();
+    }
   };
-  return {static_cast<double>(loss.local().item()), back};
-}
 
-/// The step's tokens: a fixed random mapping to learn (target = (3 id + 1) mod V).
-std::pair<Ids, Ids> batch(const DeviceMesh<Mesh>& mesh, int step) {
-  Tensor<std::int64_t, 1> ids({kTokens}), targets({kTokens});
-  for (std::int64_t i = 0; i < kTokens; ++i) {
-    const std::uint64_t z = (std::uint64_t(step) * 1000003u + std::uint64_t(i) * 7919u) * 2654435761u;
-    ids(i) = static_cast<std::int64_t>((z >> 16) % kVocab);
-    targets(i) = (3 * ids(i) + 1) % kVocab;
+  // ---- the model: forward with the backward's context, on any mesh -------------------------------------
+
+  struct BlockGrads {
+    Act dh;
+    DGain dg;
+    DColW dw1;
+    DRowW dw2;
+  };
+  struct BlockOut {
+    Act h;
+    std::function<BlockGrads(const Act&)> back;
+  };
+
+  /// h + W2 gelu(W1 rms_norm(h)), tensor + sequence parallel.
+  static BlockOut block(const Act& h, const Gain& g, const ColW& w1, const RowW& w2, CommClock& clock) {
+    auto [n, norm_back] = rms_norm<1>(h, g, 1e-6, with_backward);                            // [S,S,S]
+    auto [x, ag_back] = clock([&] { return redistribute_with_backward<S<0>, S<0>, R>(n); }); // all_gather
+    auto [u, mm1_back] = linear(x, w1, with_backward);                                       // [S,S,S(1)]
+    auto [a, gelu_back] = gelu(u, with_backward);
+    auto [v, mm2_back] = linear(a, w2, with_backward); // [S,S,P]
+    auto [v_sp, rs_back] = clock([&] { return redistribute_with_backward<S<0>, S<0>, S<0>>(v); });
+    auto [out, add_back] = add(h, v_sp, with_backward);
+    auto back = [&clock, norm_back, ag_back, mm1_back, gelu_back, mm2_back, rs_back,
+                 add_back](const Act& dout) -> BlockGrads {
+      auto [dh_res, dv_sp] = add_back(dout);
+      auto [da, dw2] = mm2_back(clock([&] { return rs_back(dv_sp); }));
+      auto [dx, dw1] = mm1_back(gelu_back(da));
+      auto [dh_norm, dg] = norm_back(clock([&] { return ag_back(dx); }));
+      return {add(dh_res, dh_norm), dg, dw1, dw2};
+    };
+    return {out, back};
   }
-  return {distribute_tensor<S<0>, S<0>, R>(mesh, ids), distribute_tensor<S<0>, S<0>, R>(mesh, targets)};
-}
 
-/// The parameters, unsharded, from the sharding-invariant RNG (the same on every mesh).
-struct Weights {
-  ColW emb;
-  std::vector<Gain> g;
-  std::vector<ColW> w1;
-  std::vector<RowW> w2;
-  Gain gf;
-  ColW out;
-};
-Weights init_weights(const DeviceMesh<Mesh>& mesh) {
-  init::InitKeys keys(2024);
-  Weights w{zeros<T, R, R, S<0>>(mesh, {kVocab, kHidden}), {}, {}, {}, zeros<T, R, R, R>(mesh, {kHidden}),
-            zeros<T, R, R, S<0>>(mesh, {kVocab, kHidden})};
-  init::normal_(w.emb, 0.0, 1.0, keys.next());
-  for (int b = 0; b < kBlocks; ++b) {
-    w.g.push_back(zeros<T, R, R, R>(mesh, {kHidden}));
-    init::ones_(w.g.back());
-    w.w1.push_back(zeros<T, R, R, S<0>>(mesh, {kFfn, kHidden}));
-    init::kaiming_uniform_(w.w1.back(), keys.next(), std::sqrt(5.0));
-    w.w2.push_back(zeros<T, R, R, S<1>>(mesh, {kHidden, kFfn}));
-    init::kaiming_uniform_(w.w2.back(), keys.next(), std::sqrt(5.0));
+  struct EmbOut {
+    Act h;
+    std::function<DColW(const Act&)> back;
+  };
+  static EmbOut embed(const Ids& ids, const ColW& w, CommClock& clock) {
+    auto [e, emb_back] = embedding(ids, w, with_backward); // [S,S,P]
+    auto [h, rs_back] =
+        clock([&] { return redistribute_with_backward<S<0>, S<0>, S<0>>(e); }); // reduce_scatter
+    return {h, [&clock, emb_back, rs_back](const Act& dh) {
+              return emb_back(clock([&] { return rs_back(dh); }));
+            }};
   }
-  init::ones_(w.gf);
-  init::kaiming_uniform_(w.out, keys.next(), std::sqrt(5.0));
-  return w;
-}
 
-/// What a training run gives: the losses, the final parameters (full), the time split.
-struct Trained {
-  std::vector<double> losses, norms;
-  std::vector<Tensor<T, 2>> mats;
-  std::vector<Tensor<T, 1>> vecs;
-  double step_s = 0, exposed_s = 0, comm_s = 0; ///< per step (see the top of the file)
-};
+  struct HeadGrads {
+    Act dh;
+    DGain dg;
+    DColW dw;
+  };
+  struct HeadOut {
+    double loss;
+    std::function<HeadGrads()> back;
+  };
+  static HeadOut head(const Act& h, const Ids& targets, const Gain& g, const ColW& w, CommClock& clock) {
+    auto [n, norm_back] = rms_norm<1>(h, g, 1e-6, with_backward);
+    auto [x, ag_back] = clock([&] { return redistribute_with_backward<S<0>, S<0>, R>(n); });
+    auto [logits, mm_back] = linear(x, w, with_backward); // [S(0),S(0),S(1)]: the vocabulary over tp
+    auto [loss, loss_back] = cross_entropy(logits, targets, with_backward);
+    auto back = [&clock, norm_back, ag_back, mm_back, loss_back]() -> HeadGrads {
+      auto [dx, dw] = mm_back(loss_back(1.0));
+      auto [dh, dg] = norm_back(clock([&] { return ag_back(dx); }));
+      return {dh, dg, dw};
+    };
+    return {static_cast<double>(loss.local().item()), back};
+  }
 
-/// Timing bookkeeping shared by the trainers: step 0 warms up; steps 1, 6, 11, ... run with overlap off (they
-/// measure all the communication); the others with overlap (they measure the step and its exposed part).
-struct Timing {
-  double step_s = 0, exposed_s = 0, comm_s = 0;
-  int timed = 0, serial = 0;
-  static bool serial_step(int step, int steps) { return steps >= 3 && step % 5 == 1; }
-  void record(int step, int steps, double seconds, double blocked) {
-    if (serial_step(step, steps)) {
-      comm_s += blocked;
-      ++serial;
-    } else if (step >= 1 || steps < 3) {
-      step_s += seconds;
-      exposed_s += blocked;
-      ++timed;
+  /// The step's tokens: a fixed random mapping to learn (target = (3 id + 1) mod V).
+  static std::pair<Ids, Ids> batch(const DeviceMesh<Mesh>& mesh, int step) {
+    Tensor<std::int64_t, 1> ids({sizes.tokens}), targets({sizes.tokens});
+    for (std::int64_t i = 0; i < sizes.tokens; ++i) {
+      const std::uint64_t z = (std::uint64_t(step) * 1000003u + std::uint64_t(i) * 7919u) * 2654435761u;
+      ids(i) = static_cast<std::int64_t>((z >> 16) % sizes.vocab);
+      targets(i) = (3 * ids(i) + 1) % sizes.vocab;
     }
+    return {distribute_tensor<S<0>, S<0>, R>(mesh, ids), distribute_tensor<S<0>, S<0>, R>(mesh, targets)};
   }
-  void to(Trained& t) const {
-    t.step_s = step_s / std::max(timed, 1);
-    t.exposed_s = exposed_s / std::max(timed, 1);
-    t.comm_s = comm_s / std::max(serial, 1);
-  }
-};
 
-template <class Step>
-double timed(Step&& step) {
-  const auto t0 = std::chrono::steady_clock::now();
-  step();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// ---- tp and ddp: replicated parameters, DDP's buckets over dp -------------------------------------------
-
-/// A gradient after DDP's reduction over dp (Replicate there, Partial still over rep and, for gains, tp).
-template <class G>
-using ReadyT = decltype(std::declval<DDPReducer<"dp", T, Mesh>&>().ready(0, std::declval<G>()));
-
-Trained train_replicated(const DeviceMesh<Mesh>& mesh, int steps, bool print) {
-  Weights w = init_weights(mesh);
-  const int n = 3 + 3 * kBlocks; // parameters in registration order: emb, (g, w1, w2) per block, gf, out
-  std::vector<std::int64_t> numels{w.emb.local().numel()};
-  for (int b = 0; b < kBlocks; ++b) {
-    numels.insert(numels.end(), {w.g[b].local().numel(), w.w1[b].local().numel(), w.w2[b].local().numel()});
-  }
-  numels.insert(numels.end(), {w.gf.local().numel(), w.out.local().numel()});
-  DDPReducer<"dp", T, Mesh> reducer(mesh, numels, {.bucket_cap_bytes = 4096, .first_bucket_cap_bytes = 2048});
-  optim::AdamW opt({.lr = kLr, .weight_decay = 0.01});
-  Trained out;
-  Timing timing;
-  for (int step = 0; step < steps; ++step) {
-    CommClock clock{.overlap = !Timing::serial_step(step, steps)};
-    const auto [ids, targets] = batch(mesh, step);
-    double loss = 0, norm = 0;
-    const double seconds = timed([&] {
-      // Forward, keeping each layer's backward context.
-      auto e = embed(ids, w.emb, clock);
-      std::vector<BlockOut> blocks;
-      const Act* h = &e.h;
-      for (int b = 0; b < kBlocks; ++b) {
-        blocks.push_back(block(*h, w.g[b], w.w1[b], w.w2[b], clock));
-        h = &blocks.back().h;
-      }
-      auto hd = head(*h, targets, w.gf, w.out, clock);
-      loss = hd.loss;
-      // Backward: each gradient handed to the reducer as soon as it exists (its bucket's all_reduce starts
-      // when the bucket is complete). In the step with overlap off they are handed over after the backward
-      // and the buckets waited for at once, so the wait measures all of DDP's communication.
-      std::vector<std::function<void()>> deferred;
-      auto ready = [&](int i, const auto& g, auto& slot) {
-        auto go = [&reducer, &slot, i, g] { slot.emplace(reducer.ready(i, g)); };
-        if (clock.overlap) {
-          go();
-        } else {
-          deferred.push_back(go);
-        }
-      };
-      std::optional<ReadyT<DColW>> g_out, g_emb;
-      std::optional<ReadyT<DGain>> g_gf;
-      std::vector<std::optional<ReadyT<DGain>>> g_g(kBlocks);
-      std::vector<std::optional<ReadyT<DColW>>> g_w1(kBlocks);
-      std::vector<std::optional<ReadyT<DRowW>>> g_w2(kBlocks);
-      auto hg = hd.back();
-      ready(n - 1, hg.dw, g_out);
-      ready(n - 2, hg.dg, g_gf);
-      Act dh = hg.dh;
-      for (int b = kBlocks - 1; b >= 0; --b) {
-        auto bg = blocks[static_cast<std::size_t>(b)].back(dh);
-        ready(3 + 3 * b, bg.dw2, g_w2[b]);
-        ready(2 + 3 * b, bg.dw1, g_w1[b]);
-        ready(1 + 3 * b, bg.dg, g_g[b]);
-        dh = bg.dh;
-      }
-      ready(0, e.back(dh), g_emb);
-      clock([&] { // waits for the buckets still in flight
-        for (auto& f : deferred) {
-          f();
-        }
-        reducer.finish();
-      });
-      // The reductions left: over rep (a second batch axis) and, for the gains, over tp (sequence parallel).
-      std::vector<Gain> gg;
-      std::vector<ColW> gw1;
-      std::vector<RowW> gw2;
-      for (int b = 0; b < kBlocks; ++b) {
-        gg.push_back(clock([&] { return g_g[b]->template redistribute<R, R, R>(); }));
-        gw1.push_back(clock([&] { return g_w1[b]->template redistribute<R, R, S<0>>(); }));
-        gw2.push_back(clock([&] { return g_w2[b]->template redistribute<R, R, S<1>>(); }));
-      }
-      const ColW gemb = clock([&] { return g_emb->template redistribute<R, R, S<0>>(); });
-      const Gain ggf = clock([&] { return g_gf->template redistribute<R, R, R>(); });
-      const ColW gout = clock([&] { return g_out->template redistribute<R, R, S<0>>(); });
-      // Clip by the global norm (one all_reduce of one double over tp), then AdamW on the local shards.
-      norm = [&]<std::size_t... B>(std::index_sequence<B...>) {
-        return clip_grad_norm(kMaxNorm, gemb, ggf, gout, gg[B]..., gw1[B]..., gw2[B]...);
-      }
-      (std::make_index_sequence<kBlocks>{});
-      opt.step(0, w.emb, gemb);
-      for (int b = 0; b < kBlocks; ++b) {
-        opt.step(1 + 3 * b, w.g[b], gg[b]);
-        opt.step(2 + 3 * b, w.w1[b], gw1[b]);
-        opt.step(3 + 3 * b, w.w2[b], gw2[b]);
-      }
-      opt.step(n - 2, w.gf, ggf);
-      opt.step(n - 1, w.out, gout);
-    });
-    timing.record(step, steps, seconds, clock.blocked);
-    out.losses.push_back(loss);
-    out.norms.push_back(norm);
-    if (print) {
-      std::printf("step %3d/%d  loss %.6f  grad norm %.4f  %6.1f ms%s\n", step + 1, steps, loss, norm,
-                  seconds * 1e3, clock.overlap ? "" : "  (overlap off)");
-      std::fflush(stdout);
-    }
-  }
-  out.mats.push_back(w.emb.full_tensor());
-  for (int b = 0; b < kBlocks; ++b) {
-    out.vecs.push_back(w.g[b].full_tensor());
-    out.mats.push_back(w.w1[b].full_tensor());
-    out.mats.push_back(w.w2[b].full_tensor());
-  }
-  out.vecs.push_back(w.gf.full_tensor());
-  out.mats.push_back(w.out.full_tensor());
-  timing.to(out);
-  return out;
-}
-
-// ---- fsdp, hsdp, fsdp_tp: one FlatParamGroup per block ---------------------------------------------------
-
-/// Starts a group's all_gather; with overlap off, waits for it at once (timed).
-template <class G>
-void prefetch(G& group, CommClock& clock) {
-  FsdpWork work = group.unshard(async_op);
-  if (!clock.overlap) {
-    clock([&] { work.wait(); });
-  }
-}
-
-/// Adds to `sq` the squares of this rank's gradient shard, each element counted once over the mesh: only
-/// on rep coordinate 0 (the replicas hold the same shard) and, for a parameter replicated over tp (the
-/// gains, parameter 0 of a block or the head), only on tp coordinate 0.
-template <class G>
-void add_squares(const G& group, bool param0_on_tp, const DeviceMesh<Mesh>& mesh, double& sq) {
-  const auto& c = mesh.coordinate();
-  if (c[0] != 0) {
-    return;
-  }
-  const Tensor<T, 1> g = group.local_grad();
-  for (const FlatPiece& piece : group.flat_layout().pieces(mesh.size(1), c[1])) {
-    if (piece.param == 0 && param0_on_tp && c[2] != 0) {
-      continue;
-    }
-    for (std::int64_t e = piece.shard_at; e < piece.shard_at + piece.numel; ++e) {
-      sq += g.data()[e] * g.data()[e];
-    }
-  }
-}
-
-template <class FsdpLayout>
-Trained train_sharded(const DeviceMesh<Mesh>& mesh, int steps, bool print) {
-  using EmbGroup = FlatParamGroup<T, Mesh, FsdpLayout, Params<Param<2, R, R, S<0>>>>;
-  using BlockGroup =
-      FlatParamGroup<T, Mesh, FsdpLayout, Params<Param<1>, Param<2, R, R, S<0>>, Param<2, R, R, S<1>>>>;
-  using HeadGroup = FlatParamGroup<T, Mesh, FsdpLayout, Params<Param<1>, Param<2, R, R, S<0>>>>;
-  std::vector<BlockGroup> gb;
-  std::optional<EmbGroup> ge;
-  std::optional<HeadGroup> gh;
-  {
-    const Weights w = init_weights(mesh); // sharded into the groups' flat buffers, then dropped
-    ge.emplace(w.emb);
+  /// The parameters, unsharded, from the sharding-invariant RNG (the same on every mesh).
+  struct Weights {
+    ColW emb;
+    std::vector<Gain> g;
+    std::vector<ColW> w1;
+    std::vector<RowW> w2;
+    Gain gf;
+    ColW out;
+  };
+  static Weights init_weights(const DeviceMesh<Mesh>& mesh) {
+    init::InitKeys keys(2024);
+    Weights w{zeros<T, R, R, S<0>>(mesh, {sizes.vocab, sizes.hidden}),
+              {},
+              {},
+              {},
+              zeros<T, R, R, R>(mesh, {sizes.hidden}),
+              zeros<T, R, R, S<0>>(mesh, {sizes.vocab, sizes.hidden})};
+    init::normal_(w.emb, 0.0, 1.0, keys.next());
     for (int b = 0; b < kBlocks; ++b) {
-      gb.emplace_back(w.g[b], w.w1[b], w.w2[b]);
+      w.g.push_back(zeros<T, R, R, R>(mesh, {sizes.hidden}));
+      init::ones_(w.g.back());
+      w.w1.push_back(zeros<T, R, R, S<0>>(mesh, {sizes.ffn, sizes.hidden}));
+      init::kaiming_uniform_(w.w1.back(), keys.next(), std::sqrt(5.0));
+      w.w2.push_back(zeros<T, R, R, S<1>>(mesh, {sizes.hidden, sizes.ffn}));
+      init::kaiming_uniform_(w.w2.back(), keys.next(), std::sqrt(5.0));
     }
-    gh.emplace(w.gf, w.out);
+    init::ones_(w.gf);
+    init::kaiming_uniform_(w.out, keys.next(), std::sqrt(5.0));
+    return w;
   }
-  optim::AdamW opt({.lr = kLr, .weight_decay = 0.01});
-  Trained out;
-  Timing timing;
-  for (int step = 0; step < steps; ++step) {
-    CommClock clock{.overlap = !Timing::serial_step(step, steps)};
-    const auto [ids, targets] = batch(mesh, step);
-    double loss = 0, norm = 0;
-    const double seconds = timed([&] {
-      std::vector<FsdpWork> reductions;
-      auto reduce = [&](auto& group, const auto&... grads) {
-        clock([&] { // a Partial over rep (Fsdp) or tp (the gains) is all-reduced first, blocking
-          reductions.push_back(group.reduce_gradients(async_op, grads...));
-          if (!clock.overlap) {
-            reductions.back().wait();
+
+  /// What a training run gives: the losses, the final parameters (full), the time split.
+  struct Trained {
+    std::vector<double> losses, norms;
+    std::vector<Tensor<T, 2>> mats;
+    std::vector<Tensor<T, 1>> vecs;
+    double step_s = 0, exposed_s = 0, comm_s = 0; ///< per step (see the top of the file)
+    double serial_step_s = 0;                     ///< the steps with overlap off, per step
+    std::string comm_mismatch; ///< the first step whose collectives differ from expected_comms, and how
+    /// Heap bytes (bench_train only): live before step 0, peak from step 1 on (the optimizer state exists),
+    /// live after the last step.
+    std::int64_t heap_start = 0, heap_peak = 0, heap_end = 0;
+    /// This rank's parameters, gradients and AdamW state (2 values per parameter element), in bytes.
+    std::int64_t state_bytes = 0;
+
+    /// Rank 0 prints the step's collectives (print_comm); the first mismatch is kept.
+    void pin(int step, const CommDebugMode& comm, const CommCounts& want, bool print_comm) {
+      if (print_comm && step == 0) {
+        std::printf("collectives of step 1 (each checked against the layout's, every step):\n%s",
+                    comm.to_string().c_str());
+      }
+      const std::string diff = compare_comms(comm, want);
+      if (!diff.empty() && comm_mismatch.empty()) {
+        comm_mismatch =
+            "step " + std::to_string(step + 1) + " ran other collectives than the layout's:" + diff;
+      }
+    }
+  };
+
+  /// Timing bookkeeping shared by the trainers: step 0 warms up; steps 1, 6, 11, ... run with overlap off
+  /// (they measure all the communication); the others with overlap (they measure the step and its exposed
+  /// part).
+  struct Timing {
+    double step_s = 0, exposed_s = 0, comm_s = 0, serial_step_s = 0;
+    int timed = 0, serial = 0;
+    static bool serial_step(int step, int steps) { return steps >= 3 && step % 5 == 1; }
+    void record(int step, int steps, double seconds, double blocked) {
+      if (serial_step(step, steps)) {
+        comm_s += blocked;
+        serial_step_s += seconds;
+        ++serial;
+      } else if (step >= 1 || steps < 3) {
+        step_s += seconds;
+        exposed_s += blocked;
+        ++timed;
+      }
+    }
+    void to(Trained& t) const {
+      t.step_s = step_s / std::max(timed, 1);
+      t.exposed_s = exposed_s / std::max(timed, 1);
+      t.comm_s = comm_s / std::max(serial, 1);
+      t.serial_step_s = serial_step_s / std::max(serial, 1);
+    }
+  };
+
+  template <class Step>
+  static double timed(Step&& step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // ---- tp and ddp: replicated parameters, DDP's buckets over dp -------------------------------------------
+
+  /// A gradient after DDP's reduction over dp (Replicate there, Partial still over rep and, for gains, tp).
+  template <class G>
+  using ReadyT = decltype(std::declval<DDPReducer<"dp", T, Mesh>&>().ready(0, std::declval<G>()));
+
+  static Trained train_replicated(const DeviceMesh<Mesh>& mesh, Layout layout, int steps, bool print,
+                                  bool print_comm) {
+    Weights w = init_weights(mesh);
+    const int n = 3 + 3 * kBlocks; // parameters in registration order: emb, (g, w1, w2) per block, gf, out
+    std::vector<std::int64_t> numels{w.emb.local().numel()};
+    for (int b = 0; b < kBlocks; ++b) {
+      numels.insert(numels.end(), {w.g[b].local().numel(), w.w1[b].local().numel(), w.w2[b].local().numel()});
+    }
+    numels.insert(numels.end(), {w.gf.local().numel(), w.out.local().numel()});
+    DDPReducer<"dp", T, Mesh> reducer(mesh, numels,
+                                      {.bucket_cap_bytes = 4096, .first_bucket_cap_bytes = 2048});
+    optim::AdamW opt({.lr = kLr, .weight_decay = 0.01});
+    Trained out;
+    Timing timing;
+    const CommCounts want = expected_comms(layout, static_cast<int>(reducer.buckets().size()));
+    for (const std::int64_t e : numels) {
+      out.state_bytes += 4 * e * std::int64_t(sizeof(T));
+    }
+    out.heap_start = heap_live();
+    for (int step = 0; step < steps; ++step) {
+      if (step == 1) {
+        reset_heap_peak();
+      }
+      CommDebugMode comm;
+      CommClock clock{.overlap = !Timing::serial_step(step, steps)};
+      const auto [ids, targets] = batch(mesh, step);
+      double loss = 0, norm = 0;
+      const double seconds = timed([&] {
+        // Forward, keeping each layer's backward context.
+        auto e = embed(ids, w.emb, clock);
+        std::vector<BlockOut> blocks;
+        const Act* h = &e.h;
+        for (int b = 0; b < kBlocks; ++b) {
+          blocks.push_back(block(*h, w.g[b], w.w1[b], w.w2[b], clock));
+          h = &blocks.back().h;
+        }
+        auto hd = head(*h, targets, w.gf, w.out, clock);
+        loss = hd.loss;
+        // Backward: each gradient handed to the reducer as soon as it exists (its bucket's all_reduce starts
+        // when the bucket is complete). In the step with overlap off they are handed over after the backward
+        // and the buckets waited for at once, so the wait measures all of DDP's communication.
+        std::vector<std::function<void()>> deferred;
+        auto ready = [&](int i, const auto& g, auto& slot) {
+          auto go = [&reducer, &slot, i, g] { slot.emplace(reducer.ready(i, g)); };
+          if (clock.overlap) {
+            go();
+          } else {
+            deferred.push_back(go);
+          }
+        };
+        std::optional<ReadyT<DColW>> g_out, g_emb;
+        std::optional<ReadyT<DGain>> g_gf;
+        std::vector<std::optional<ReadyT<DGain>>> g_g(kBlocks);
+        std::vector<std::optional<ReadyT<DColW>>> g_w1(kBlocks);
+        std::vector<std::optional<ReadyT<DRowW>>> g_w2(kBlocks);
+        auto hg = hd.back();
+        ready(n - 1, hg.dw, g_out);
+        ready(n - 2, hg.dg, g_gf);
+        Act dh = hg.dh;
+        for (int b = kBlocks - 1; b >= 0; --b) {
+          auto bg = blocks[static_cast<std::size_t>(b)].back(dh);
+          ready(3 + 3 * b, bg.dw2, g_w2[b]);
+          ready(2 + 3 * b, bg.dw1, g_w1[b]);
+          ready(1 + 3 * b, bg.dg, g_g[b]);
+          dh = bg.dh;
+        }
+        ready(0, e.back(dh), g_emb);
+        clock([&] { // waits for the buckets still in flight
+          for (auto& f : deferred) {
+            f();
+          }
+          reducer.finish();
+        });
+        // The reductions left: over rep (a second batch axis) and, for the gains, over tp (sequence
+        // parallel).
+        std::vector<Gain> gg;
+        std::vector<ColW> gw1;
+        std::vector<RowW> gw2;
+        for (int b = 0; b < kBlocks; ++b) {
+          gg.push_back(clock([&] { return g_g[b]->template redistribute<R, R, R>(); }));
+          gw1.push_back(clock([&] { return g_w1[b]->template redistribute<R, R, S<0>>(); }));
+          gw2.push_back(clock([&] { return g_w2[b]->template redistribute<R, R, S<1>>(); }));
+        }
+        const ColW gemb = clock([&] { return g_emb->template redistribute<R, R, S<0>>(); });
+        const Gain ggf = clock([&] { return g_gf->template redistribute<R, R, R>(); });
+        const ColW gout = clock([&] { return g_out->template redistribute<R, R, S<0>>(); });
+        // Clip by the global norm (one all_reduce of one double over tp), then AdamW on the local shards.
+        norm = [&]<std::size_t... B>(std::index_sequence<B...>) {
+          return clip_grad_norm(kMaxNorm, gemb, ggf, gout, gg[B]..., gw1[B]..., gw2[B]...);
+        }
+        (std::make_index_sequence<kBlocks>{});
+        opt.step(0, w.emb, gemb);
+        for (int b = 0; b < kBlocks; ++b) {
+          opt.step(1 + 3 * b, w.g[b], gg[b]);
+          opt.step(2 + 3 * b, w.w1[b], gw1[b]);
+          opt.step(3 + 3 * b, w.w2[b], gw2[b]);
+        }
+        opt.step(n - 2, w.gf, ggf);
+        opt.step(n - 1, w.out, gout);
+      });
+      timing.record(step, steps, seconds, clock.blocked);
+      out.pin(step, comm, want, print_comm);
+      out.losses.push_back(loss);
+      out.norms.push_back(norm);
+      if (print) {
+        std::printf("step %3d/%d  loss %.6f  grad norm %.4f  %6.1f ms%s\n", step + 1, steps, loss, norm,
+                    seconds * 1e3, clock.overlap ? "" : "  (overlap off)");
+        std::fflush(stdout);
+      }
+    }
+    out.heap_peak = steps > 1 ? heap_peak() : 0;
+    out.heap_end = heap_live();
+    out.mats.push_back(w.emb.full_tensor());
+    for (int b = 0; b < kBlocks; ++b) {
+      out.vecs.push_back(w.g[b].full_tensor());
+      out.mats.push_back(w.w1[b].full_tensor());
+      out.mats.push_back(w.w2[b].full_tensor());
+    }
+    out.vecs.push_back(w.gf.full_tensor());
+    out.mats.push_back(w.out.full_tensor());
+    timing.to(out);
+    return out;
+  }
+
+  // ---- fsdp, hsdp, fsdp_tp: one FlatParamGroup per block
+  // ---------------------------------------------------
+
+  /// Starts a group's all_gather; with overlap off, waits for it at once (timed).
+  template <class G>
+  static void prefetch(G& group, CommClock& clock) {
+    FsdpWork work = group.unshard(async_op);
+    if (!clock.overlap) {
+      clock([&] { work.wait(); });
+    }
+  }
+
+  /// Adds to `sq` the squares of this rank's gradient shard, each element counted once over the mesh: only
+  /// on rep coordinate 0 (the replicas hold the same shard) and, for a parameter replicated over tp (the
+  /// gains, parameter 0 of a block or the head), only on tp coordinate 0.
+  template <class G>
+  static void add_squares(const G& group, bool param0_on_tp, const DeviceMesh<Mesh>& mesh, double& sq) {
+    const auto& c = mesh.coordinate();
+    if (c[0] != 0) {
+      return;
+    }
+    const Tensor<T, 1> g = group.local_grad();
+    for (const FlatPiece& piece : group.flat_layout().pieces(mesh.size(1), c[1])) {
+      if (piece.param == 0 && param0_on_tp && c[2] != 0) {
+        continue;
+      }
+      for (std::int64_t e = piece.shard_at; e < piece.shard_at + piece.numel; ++e) {
+        sq += g.data()[e] * g.data()[e];
+      }
+    }
+  }
+
+  template <class FsdpLayout>
+  static Trained train_sharded(const DeviceMesh<Mesh>& mesh, Layout layout, int steps, bool print,
+                               bool print_comm) {
+    using EmbGroup = FlatParamGroup<T, Mesh, FsdpLayout, Params<Param<2, R, R, S<0>>>>;
+    using BlockGroup =
+        FlatParamGroup<T, Mesh, FsdpLayout, Params<Param<1>, Param<2, R, R, S<0>>, Param<2, R, R, S<1>>>>;
+    using HeadGroup = FlatParamGroup<T, Mesh, FsdpLayout, Params<Param<1>, Param<2, R, R, S<0>>>>;
+    std::vector<BlockGroup> gb;
+    std::optional<EmbGroup> ge;
+    std::optional<HeadGroup> gh;
+    {
+      const Weights w = init_weights(mesh); // sharded into the groups' flat buffers, then dropped
+      ge.emplace(w.emb);
+      for (int b = 0; b < kBlocks; ++b) {
+        gb.emplace_back(w.g[b], w.w1[b], w.w2[b]);
+      }
+      gh.emplace(w.gf, w.out);
+    }
+    optim::AdamW opt({.lr = kLr, .weight_decay = 0.01});
+    Trained out;
+    Timing timing;
+    const CommCounts want = expected_comms(layout, 0);
+    out.state_bytes = 4 * ge->sharded_numel() + 4 * gh->sharded_numel();
+    for (const auto& g : gb) {
+      out.state_bytes += 4 * g.sharded_numel();
+    }
+    out.state_bytes *= std::int64_t(sizeof(T));
+    out.heap_start = heap_live();
+    for (int step = 0; step < steps; ++step) {
+      if (step == 1) {
+        reset_heap_peak();
+      }
+      CommDebugMode comm;
+      CommClock clock{.overlap = !Timing::serial_step(step, steps)};
+      const auto [ids, targets] = batch(mesh, step);
+      double loss = 0, norm = 0;
+      const double seconds = timed([&] {
+        std::vector<FsdpWork> reductions;
+        auto reduce = [&](auto& group, const auto&... grads) {
+          clock([&] { // a Partial over rep (Fsdp) or tp (the gains) is all-reduced first, blocking
+            reductions.push_back(group.reduce_gradients(async_op, grads...));
+            if (!clock.overlap) {
+              reductions.back().wait();
+            } else if (reductions.size() >= 2) {
+              // At most two in flight: a reduction holds its group's unsharded gradient buffer until it
+              // finishes, so waiting for the previous group's bounds them to two groups'.
+              reductions[reductions.size() - 2].wait();
+            }
+          });
+        };
+        // Forward: the next group's all_gather in flight while the current one computes; each group's
+        // gathered buffer dropped after its forward (only the block inputs are kept).
+        prefetch(*ge, clock);
+        prefetch(gb[0], clock);
+        std::vector<Act> inputs;
+        inputs.push_back([&] {
+          auto [w_emb] = clock([&] { return ge->params(); });
+          return embed(ids, w_emb, clock).h;
+        }());
+        ge->reshard();
+        for (int b = 0; b < kBlocks; ++b) {
+          if (b + 1 < kBlocks) {
+            prefetch(gb[b + 1], clock);
+          } else {
+            prefetch(*gh, clock);
+          }
+          auto [g, w1, w2] = clock([&] { return gb[b].params(); });
+          inputs.push_back(block(inputs.back(), g, w1, w2, clock).h);
+          gb[b].reshard();
+        }
+        // The head: forward and backward at once (its parameters stay gathered in between).
+        prefetch(gb[kBlocks - 1], clock); // for the backward
+        Act dh = [&] {
+          auto [gf, w_out] = clock([&] { return gh->params(); });
+          auto hd = head(inputs.back(), targets, gf, w_out, clock);
+          loss = hd.loss;
+          auto hg = hd.back();
+          reduce(*gh, hg.dg, hg.dw);
+          return hg.dh;
+        }();
+        gh->reshard();
+        // Backward: gather the block again (group b - 1's all_gather in flight), recompute its forward from
+        // its saved input with the backward's context, run the backward, reduce-scatter its gradients.
+        for (int b = kBlocks - 1; b >= 0; --b) {
+          if (b > 0) {
+            prefetch(gb[b - 1], clock);
+          } else {
+            prefetch(*ge, clock);
+          }
+          dh = [&] {
+            auto [g, w1, w2] = clock([&] { return gb[b].params(); });
+            auto bg = block(inputs[static_cast<std::size_t>(b)], g, w1, w2, clock).back(dh);
+            reduce(gb[b], bg.dg, bg.dw1, bg.dw2);
+            return bg.dh;
+          }();
+          gb[b].reshard();
+        }
+        {
+          auto [w_emb] = clock([&] { return ge->params(); });
+          reduce(*ge, embed(ids, w_emb, clock).back(dh));
+        }
+        ge->reshard();
+        clock([&] {
+          for (FsdpWork& r : reductions) {
+            r.wait();
           }
         });
-      };
-      // Forward: the next group's all_gather in flight while the current one computes; each group's
-      // gathered buffer dropped after its forward (only the block inputs are kept).
-      prefetch(*ge, clock);
-      prefetch(gb[0], clock);
-      std::vector<Act> inputs;
-      inputs.push_back([&] {
-        auto [w_emb] = clock([&] { return ge->params(); });
-        return embed(ids, w_emb, clock).h;
-      }());
-      ge->reshard();
-      for (int b = 0; b < kBlocks; ++b) {
-        if (b + 1 < kBlocks) {
-          prefetch(gb[b + 1], clock);
-        } else {
-          prefetch(*gh, clock);
+        // Clip by the global norm (one all_reduce of one double over every rank), then AdamW on the shards.
+        double sq = 0;
+        add_squares(*ge, false, mesh, sq);
+        for (const auto& g : gb) {
+          add_squares(g, true, mesh, sq);
         }
-        auto [g, w1, w2] = clock([&] { return gb[b].params(); });
-        inputs.push_back(block(inputs.back(), g, w1, w2, clock).h);
-        gb[b].reshard();
-      }
-      // The head: forward and backward at once (its parameters stay gathered in between).
-      prefetch(gb[kBlocks - 1], clock); // for the backward
-      Act dh = [&] {
-        auto [gf, w_out] = clock([&] { return gh->params(); });
-        auto hd = head(inputs.back(), targets, gf, w_out, clock);
-        loss = hd.loss;
-        auto hg = hd.back();
-        reduce(*gh, hg.dg, hg.dw);
-        return hg.dh;
-      }();
-      gh->reshard();
-      // Backward: gather the block again (group b - 1's all_gather in flight), recompute its forward from
-      // its saved input with the backward's context, run the backward, reduce-scatter its gradients.
-      for (int b = kBlocks - 1; b >= 0; --b) {
-        if (b > 0) {
-          prefetch(gb[b - 1], clock);
-        } else {
-          prefetch(*ge, clock);
-        }
-        dh = [&] {
-          auto [g, w1, w2] = clock([&] { return gb[b].params(); });
-          auto bg = block(inputs[static_cast<std::size_t>(b)], g, w1, w2, clock).back(dh);
-          reduce(gb[b], bg.dg, bg.dw1, bg.dw2);
-          return bg.dh;
-        }();
-        gb[b].reshard();
-      }
-      {
-        auto [w_emb] = clock([&] { return ge->params(); });
-        reduce(*ge, embed(ids, w_emb, clock).back(dh));
-      }
-      ge->reshard();
-      clock([&] {
-        for (FsdpWork& r : reductions) {
-          r.wait();
-        }
-      });
-      // Clip by the global norm (one all_reduce of one double over every rank), then AdamW on the shards.
-      double sq = 0;
-      add_squares(*ge, false, mesh, sq);
-      for (const auto& g : gb) {
-        add_squares(g, true, mesh, sq);
-      }
-      add_squares(*gh, true, mesh, sq);
-      Tensor<double, 1> total({1});
-      total(0) = sq;
-      all_reduce(total, ReduceOp::sum, mesh.world());
-      norm = std::sqrt(total(0));
-      const double coef = kMaxNorm / (norm + 1e-6);
-      int index = 0;
-      auto step_group = [&](auto& group) {
-        const Tensor<T, 1> grad = group.local_grad();
-        if (coef < 1) {
-          for (std::int64_t e = 0; e < grad.numel(); ++e) {
-            grad.data()[e] *= coef;
+        add_squares(*gh, true, mesh, sq);
+        Tensor<double, 1> total({1});
+        total(0) = sq;
+        all_reduce(total, ReduceOp::sum, mesh.world());
+        norm = std::sqrt(total(0));
+        const double coef = kMaxNorm / (norm + 1e-6);
+        int index = 0;
+        auto step_group = [&](auto& group) {
+          const Tensor<T, 1> grad = group.local_grad();
+          if (coef < 1) {
+            for (std::int64_t e = 0; e < grad.numel(); ++e) {
+              grad.data()[e] *= coef;
+            }
           }
+          opt.step(index++, group.local_param(), grad);
+          group.zero_grad();
+        };
+        step_group(*ge);
+        for (auto& g : gb) {
+          step_group(g);
         }
-        opt.step(index++, group.local_param(), grad);
-        group.zero_grad();
-      };
-      step_group(*ge);
-      for (auto& g : gb) {
-        step_group(g);
+        step_group(*gh);
+      });
+      timing.record(step, steps, seconds, clock.blocked);
+      out.pin(step, comm, want, print_comm);
+      out.losses.push_back(loss);
+      out.norms.push_back(norm);
+      if (print) {
+        std::printf("step %3d/%d  loss %.6f  grad norm %.4f  %6.1f ms%s\n", step + 1, steps, loss, norm,
+                    seconds * 1e3, clock.overlap ? "" : "  (overlap off)");
+        std::fflush(stdout);
       }
-      step_group(*gh);
-    });
-    timing.record(step, steps, seconds, clock.blocked);
-    out.losses.push_back(loss);
-    out.norms.push_back(norm);
-    if (print) {
-      std::printf("step %3d/%d  loss %.6f  grad norm %.4f  %6.1f ms%s\n", step + 1, steps, loss, norm,
-                  seconds * 1e3, clock.overlap ? "" : "  (overlap off)");
-      std::fflush(stdout);
     }
+    out.heap_peak = steps > 1 ? heap_peak() : 0;
+    out.heap_end = heap_live();
+    // The final parameters, gathered, in the order train_replicated gives them.
+    ge->unshard();
+    out.mats.push_back(std::get<0>(ge->params()).full_tensor());
+    for (auto& g : gb) {
+      g.unshard();
+      auto [gain, w1, w2] = g.params();
+      out.vecs.push_back(gain.full_tensor());
+      out.mats.push_back(w1.full_tensor());
+      out.mats.push_back(w2.full_tensor());
+    }
+    gh->unshard();
+    auto [gf, w_out] = gh->params();
+    out.vecs.push_back(gf.full_tensor());
+    out.mats.push_back(w_out.full_tensor());
+    timing.to(out);
+    return out;
   }
-  // The final parameters, gathered, in the order train_replicated gives them.
-  ge->unshard();
-  out.mats.push_back(std::get<0>(ge->params()).full_tensor());
-  for (auto& g : gb) {
-    g.unshard();
-    auto [gain, w1, w2] = g.params();
-    out.vecs.push_back(gain.full_tensor());
-    out.mats.push_back(w1.full_tensor());
-    out.mats.push_back(w2.full_tensor());
-  }
-  gh->unshard();
-  auto [gf, w_out] = gh->params();
-  out.vecs.push_back(gf.full_tensor());
-  out.mats.push_back(w_out.full_tensor());
-  timing.to(out);
-  return out;
-}
+
+}; // struct Model
 
 template <class X>
 double max_relative(const std::vector<X>& a, const std::vector<X>& b) {
@@ -561,31 +744,178 @@ double max_relative(const std::vector<X>& a, const std::vector<X>& b) {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "06_train: %s\nusage: 06_train [--layout tp|ddp|fsdp|hsdp|fsdp_tp] [--mesh REP,DP,TP] "
-               "[--steps N]\n",
+               "[--steps N] [--dtype double|float] [--tokens N] [--hidden H] [--ffn F] [--vocab V] "
+               "[--no-check] [--json FILE] [--print-comm]\n",
                why);
   std::exit(2);
+}
+
+struct Options {
+  const char* layout_name = "fsdp_tp";
+  Layout layout = Layout::fsdp_tp;
+  int steps = 50;
+  bool check = true, print_comm = false;
+  std::string json;
+};
+
+/// Trains in element type T as `opt` says, checks against one rank, prints; the exit status.
+template <class T>
+int train_main(ProcessGroup& world, const DeviceMesh<Mesh>& mesh, const Options& opt) {
+  using M = Model<T>;
+  const bool print = world.rank() == 0;
+  auto run = [&](const DeviceMesh<Mesh>& m, Layout l, bool p) {
+    switch (l) {
+    case Layout::fsdp:
+      return M::template train_sharded<Fsdp<"dp">>(m, l, opt.steps, p, opt.print_comm && p);
+    case Layout::hsdp:
+    case Layout::fsdp_tp:
+      return M::template train_sharded<Hsdp<"rep", "dp">>(m, l, opt.steps, p, opt.print_comm && p);
+    default:
+      return M::train_replicated(m, l, opt.steps, p, opt.print_comm && p);
+    }
+  };
+  const typename M::Trained got = run(mesh, opt.layout, print);
+  bool ok = got.comm_mismatch.empty();
+  if (!ok) {
+    std::fprintf(stderr, "rank %d: %s\n", world.rank(), got.comm_mismatch.c_str());
+  }
+  // The heap per rank (bench_train counts it; see Trained): the largest over the ranks.
+  Tensor<double, 1> heap({3});
+  heap(0) = double(got.heap_start);
+  heap(1) = double(got.heap_peak);
+  heap(2) = double(got.heap_end);
+  all_reduce(heap, ReduceOp::max, world);
+#ifdef DTENSOR_TRAIN_COUNT_HEAP
+  // At the optimizer step every parameter, gradient and AdamW state is live on the heap at once.
+  if (opt.steps > 1 && heap(1) < double(got.state_bytes)) {
+    std::fprintf(stderr, "rank %d: heap peak %.0f bytes below the %lld bytes of state this rank holds\n",
+                 world.rank(), heap(1), static_cast<long long>(got.state_bytes));
+    ok = false;
+  }
+#endif
+  const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-10;
+  double loss_diff = 0, param_diff = 0;
+  if (opt.check) {
+    // The same training on one rank: an in-process world of 1, a (1, 1, 1) mesh, replicated parameters.
+    typename M::Trained want;
+    testing::run_ranks(
+        1, [&](ProcessGroup& one) { want = run(init_device_mesh<Mesh>(one, 1, 1, 1), Layout::ddp, false); });
+    if (!want.comm_mismatch.empty()) {
+      std::fprintf(stderr, "the one-rank reference: %s\n", want.comm_mismatch.c_str());
+      ok = false;
+    }
+    for (int s = 0; s < opt.steps; ++s) {
+      loss_diff = std::max(loss_diff, std::abs(got.losses[s] - want.losses[s]) / std::abs(want.losses[s]));
+    }
+    param_diff = std::max(max_relative(got.mats, want.mats), max_relative(got.vecs, want.vecs));
+    ok = ok && loss_diff <= tol && param_diff <= tol;
+  }
+  if (print) {
+    const double ms = 1e3;
+    std::printf("time per step on rank 0: %.2f ms = compute %.2f ms + exposed communication %.2f ms; "
+                "communication %.2f ms (measured in the steps with overlap off, %.2f ms a step: %.0f%% of it "
+                "hidden)\n",
+                got.step_s * ms, (got.step_s - got.exposed_s) * ms, got.exposed_s * ms, got.comm_s * ms,
+                got.serial_step_s * ms,
+                got.comm_s > 0 ? 100.0 * std::max(0.0, 1.0 - got.exposed_s / got.comm_s) : 0.0);
+    if (heap(1) > 0) {
+      std::printf("heap per rank (largest over ranks): %.3f MB before training, peak %.3f MB in the steps, "
+                  "%.3f MB after\n",
+                  heap(0) / 1e6, heap(1) / 1e6, heap(2) / 1e6);
+    }
+    if (opt.check) {
+      std::printf("against one rank: max relative difference of the losses %.1e, of the final parameters "
+                  "%.1e (%s, tolerance %.0e)\n",
+                  loss_diff, param_diff, std::is_same_v<T, float> ? "float" : "double", tol);
+      std::printf("%s\n",
+                  ok ? "OK: every step's loss and the final parameters equal the one-rank training's, "
+                       "every step's collectives the layout's"
+                     : "MISMATCH with the one-rank training or the expected collectives");
+    } else {
+      std::printf("%s\n", ok ? "OK: every step's collectives are the layout's (no one-rank check: --no-check)"
+                             : "MISMATCH with the expected collectives");
+    }
+    if (!opt.json.empty()) {
+      std::FILE* f = std::fopen(opt.json.c_str(), "w");
+      if (f == nullptr) {
+        std::fprintf(stderr, "06_train: cannot write %s\n", opt.json.c_str());
+        return 1;
+      }
+      std::fprintf(
+          f,
+          "{\"suite\": \"train\", \"layout\": \"%s\", \"dtype\": \"%s\", \"ranks\": %d, "
+          "\"mesh\": [%d, %d, %d], \"blocks\": %d, \"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, "
+          "\"vocab\": %lld, \"steps\": %d, \"step_ms\": %.4f, \"compute_ms\": %.4f, "
+          "\"exposed_ms\": %.4f, \"comm_ms\": %.4f, \"serial_step_ms\": %.4f, "
+          "\"heap_start_bytes\": %.0f, \"heap_peak_bytes\": %.0f, \"heap_end_bytes\": %.0f, "
+          "\"state_bytes\": %.0f, \"losses\": [",
+          opt.layout_name, std::is_same_v<T, float> ? "float32" : "float64", world.size(), mesh.size(0),
+          mesh.size(1), mesh.size(2), kBlocks, (long long)sizes.tokens, (long long)sizes.hidden,
+          (long long)sizes.ffn, (long long)sizes.vocab, opt.steps, got.step_s * ms,
+          (got.step_s - got.exposed_s) * ms, got.exposed_s * ms, got.comm_s * ms, got.serial_step_s * ms,
+          heap(0), heap(1), heap(2), double(got.state_bytes));
+      for (int s = 0; s < opt.steps; ++s) {
+        std::fprintf(f, "%s%.8g", s ? ", " : "", got.losses[s]);
+      }
+      std::fprintf(f, "], \"check\": \"%s\"}\n",
+                   !ok         ? "FAILED"
+                   : opt.check ? "one-rank reference and collectives"
+                               : "collectives");
+      std::fclose(f);
+    }
+  }
+  return ok ? 0 : 1;
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
-  std::string layout_name = "fsdp_tp";
-  std::string mesh_arg;
-  int steps = 50;
+  Options opt;
+  std::string mesh_arg, dtype = "double";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--no-check") {
+      opt.check = false;
+      continue;
+    }
+    if (a == "--print-comm") {
+      opt.print_comm = true;
+      continue;
+    }
     if (i + 1 >= argc) {
       usage(("missing the value of " + a).c_str());
     }
+    auto size = [&] {
+      const long long v = std::atoll(argv[++i]);
+      if (v < 1) {
+        usage((a + " takes a positive number").c_str());
+      }
+      return static_cast<std::int64_t>(v);
+    };
     if (a == "--layout") {
-      layout_name = argv[++i];
+      opt.layout_name = argv[++i];
     } else if (a == "--mesh") {
       mesh_arg = argv[++i];
     } else if (a == "--steps") {
-      steps = std::atoi(argv[++i]);
+      opt.steps = std::atoi(argv[++i]);
+    } else if (a == "--dtype") {
+      dtype = argv[++i];
+    } else if (a == "--tokens") {
+      sizes.tokens = size();
+    } else if (a == "--hidden") {
+      sizes.hidden = size();
+    } else if (a == "--ffn") {
+      sizes.ffn = size();
+    } else if (a == "--vocab") {
+      sizes.vocab = size();
+    } else if (a == "--json") {
+      opt.json = argv[++i];
     } else {
       usage(("unknown argument " + a).c_str());
     }
+  }
+  if (dtype != "double" && dtype != "float") {
+    usage(("--dtype takes double or float, not " + dtype).c_str());
   }
   ProcessGroup world = init_process_group();
   const int n = world.size();
@@ -599,10 +929,12 @@ int main(int argc, char** argv) {
                  {"hsdp", Layout::hsdp, 2, 0, 1},
                  {"fsdp_tp", Layout::fsdp_tp, 1, 0, 2}};
   const auto* chosen = std::find_if(std::begin(layouts), std::end(layouts),
-                                    [&](const auto& l) { return layout_name == l.name; });
+                                    [&](const auto& l) { return std::string(opt.layout_name) == l.name; });
   if (chosen == std::end(layouts)) {
-    usage(("unknown layout " + layout_name).c_str());
+    usage((std::string("unknown layout ") + opt.layout_name).c_str());
   }
+  opt.layout_name = chosen->name;
+  opt.layout = chosen->layout;
   int rep = chosen->rep, dp = chosen->dp, tp = chosen->tp;
   if (!mesh_arg.empty() && std::sscanf(mesh_arg.c_str(), "%d,%d,%d", &rep, &dp, &tp) != 3) {
     usage(("--mesh takes REP,DP,TP, not " + mesh_arg).c_str());
@@ -611,53 +943,18 @@ int main(int argc, char** argv) {
   if (rest == 0) {
     rest = n / std::max(1, rep * (dp == 0 ? tp : dp));
   }
-  if (rep * dp * tp != n || steps < 1) {
+  if (rep * dp * tp != n || opt.steps < 1) {
     usage(("the mesh (" + std::to_string(rep) + ", " + std::to_string(dp) + ", " + std::to_string(tp) +
            ") does not have the " + std::to_string(n) + " ranks, or --steps < 1")
               .c_str());
   }
   auto mesh = init_device_mesh<Mesh>(world, rep, dp, tp);
-  const bool print = world.rank() == 0;
-  if (print) {
-    std::printf("training %d blocks (hidden %lld, ffn %lld, vocab %lld, %lld tokens a step) for %d steps, "
-                "layout %s on (rep=%d, dp=%d, tp=%d), AdamW, clip at %.1f\n",
-                kBlocks, (long long)kHidden, (long long)kFfn, (long long)kVocab, (long long)kTokens, steps,
-                chosen->name, rep, dp, tp, kMaxNorm);
+  if (world.rank() == 0) {
+    std::printf(
+        "training %d blocks (hidden %lld, ffn %lld, vocab %lld, %lld tokens a step, %s) for %d steps, "
+        "layout %s on (rep=%d, dp=%d, tp=%d), AdamW, clip at %.1f\n",
+        kBlocks, (long long)sizes.hidden, (long long)sizes.ffn, (long long)sizes.vocab,
+        (long long)sizes.tokens, dtype.c_str(), opt.steps, chosen->name, rep, dp, tp, kMaxNorm);
   }
-  auto run = [&](const DeviceMesh<Mesh>& m, Layout l, bool p) {
-    switch (l) {
-    case Layout::fsdp:
-      return train_sharded<Fsdp<"dp">>(m, steps, p);
-    case Layout::hsdp:
-    case Layout::fsdp_tp:
-      return train_sharded<Hsdp<"rep", "dp">>(m, steps, p);
-    default:
-      return train_replicated(m, steps, p);
-    }
-  };
-  const Trained got = run(mesh, chosen->layout, print);
-  // The same training on one rank: an in-process world of 1, a (1, 1, 1) mesh, replicated parameters.
-  Trained want;
-  testing::run_ranks(
-      1, [&](ProcessGroup& one) { want = run(init_device_mesh<Mesh>(one, 1, 1, 1), Layout::ddp, false); });
-  double loss_diff = 0;
-  for (int s = 0; s < steps; ++s) {
-    loss_diff = std::max(loss_diff, std::abs(got.losses[s] - want.losses[s]) / std::abs(want.losses[s]));
-  }
-  const double param_diff = std::max(max_relative(got.mats, want.mats), max_relative(got.vecs, want.vecs));
-  const double tol = 1e-10;
-  const bool ok = loss_diff <= tol && param_diff <= tol;
-  if (print) {
-    const double ms = 1e3;
-    std::printf("time per step on rank 0: %.2f ms = compute %.2f ms + exposed communication %.2f ms; "
-                "communication %.2f ms (measured in the steps with overlap off: %.0f%% of it hidden)\n",
-                got.step_s * ms, (got.step_s - got.exposed_s) * ms, got.exposed_s * ms, got.comm_s * ms,
-                got.comm_s > 0 ? 100.0 * std::max(0.0, 1.0 - got.exposed_s / got.comm_s) : 0.0);
-    std::printf("against one rank: max relative difference of the losses %.1e, of the final parameters %.1e "
-                "(double, tolerance %.0e)\n",
-                loss_diff, param_diff, tol);
-    std::printf("%s\n", ok ? "OK: every step's loss and the final parameters equal the one-rank training's"
-                           : "MISMATCH with the one-rank training");
-  }
-  return ok ? 0 : 1;
+  return dtype == "float" ? train_main<float>(world, mesh, opt) : train_main<double>(world, mesh, opt);
 }

@@ -5,9 +5,12 @@
 #   2. redistribution suite at 2, 4 (1-D, 2-D, uneven variable vs padded) and 8 processes (3-D);
 #   3. TP MLP forward on 4 processes, ours vs torch.mm + dist.all_reduce (bench/mlp/mlp_vs_torch.sh; ours
 #      alone without python3-torch);
+#   3b. the training step of examples/06_train.cpp per layout on 4 processes, ours vs torch (hand-written
+#      Megatron TP + SP, DDP), with the time split, FSDP's prefetch on vs off and the heap per rank
+#      (bench/train/train_vs_torch.sh);
 #   4. host overhead per call (one process);
 #   5. compile cost (bench/compile/compile_time.sh).
-# About 8-10 minutes on the 2-core dev machine.
+# About 17-20 minutes on the 2-core dev machine (3b takes about 9).
 #
 # usage: scripts/bench.sh [--quick]     (--quick: half the samples, sweeps up to 1 MiB, one pass, 1 compile rep)
 #   BUILD_DIR (default build-bench) is configured and built here if needed (Release, no CUDA language).
@@ -28,7 +31,7 @@ fi
 if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
 fi
-cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead bench_mlp bench_loss bench_pipeline bench_gemm
+cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead bench_mlp bench_train bench_loss bench_pipeline bench_gemm
 run="$build/tools/dtensor-run/dtensor-run --standalone --tee 0"
 mkdir -p bench/results
 common=(--scale "$scale" --out bench/results)
@@ -63,6 +66,13 @@ done
 
 echo "== 3. TP MLP forward (gloo, 4 processes, 1 thread each), ours vs torch"
 BUILD_DIR="$build" bench/mlp/mlp_vs_torch.sh --passes "$passes" --scale "$scale"
+
+echo "== 3b. training step per layout (gloo, 4 processes, 1 thread each), ours vs torch"
+if [[ "${1:-}" == "--quick" ]]; then
+  BUILD_DIR="$build" bench/train/train_vs_torch.sh --passes 1 --sizes 512x256x1024x2048
+else
+  BUILD_DIR="$build" bench/train/train_vs_torch.sh --passes "$passes"
+fi
 
 echo "== 4. host overhead"
 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_overhead" "${common[@]}"

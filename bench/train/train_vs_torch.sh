@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The training step of examples/06_train.cpp per layout, ours (bench_train: 06_train with the heap counted)
+# next to torch 1.13 training the same model (bench/train/torch_train.py: hand-written Megatron TP + SP, and
+# torch DDP), fp32, N processes of 1 thread. K passes; in each, for every size and layout, one launch of ours
+# and, for tp and ddp, one of torch, the order alternating pass by pass (ours first in odd passes) so a drift
+# of the machine hits both. bench/train/join.py prints the table and writes bench/results/train_vs_torch_n<N>.json.
+# Without python3-torch, ours runs alone (no ratio).
+#
+# usage: bench/train/train_vs_torch.sh [--passes K] [--nproc N] [--steps S] [--sizes TxHxFxV,...] [--markdown]
+#                                      [--out DIR]
+#   defaults: 3 passes, 4 processes, 12 steps (step 1 warms up; steps 2, 7, 12 run with overlap off and
+#   measure the whole communication; the others the step and its exposed part), sizes
+#   512x256x1024x2048,2048x256x1024x2048 (tokens x hidden x ffn x vocab; the second has 4x the compute of the
+#   first for the same parameters), DIR bench/results. BUILD_DIR (default build-bench) is configured as
+#   scripts/bench.sh does if needed, and bench_train and dtensor-run are built in it.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${BUILD_DIR:-build-bench}
+passes=3
+nproc=4
+steps=12
+sizes=512x256x1024x2048,2048x256x1024x2048
+out=bench/results
+join_args=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+  --passes) passes=$2; shift 2 ;;
+  --nproc) nproc=$2; shift 2 ;;
+  --steps) steps=$2; shift 2 ;;
+  --sizes) sizes=$2; shift 2 ;;
+  --markdown) join_args+=(--markdown); shift ;;
+  --out) out=$2; shift 2 ;;
+  *) echo "train_vs_torch.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
+fi
+cmake --build "$build" -j2 --target dtensor-run bench_train
+run="$build/tools/dtensor-run/dtensor-run --standalone --tee 0 --nproc-per-node $nproc"
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+
+torch_py=/usr/bin/python3
+have_torch=0
+if "$torch_py" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null; then
+  have_torch=1
+else
+  echo "(python3-torch not installed: ours only; apt-get install -y python3-torch)"
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+dirs=()
+for ((p = 1; p <= passes; ++p)); do
+  d="$tmp/pass$p"
+  mkdir -p "$d"
+  dirs+=("$d")
+  echo "== pass $p of $passes ($nproc processes, 1 thread each)"
+  for size in ${sizes//,/ }; do
+    IFS=x read -r t h f v <<<"$size"
+    flags=(--steps "$steps" --tokens "$t" --hidden "$h" --ffn "$f" --vocab "$v")
+    for layout in tp ddp fsdp hsdp fsdp_tp; do
+      ours() {
+        $run "$build/bench/bench_train" --layout "$layout" --dtype float --no-check "${flags[@]}" \
+          --json "$d/ours_${size}_${layout}.json" | grep -E "time per step|heap|MISMATCH"
+      }
+      theirs() {
+        $run --rank0-store "$torch_py" bench/train/torch_train.py --layout "$layout" "${flags[@]}" \
+          --json "$d/torch_${size}_${layout}.json"
+      }
+      echo "-- $size $layout"
+      if [[ $have_torch == 1 && ($layout == tp || $layout == ddp) ]]; then
+        if ((p % 2 == 0)); then
+          theirs
+          ours
+        else
+          ours
+          theirs
+        fi
+      else
+        ours
+      fi
+    done
+  done
+done
+mkdir -p "$out"
+"$torch_py" bench/train/join.py --ranks "$nproc" --out "$out" "${join_args[@]}" "${dirs[@]}"
