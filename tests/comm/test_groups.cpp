@@ -220,7 +220,9 @@ TEST_CASE("making groups leaves no keys behind: the store's size stays flat over
   testing::RunRanksOptions options;
   options.make_backend = [&](std::shared_ptr<Store> store, int rank, int size,
                              std::chrono::milliseconds timeout) {
-    shared = store;
+    if (rank == 0) { // each rank's thread makes its backend: one writer, the reader below is rank 0 too
+      shared = store;
+    }
     GlooOptions go;
     go.timeout = timeout;
     return make_gloo_backend(std::move(store), rank, size, go);
