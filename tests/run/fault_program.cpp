@@ -1,8 +1,8 @@
-// Mismatches between real processes (issue 18, defects 1 and 6): `dtensor-run --nproc-per-node 2
-// fault_program <case>`. Each rank runs a call its peer disagrees with and must get a dtensor::Error whose
-// message says the members disagree (gloo used to abort the process with SIGABRT, EnforceNotMet at
-// pair.cc:510, or return stale data); exit 0 then, 1 when the call succeeded or the message is wrong.
-// Run with a short DTENSOR_TIMEOUT.
+// Mismatches between real processes (issue 18, defects 1 and 6), one per collective and point-to-point:
+// `dtensor-run --nproc-per-node 2 fault_program <case>`. Each rank runs a call its peer disagrees with and
+// must get a dtensor::Error whose message says the members disagree (gloo used to abort the process with
+// SIGABRT, EnforceNotMet at pair.cc:510, or return stale data); exit 0 then, 1 when the call succeeded or the
+// message is wrong. Run with a short DTENSOR_TIMEOUT.
 //
 // Dead and missing peers (run by launcher_test's fault scenarios, which check every survivor's line):
 //   kill_store_host  rank 0 (hosting the store: --rank0-store) SIGKILLs itself mid-loop of all_reduces
@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -96,6 +97,56 @@ int main(int argc, char** argv) {
         send(Tensor<float, 1>::full({32}, 1.0f), 1, world);
       } else {
         auto t = Tensor<float, 1>::full({16}, 0.0f);
+        recv(t, 0, world);
+      }
+    } else if (what == "reduce_count") {
+      auto t = Tensor<float, 1>::full({r == 0 ? 16 : 32}, 1.0f);
+      reduce(t, 0, ReduceOp::sum, world);
+    } else if (what == "broadcast_count") {
+      auto t = Tensor<float, 1>::full({r == 0 ? 16 : 32}, 1.0f);
+      broadcast(t, 0, world);
+    } else if (what == "broadcast_dtype") { // one byte size: float32 vs int32
+      if (r == 0) {
+        broadcast(Tensor<float, 1>::full({16}, 1.0f), 0, world);
+      } else {
+        broadcast(Tensor<std::int32_t, 1>::full({16}, 1), 0, world);
+      }
+    } else if (what == "different_ops") { // one count and dtype, another op
+      auto t = Tensor<float, 1>::full({16}, 1.0f);
+      if (r == 0) {
+        all_reduce(t, ReduceOp::sum, world);
+      } else {
+        broadcast(t, 0, world);
+      }
+    } else if (what == "all_gather_count") {
+      auto in = Tensor<float, 1>::full({r == 0 ? 4 : 8}, 1.0f);
+      auto out = Tensor<float, 1>::full({2 * in.numel()}, -1.0f);
+      all_gather_into_tensor(out, in, world);
+    } else if (what == "reduce_scatter_count") {
+      expect = "reduce_scatter";
+      auto out = Tensor<float, 1>::full({r == 0 ? 4 : 8}, -1.0f);
+      auto in = Tensor<float, 1>::full({2 * out.numel()}, 1.0f);
+      reduce_scatter_tensor(out, in, ReduceOp::sum, world);
+    } else if (what == "all_to_all_count") {
+      expect = "all_to_all";
+      auto in = Tensor<float, 1>::full({r == 0 ? 4 : 8}, 1.0f);
+      auto out = Tensor<float, 1>::full({in.numel()}, -1.0f);
+      all_to_all_single(out, in, world);
+    } else if (what == "gather_count" || what == "scatter_count") { // the root's list is wrong for rank 1
+      expect = what.substr(0, what.find('_'));
+      auto own = Tensor<float, 1>::full({3}, 1.0f);
+      std::vector<Tensor<float, 1>> list{Tensor<float, 1>::full({3}, 2.0f),
+                                         Tensor<float, 1>::full({4}, 2.0f)};
+      if (what == "gather_count") {
+        gather(own, &list, 0, world);
+      } else {
+        scatter(own, list, 0, world);
+      }
+    } else if (what == "recv_dtype") { // one byte size: float32 sent, int32 received
+      if (r == 0) {
+        send(Tensor<float, 1>::full({16}, 1.0f), 1, world);
+      } else {
+        auto t = Tensor<std::int32_t, 1>::full({16}, 0);
         recv(t, 0, world);
       }
     } else if (what == "group_order") { // rank 0 makes a new group first, rank 1 splits first
