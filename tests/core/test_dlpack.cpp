@@ -239,8 +239,17 @@ TEST_CASE("from_dlpack errors name the problem and leave the tensor with the cal
 
   p.strides = {-3, 1};
   d.strides = p.strides.data();
-  CHECK_THAT(import_error(), Contains("dtensor tensors cannot have negative strides"));
+  CHECK_THAT(import_error(),
+             Contains("stride -3 in dim 0 of shape (2, 3): dtensor tensors cannot have negative strides"));
   p.strides = {3, 1};
+
+  p.shape[0] = -1;
+  CHECK_THAT(import_error(), Contains("negative size -1 in dim 0"));
+  p.shape[0] = std::int64_t{1} << 40;
+  p.shape[1] = std::int64_t{1} << 20;
+  CHECK_THAT(import_error(), Contains("the shape is too large"));
+  p.shape[0] = 2;
+  p.shape[1] = 3;
 
   d.ndim = 9;
   CHECK_THAT(import_error(), Contains("ndim 9 is outside [0, 8]"));

@@ -163,23 +163,24 @@ inline DLPackImport describe_dlpack(const DLManagedTensor* m) {
                 "from_dlpack: ndim " + std::to_string(t.ndim) + " with a null shape");
   r.shape = Extents(t.ndim, 0);
   r.strides = Extents(t.ndim, 1);
-  std::int64_t step = 1;
-  for (int d = t.ndim - 1; d >= 0; --d) {
-    r.shape[d] = t.shape[d];
-    r.strides[d] = t.strides != nullptr ? t.strides[d] : step; // null strides: row-major
-    step *= t.shape[d];
-  }
   std::int64_t numel = 1;
   for (int d = 0; d < t.ndim; ++d) {
+    r.shape[d] = t.shape[d];
     DTENSOR_CHECK(r.shape[d] >= 0, "from_dlpack: negative size " + std::to_string(r.shape[d]) + " in dim " +
-                                       std::to_string(d) + " of shape " + AnyTensor::to_string(r.shape));
-    DTENSOR_CHECK(r.strides[d] >= 0, "from_dlpack: stride " + std::to_string(r.strides[d]) + " in dim " +
-                                         std::to_string(d) + " (strides " + AnyTensor::to_string(r.strides) +
-                                         "): dtensor tensors cannot have negative strides");
+                                       std::to_string(d));
     // Checked here so that nothing after adopt_dlpack throws (the tensor constructors check it too).
     DTENSOR_CHECK(r.shape[d] == 0 || numel <= max_dlpack_elements / r.shape[d],
-                  "from_dlpack: shape " + AnyTensor::to_string(r.shape) + " is too large");
+                  "from_dlpack: the shape is too large (more than 2^56 elements in its first " +
+                      std::to_string(d + 1) + " dims)");
     numel *= r.shape[d];
+  }
+  std::int64_t step = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    r.strides[d] = t.strides != nullptr ? t.strides[d] : step; // null strides: row-major
+    step *= r.shape[d];
+    DTENSOR_CHECK(r.strides[d] >= 0, "from_dlpack: stride " + std::to_string(r.strides[d]) + " in dim " +
+                                         std::to_string(d) + " of shape " + AnyTensor::to_string(r.shape) +
+                                         ": dtensor tensors cannot have negative strides");
   }
   r.data = t.data == nullptr ? nullptr : static_cast<char*>(t.data) + t.byte_offset;
   return r;
