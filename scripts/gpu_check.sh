@@ -264,6 +264,9 @@ fi
 if [ -f "$deps/random123/include/Random123/philox.h" ]; then # rand, randn, dropout (tests/ops/test_random*)
   cmake_args+=("-DDTENSOR_RANDOM123_INCLUDE_DIR=$deps/random123/include")
 fi
+if [ -f "$deps/dlpack/include/dlpack/dlpack.h" ]; then # to_dlpack, from_dlpack (tests/core/test_dlpack*)
+  cmake_args+=("-DDTENSOR_DLPACK_INCLUDE_DIR=$deps/dlpack/include")
+fi
 
 # ---- 2. configure and build -------------------------------------------------------------------------
 step "configure (CUDA + NCCL)" 120 60 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \

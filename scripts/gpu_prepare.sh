@@ -13,6 +13,7 @@
 #             ibverbs, libnl), with a GlooConfig.cmake; gpu_check.sh uses them only if a probe program
 #             links and runs there (the NCCL tests do not need gloo)
 #   random123/ Random123's headers (rand, randn, dropout; header-only)
+#   dlpack/   dlpack/dlpack.h (core/dlpack.hpp; header-only)
 #   MANIFEST  where each piece came from, versions and checksums
 # NCCL is not included: on the GPU machine it comes from the nvidia-nccl-cu13 Python package.
 set -euo pipefail
@@ -21,7 +22,7 @@ root=$(pwd)
 out=${1:-build-gpu-deps}
 case "$out" in /*) ;; *) out="$root/$out" ;; esac
 
-scripts/deps.sh # catch2, libgloo-dev and librandom123-dev from Debian, when missing
+scripts/deps.sh # catch2, libgloo-dev, librandom123-dev and libdlpack-dev from Debian, when missing
 
 rm -rf "$out"
 mkdir -p "$out/catch2/include/catch2" "$out/catch2/lib/cmake/Catch2" "$out/catch2/src" \
@@ -102,10 +103,14 @@ EOF
 mkdir -p "$out/random123/include"
 cp -r /usr/include/Random123 "$out/random123/include/"
 
+# ---- DLPack -------------------------------------------------------------------------------------------
+mkdir -p "$out/dlpack/include"
+cp -r /usr/include/dlpack "$out/dlpack/include/"
+
 # ---- manifest -----------------------------------------------------------------------------------------
 {
   echo "made by scripts/gpu_prepare.sh on $(hostname) at $(date -u +%FT%TZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-  dpkg-query -W -f='${Package} ${Version}\n' catch2 libgloo-dev libgloo0 librandom123-dev 2>/dev/null || true
+  dpkg-query -W -f='${Package} ${Version}\n' catch2 libgloo-dev libgloo0 librandom123-dev libdlpack-dev 2>/dev/null || true
   echo "glibc of this machine: $(ldd --version | head -1)"
   (cd "$out" && find . -type f ! -name MANIFEST -print0 | sort -z | xargs -0 sha256sum)
 } > "$out/MANIFEST"

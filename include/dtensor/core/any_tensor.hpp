@@ -73,6 +73,33 @@ public:
     return t;
   }
 
+  /// Wraps `data` (the first element) laid out by `shape` and `strides` (in elements), kept alive by
+  /// `owner` (empty: the caller keeps the memory alive). Throws for negative sizes or strides.
+  static AnyTensor from_blob(void* data, DType dtype, const Extents& shape, const Extents& strides,
+                             Device device, std::shared_ptr<void> owner, CUstream_st* stream = nullptr) {
+    DTENSOR_CHECK(strides.size() == shape.size(), "AnyTensor::from_blob: shape " + to_string(shape) +
+                                                      " and strides " + to_string(strides) +
+                                                      " differ in rank");
+    AnyTensor t;
+    t.numel_ = 1;
+    for (int d = 0; d < shape.size(); ++d) {
+      DTENSOR_CHECK(shape[d] >= 0 && strides[d] >= 0 &&
+                        (shape[d] == 0 || t.numel_ <= kMaxElements / shape[d]),
+                    "AnyTensor::from_blob: invalid shape " + to_string(shape) + " or strides " +
+                        to_string(strides) + " (sizes and strides must be >= 0)");
+      t.numel_ *= shape[d];
+    }
+    t.storage_ = std::move(owner);
+    t.data_ = data;
+    t.dtype_ = dtype;
+    t.device_ = device;
+    t.stream_ = stream;
+    t.shape_ = shape;
+    t.strides_ = strides;
+    t.defined_ = true;
+    return t;
+  }
+
   /// The typed tensor sharing this memory; throws unless T and Rank match.
   template <class T, int Rank>
   Tensor<T, Rank> as() const& {

@@ -425,12 +425,20 @@ public:
 
   /// Wraps memory the caller owns with explicit strides (in elements).
   static Tensor from_blob(T* data, Shape shape, Shape strides, Device device = Device::cpu()) {
-    return from_blob(data, shape, strides, device, nullptr);
+    return from_blob(data, shape, strides, device, std::shared_ptr<void>());
   }
 
   /// As above, for device memory ordered on `stream` (work on it wrote the data).
   static Tensor from_blob(T* data, Shape shape, Shape strides, Device device, CUstream_st* stream) {
+    return from_blob(data, shape, strides, device, std::shared_ptr<void>(), stream);
+  }
+
+  /// Wraps memory kept alive by `owner`: every view of the result holds a reference to it, and the last
+  /// one to go releases it (from_dlpack's tensors hold the producer's DLManagedTensor this way).
+  static Tensor from_blob(T* data, Shape shape, Shape strides, Device device, std::shared_ptr<void> owner,
+                          CUstream_st* stream = nullptr) {
     Tensor t;
+    t.storage_ = std::move(owner);
     t.stream_ = stream;
     t.numel_ = detail::checked_numel(shape, sizeof(T), "Tensor::from_blob");
     t.data_ = data;
@@ -495,7 +503,8 @@ public:
     return stream_;
   }
 
-  /// The owner of the memory (empty for from_blob tensors); hold a copy to keep the memory alive.
+  /// The owner of the memory (empty for from_blob tensors wrapped without one); hold a copy to keep the
+  /// memory alive.
   const std::shared_ptr<void>& storage() const noexcept {
     return storage_;
   }
