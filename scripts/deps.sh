@@ -3,7 +3,7 @@
 # nothing when all are present). Needs root or sudo only when something is missing.
 set -euo pipefail
 
-packages=(g++ cmake ninja-build catch2 libgloo-dev libopenblas-dev librandom123-dev)
+packages=(g++ cmake ninja-build catch2 libgloo-dev libopenblas-dev librandom123-dev nlohmann-json3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

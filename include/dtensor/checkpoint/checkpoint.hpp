@@ -1,0 +1,618 @@
+#pragma once
+// Sharded checkpoints: save named DTensors from any mesh and placements, load them onto another mesh,
+// other placements and another number of ranks; consolidate them into one safetensors file.
+//
+//   namespace ckpt = dtensor::checkpoint;
+//   ckpt::save("run/step-100", {{"w", w}, {"b", b}});              // collective over the tensors' world
+//   auto w2 = ckpt::load<DTensor<float, 2, Mesh3, Shard<1>>>("run/step-100", "w", mesh3);  // no collective
+//   ckpt::consolidate("run/step-100", "model.safetensors");        // one process, full tensors
+//
+// On disk, a checkpoint is a directory (on a file system every rank sees):
+//   rank-<r>.safetensors  the blocks rank r holds, one safetensors tensor "<name>/<r>" per DTensor; a
+//                         block held by several ranks (Replicate axes) is written once, by the rank at
+//                         coordinate 0 of those axes
+//   index.json            per tensor: dtype, global shape and its blocks (file, tensor key, global offset,
+//                         shape, data_offsets, a CRC-32C per chunk_bytes of the block's bytes); "files":
+//                         every file's size; "weight_map": key -> file, as in Hugging Face indexes
+// A load reads index.json, intersects this rank's target block with every saved block, and reads only
+// the chunks those intersections touch (pread), checking each chunk's CRC-32C, each file's size and
+// header against the index. Partial tensors cannot be saved (their values are not the tensor's):
+// redistribute them to Replicate or Shard first.
+//
+// Saving is atomic: the files go to "<dir>.tmp", rank 0 writes the index, fsyncs, and swaps the
+// directory in (renameat2 RENAME_EXCHANGE where the file system has it; else the old one is renamed
+// aside first, and a crash between the two renames leaves it at "<dir>.old"). A save that fails or dies
+// before the swap leaves the previous checkpoint as it was; the next save clears the stale "<dir>.tmp".
+
+#include <stdio.h> // renameat2
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dtensor/checkpoint/crc32c.hpp"
+#include "dtensor/checkpoint/safetensors.hpp"
+#include "dtensor/comm/collectives.hpp"
+#include "dtensor/comm/object.hpp"
+#include "dtensor/core/any_tensor.hpp"
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/layout.hpp"
+#include "dtensor/plan/exchange.hpp"
+#include "dtensor/plan/shard_spec.hpp"
+#include "dtensor/tensor/dtensor.hpp"
+
+namespace dtensor::checkpoint {
+
+/// The format name and version index.json carries.
+inline constexpr std::string_view index_format = "dtensor-checkpoint";
+inline constexpr int index_version = 1;
+
+namespace detail {
+
+constexpr bool has_partial(const PlacementList& list) {
+  for (const Placement& p : list) {
+    if (p.is_partial()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+/// Row-major strides of `shape`, in elements.
+constexpr Extents row_major_strides(const Extents& shape) {
+  Extents s(shape.size(), 1);
+  for (int d = shape.size() - 2; d >= 0; --d) {
+    s[d] = s[d + 1] * shape[d + 1];
+  }
+  return s;
+}
+
+} // namespace detail
+
+/// One DTensor to save, under a name (any string; a "/" is allowed).
+class Named {
+public:
+  template <class T, int Rank, class Shape, class... P>
+  Named(std::string name, const DTensor<T, Rank, Shape, P...>& t)
+      : name_(std::move(name)), world_(t.mesh().world()),
+        global_(dtensor::detail::to_extents(t.global_shape())),
+        block_(spec_block(global_, t.spec, t.mesh().sizes(), t.mesh().coordinate())),
+        local_(t.local().device().is_cpu() ? t.local() : t.local().to(Device::cpu())),
+        device_(t.local().device()) {
+    static_assert(!detail::has_partial(DTensor<T, Rank, Shape, P...>::placements),
+                  "checkpoint::save: a Partial DTensor holds partial values, not the tensor; redistribute it "
+                  "to Replicate or Shard first");
+    // The first replica of a block writes it: coordinate 0 of every axis that does not shard.
+    for (int a = 0; a < t.placements.size(); ++a) {
+      writes_ = writes_ && (t.placements[a].is_shard() || t.mesh().coordinate()[a] == 0);
+    }
+  }
+
+  const std::string& name() const noexcept { return name_; }
+  const ProcessGroup& world() const noexcept { return world_; }
+  const Extents& global() const noexcept { return global_; }
+  const Block& block() const noexcept { return block_; }
+  const AnyTensor& local() const noexcept { return local_; }
+  Device device() const noexcept { return device_; }
+  /// True on the one rank that writes this block.
+  bool writes() const noexcept { return writes_; }
+
+private:
+  std::string name_;
+  ProcessGroup world_;
+  Extents global_;
+  Block block_;
+  AnyTensor local_; ///< on the host
+  Device device_;
+  bool writes_ = true;
+};
+
+/// Options of save().
+struct SaveOptions {
+  /// Granularity of the checksums, and so the least a load reads of a block it touches.
+  std::uint64_t chunk_bytes = std::uint64_t{1} << 20;
+  /// Called on rank 0 after each stage: "files" (every rank's file is written and synced) and "index"
+  /// (the index is written and synced; the swap comes next). An exception it throws abandons the save on
+  /// every rank as a crash there would: the previous checkpoint stays (progress reports, fault tests).
+  std::function<void(std::string_view stage)> on_stage;
+};
+
+namespace detail {
+
+inline nlohmann::json extents_json(const Extents& e) {
+  auto j = nlohmann::json::array();
+  for (std::int64_t v : e) {
+    j.push_back(v);
+  }
+  return j;
+}
+
+inline std::string file_name(int rank) {
+  return "rank-" + std::to_string(rank) + ".safetensors";
+}
+
+inline std::filesystem::path sibling(const std::filesystem::path& dir, std::string_view suffix) {
+  std::filesystem::path d = dir;
+  if (!d.has_filename()) {
+    d = d.parent_path(); // "ckpt/" names "ckpt"
+  }
+  return d.parent_path() / (d.filename().string() + std::string(suffix));
+}
+
+/// CRC-32C of every `chunk` bytes of [data, data + n).
+inline std::vector<std::uint32_t> chunk_checksums(const std::byte* data, std::uint64_t n,
+                                                  std::uint64_t chunk) {
+  std::vector<std::uint32_t> sums;
+  for (std::uint64_t at = 0; at < n; at += chunk) {
+    sums.push_back(crc32c(data + at, std::min(chunk, n - at)));
+  }
+  return sums;
+}
+
+/// Runs `fn` on rank 0 and gives every rank its outcome: an exception there is rethrown on all ranks.
+inline void on_rank0(const ProcessGroup& world, Device device, const std::function<void()>& fn) {
+  std::vector<std::string> error(1);
+  if (world.rank() == 0) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error[0] = e.what();
+      if (error[0].empty()) {
+        error[0] = "unknown error";
+      }
+    }
+  }
+  broadcast_object_list(error, 0, world, {device});
+  DTENSOR_CHECK(error[0].empty(), error[0]);
+}
+
+/// Moves `tmp` to `dir`, replacing what is there atomically where the file system allows.
+inline void swap_in(const std::filesystem::path& tmp, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(dir)) {
+    fs::rename(tmp, dir);
+  } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(tmp); // now the previous checkpoint
+  } else {
+    const fs::path old = sibling(dir, ".old");
+    fs::remove_all(old);
+    fs::rename(dir, old);
+    fs::rename(tmp, dir);
+    fs::remove_all(old);
+  }
+  sync_directory(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
+}
+
+} // namespace detail
+
+/// Saves `tensors` into the directory `dir`, replacing a previous checkpoint there atomically.
+/// Collective: every rank of the tensors' world calls it with the same names in the same order.
+inline void save(const std::filesystem::path& dir, const std::vector<Named>& tensors,
+                 SaveOptions options = {}) {
+  namespace fs = std::filesystem;
+  DTENSOR_CHECK(!tensors.empty(), "checkpoint::save " + dir.string() + ": no tensors to save");
+  DTENSOR_CHECK(options.chunk_bytes > 0, "checkpoint::save: chunk_bytes must be positive");
+  const ProcessGroup& world = tensors.front().world();
+  const Device device = tensors.front().device();
+  const int rank = world.rank();
+  for (const Named& t : tensors) {
+    DTENSOR_CHECK(t.world().size() == world.size(),
+                  "checkpoint::save " + dir.string() + ": tensor '" + t.name() + "' lives on a world of " +
+                      std::to_string(t.world().size()) + " ranks, '" + tensors.front().name() +
+                      "' on one of " + std::to_string(world.size()));
+  }
+  const fs::path tmp = detail::sibling(dir, ".tmp");
+  detail::on_rank0(world, device, [&] {
+    std::map<std::string_view, int> seen;
+    for (const Named& t : tensors) {
+      DTENSOR_CHECK(seen[t.name()]++ == 0,
+                    "checkpoint::save " + dir.string() + ": two tensors named '" + t.name() + "'");
+    }
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+  });
+
+  // This rank's file: its unique blocks, in the order given.
+  std::vector<TensorEntry> entries;
+  nlohmann::json blocks = nlohmann::json::array();
+  std::uint64_t at = 0;
+  for (const Named& t : tensors) {
+    if (!t.writes()) {
+      continue;
+    }
+    const std::uint64_t n = t.local().nbytes();
+    const std::string key = t.name() + "/" + std::to_string(rank);
+    entries.push_back({key, t.local().dtype(), t.block().shape, at, at + n});
+    blocks.push_back({{"name", t.name()},
+                      {"dtype", safetensors_dtype(t.local().dtype())},
+                      {"global", detail::extents_json(t.global())},
+                      {"key", key},
+                      {"offset", detail::extents_json(t.block().offset)},
+                      {"shape", detail::extents_json(t.block().shape)},
+                      {"data_offsets", {at, at + n}},
+                      {"crc32c", detail::chunk_checksums(static_cast<const std::byte*>(t.local().data()), n,
+                                                         options.chunk_bytes)}});
+    at += n;
+  }
+  const std::string file = detail::file_name(rank);
+  {
+    File out(tmp / file, O_WRONLY | O_CREAT | O_TRUNC);
+    const std::string header = encode_header(entries, {{"format", "pt"}});
+    out.write_all(header.data(), header.size());
+    for (const Named& t : tensors) {
+      if (t.writes()) {
+        out.write_all(t.local().data(), t.local().nbytes());
+      }
+    }
+    out.sync();
+    blocks = {{"file", file}, {"bytes", header.size() + at}, {"blocks", std::move(blocks)}};
+  }
+
+  // Rank 0 assembles the index from every rank's blocks, writes it, and swaps the directory in.
+  const auto all = gather_object(blocks.dump(), 0, world, {device});
+  detail::on_rank0(world, device, [&] {
+    if (options.on_stage) {
+      options.on_stage("files");
+    }
+    nlohmann::ordered_json tensors_json = nlohmann::ordered_json::object();
+    nlohmann::ordered_json files = nlohmann::ordered_json::object();
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    for (const Named& t : tensors) {
+      tensors_json[t.name()] = {{"dtype", safetensors_dtype(t.local().dtype())},
+                                {"shape", detail::extents_json(t.global())},
+                                {"blocks", nlohmann::ordered_json::array()}};
+    }
+    for (const std::string& text : all) {
+      const auto part = nlohmann::json::parse(text);
+      files[part["file"].get<std::string>()] = {{"bytes", part["bytes"]}};
+      for (const auto& b : part["blocks"]) {
+        const std::string name = b["name"];
+        DTENSOR_CHECK(tensors_json.contains(name) && tensors_json[name]["dtype"] == b["dtype"] &&
+                          tensors_json[name]["shape"] == b["global"],
+                      "checkpoint::save " + dir.string() + ": " + part["file"].get<std::string>() +
+                          " holds tensor '" + name + "' as " + b["dtype"].dump() + " " + b["global"].dump() +
+                          ", which rank 0 does not save alike (every rank must pass the same tensors)");
+        weight_map[b["key"].get<std::string>()] = part["file"];
+        tensors_json[name]["blocks"].push_back({{"file", part["file"]},
+                                                {"key", b["key"]},
+                                                {"offset", b["offset"]},
+                                                {"shape", b["shape"]},
+                                                {"data_offsets", b["data_offsets"]},
+                                                {"crc32c", b["crc32c"]}});
+      }
+    }
+    const nlohmann::ordered_json index = {{"format", index_format},
+                                          {"version", index_version},
+                                          {"chunk_bytes", options.chunk_bytes},
+                                          {"tensors", std::move(tensors_json)},
+                                          {"files", std::move(files)},
+                                          {"weight_map", std::move(weight_map)}};
+    const std::string text = index.dump(1) + "\n";
+    {
+      File out(tmp / "index.json", O_WRONLY | O_CREAT | O_TRUNC);
+      out.write_all(text.data(), text.size());
+      out.sync();
+    }
+    sync_directory(tmp);
+    if (options.on_stage) {
+      options.on_stage("index");
+    }
+    detail::swap_in(tmp, dir);
+  });
+}
+
+/// What index.json says of one tensor.
+struct SavedTensor {
+  struct SavedBlock {
+    std::string file;
+    std::string key;
+    Block block;
+    std::uint64_t begin = 0; ///< data_offsets in the file's data section
+    std::uint64_t end = 0;
+    std::vector<std::uint32_t> crc32c; ///< one per chunk_bytes
+  };
+  DType dtype = DType::float32;
+  Extents shape;
+  std::vector<SavedBlock> blocks;
+};
+
+/// A checkpoint directory opened for reading: the index is parsed and checked on construction, files
+/// are opened (and their headers checked against the index) when first read from.
+class Reader {
+public:
+  explicit Reader(std::filesystem::path dir) : dir_(std::move(dir)) {
+    const std::filesystem::path path = dir_ / "index.json";
+    File file(path, O_RDONLY);
+    std::string text(file.size(), '\0');
+    file.read_at(text.data(), text.size(), 0, "the index");
+    const auto index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    const std::string where = path.string();
+    DTENSOR_CHECK(index.is_object() && index.value("format", "") == index_format,
+                  where +
+                      ": not a dtensor checkpoint index (bad JSON or no \"format\": \"dtensor-checkpoint\")");
+    DTENSOR_CHECK(index.value("version", 0) == index_version,
+                  where + ": version " + index.value("version", nlohmann::json()).dump() +
+                      ", this reader reads " + std::to_string(index_version));
+    try {
+      chunk_bytes_ = index.at("chunk_bytes").get<std::uint64_t>();
+      DTENSOR_CHECK(chunk_bytes_ > 0, where + ": chunk_bytes is 0");
+      for (const auto& [name, f] : index.at("files").items()) {
+        DTENSOR_CHECK(name.find('/') == std::string::npos && name != ".." && name != ".",
+                      where + ": file '" + name + "' is not a plain file name");
+        file_bytes_[name] = f.at("bytes").get<std::uint64_t>();
+      }
+      for (const auto& [name, t] : index.at("tensors").items()) {
+        tensors_[name] = parse_tensor(t, where + ": tensor '" + name + "'");
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(where + ": bad index: " + e.what());
+    }
+  }
+
+  const std::filesystem::path& dir() const noexcept { return dir_; }
+  const std::map<std::string, SavedTensor, std::less<>>& tensors() const noexcept { return tensors_; }
+
+  /// The tensor `name`; an Error listing the saved names when there is none.
+  const SavedTensor& tensor(std::string_view name) const {
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) {
+      std::string names;
+      for (const auto& [n, t] : tensors_) {
+        names += (names.empty() ? "" : ", ") + ("'" + n + "'");
+      }
+      throw Error("checkpoint " + dir_.string() + ": no tensor '" + std::string(name) + "' (it holds " +
+                  names + ")");
+    }
+    return it->second;
+  }
+
+  /// Fills `out` (contiguous, row-major, dtype `dtype`) with the block `target` of tensor `name`, reading
+  /// only the checksum chunks of saved blocks that `target` meets and checking them.
+  void read(std::string_view name, DType dtype, const Block& target, void* out) {
+    const SavedTensor& t = tensor(name);
+    const std::string what = "checkpoint " + dir_.string() + ": tensor '" + std::string(name) + "'";
+    DTENSOR_CHECK(t.dtype == dtype, what + " is " + std::string(safetensors_dtype(t.dtype)) + " (" +
+                                        std::string(dtype_name(t.dtype)) + "), read as " +
+                                        std::string(dtype_name(dtype)) +
+                                        "; load it with its own element type");
+    DTENSOR_CHECK(target.shape.size() == t.shape.size(),
+                  what + " has shape " + AnyTensor::to_string(t.shape) + ", read as a rank-" +
+                      std::to_string(target.shape.size()) + " tensor");
+    std::int64_t copied = 0;
+    for (const SavedTensor::SavedBlock& b : t.blocks) {
+      copied += read_intersection(t, b, target, static_cast<std::byte*>(out));
+    }
+    DTENSOR_CHECK(copied == numel(target.shape), what + ": the saved blocks cover " + std::to_string(copied) +
+                                                     " of the " + std::to_string(numel(target.shape)) +
+                                                     " elements read");
+  }
+
+  /// This rank's part of tensor `name`, as a DTensor `DT` on `mesh` (its local tensor on `device`).
+  /// No collective: every rank reads what it holds.
+  template <class DT>
+  DT load(std::string_view name, const typename DT::mesh_type& mesh, Device device = Device::cpu()) {
+    static_assert(!detail::has_partial(DT::placements),
+                  "checkpoint::load: a checkpoint holds tensors, not partial "
+                  "values; load into Replicate or Shard and redistribute");
+    const SavedTensor& t = tensor(name);
+    DTENSOR_CHECK(t.shape.size() == DT::rank, "checkpoint " + dir_.string() + ": tensor '" +
+                                                  std::string(name) + "' has shape " +
+                                                  AnyTensor::to_string(t.shape) + ", loaded as a rank-" +
+                                                  std::to_string(DT::rank) + " tensor");
+    const Block target = spec_block(t.shape, DT::spec, mesh.sizes(), mesh.coordinate());
+    typename DT::local_type local(dtensor::detail::to_array<DT::rank>(target.shape));
+    read(name, dtype_v<typename DT::value_type>, target, local.data());
+    return DT(mesh, device.is_cpu() ? local : local.to(device), dtensor::detail::to_array<DT::rank>(t.shape));
+  }
+
+private:
+  static Extents parse_extents(const nlohmann::json& j, const std::string& where, const char* field) {
+    DTENSOR_CHECK(j.is_array() && j.size() <= static_cast<std::size_t>(max_tensor_rank),
+                  where + ": '" + field + "' is not a list of at most " + std::to_string(max_tensor_rank) +
+                      " sizes");
+    Extents e;
+    for (const auto& v : j) {
+      DTENSOR_CHECK(v.is_number_integer() && v.get<std::int64_t>() >= 0,
+                    where + ": '" + field + "' holds " + v.dump() + ", not a size");
+      e.push_back(v.get<std::int64_t>());
+    }
+    return e;
+  }
+
+  SavedTensor parse_tensor(const nlohmann::json& j, const std::string& where) const {
+    SavedTensor t;
+    const auto dtype = dtype_from_safetensors(j.at("dtype").get<std::string>());
+    DTENSOR_CHECK(dtype.has_value(), where + ": unsupported dtype " + j.at("dtype").dump());
+    t.dtype = *dtype;
+    t.shape = parse_extents(j.at("shape"), where, "shape");
+    std::int64_t covered = 0;
+    for (const auto& b : j.at("blocks")) {
+      SavedTensor::SavedBlock s;
+      s.file = b.at("file").get<std::string>();
+      s.key = b.at("key").get<std::string>();
+      const std::string at = where + ", block '" + s.key + "'";
+      DTENSOR_CHECK(file_bytes_.count(s.file) == 1,
+                    at + ": file '" + s.file + "' is not in the index's \"files\"");
+      s.block = {parse_extents(b.at("shape"), at, "shape"), parse_extents(b.at("offset"), at, "offset")};
+      DTENSOR_CHECK(s.block.shape.size() == t.shape.size() && s.block.offset.size() == t.shape.size(),
+                    at + ": its shape and offset do not have the tensor's " + std::to_string(t.shape.size()) +
+                        " dims");
+      for (int d = 0; d < t.shape.size(); ++d) {
+        DTENSOR_CHECK(s.block.offset[d] <= t.shape[d] && s.block.shape[d] <= t.shape[d] - s.block.offset[d],
+                      at + ": offset " + AnyTensor::to_string(s.block.offset) + " shape " +
+                          AnyTensor::to_string(s.block.shape) + " leaves the tensor's shape " +
+                          AnyTensor::to_string(t.shape));
+      }
+      s.begin = b.at("data_offsets").at(0).get<std::uint64_t>();
+      s.end = b.at("data_offsets").at(1).get<std::uint64_t>();
+      const std::uint64_t bytes = checkpoint::detail::tensor_bytes(s.block.shape, t.dtype, at);
+      DTENSOR_CHECK(s.begin <= s.end && s.end - s.begin == bytes,
+                    at + ": data_offsets [" + std::to_string(s.begin) + ", " + std::to_string(s.end) +
+                        ") do not hold its " + std::to_string(bytes) + " bytes");
+      s.crc32c = b.at("crc32c").get<std::vector<std::uint32_t>>();
+      DTENSOR_CHECK(s.crc32c.size() == (bytes + chunk_bytes_ - 1) / chunk_bytes_,
+                    at + ": " + std::to_string(s.crc32c.size()) + " checksums for " + std::to_string(bytes) +
+                        " bytes in chunks of " + std::to_string(chunk_bytes_));
+      for (const auto& other : t.blocks) {
+        DTENSOR_CHECK(numel(intersect(other.block, s.block).shape) == 0,
+                      at + ": overlaps block '" + other.key + "'");
+      }
+      covered += numel(s.block.shape);
+      t.blocks.push_back(std::move(s));
+    }
+    DTENSOR_CHECK(covered == numel(t.shape), where + ": its blocks cover " + std::to_string(covered) +
+                                                 " of its " + std::to_string(numel(t.shape)) + " elements");
+    return t;
+  }
+
+  /// The open file `name` and its header, checked against the index the first time.
+  const std::pair<File, Header>& open(const std::string& name) {
+    auto it = files_.find(name);
+    if (it != files_.end()) {
+      return it->second;
+    }
+    File f(dir_ / name, O_RDONLY);
+    const std::uint64_t size = f.size();
+    const std::uint64_t expected = file_bytes_.at(name);
+    DTENSOR_CHECK(size == expected, f.path().string() + ": " + std::to_string(size) +
+                                        " bytes, the index says " + std::to_string(expected) +
+                                        (size < expected ? " (truncated file)" : ""));
+    Header h = read_header(f);
+    return files_.emplace(name, std::make_pair(std::move(f), std::move(h))).first->second;
+  }
+
+  /// Copies the elements of `target` that block `b` holds into `out` (laid out as `target`); returns
+  /// how many. Reads the chunks of `b` they lie in (merged into runs of consecutive chunks) and checks
+  /// each chunk's CRC-32C.
+  std::int64_t read_intersection(const SavedTensor& t, const SavedTensor::SavedBlock& b, const Block& target,
+                                 std::byte* out) {
+    const Block common = intersect(target, b.block);
+    const std::int64_t count = numel(common.shape);
+    if (count == 0) {
+      return 0;
+    }
+    const auto& [file, header] = open(b.file);
+    const TensorEntry* entry = header.find(b.key);
+    const std::string in_file = file.path().string() + ": tensor '" + b.key + "'";
+    DTENSOR_CHECK(entry != nullptr, in_file + " is in the index but not in the file");
+    DTENSOR_CHECK(entry->dtype == t.dtype && entry->shape == b.block.shape && entry->begin == b.begin &&
+                      entry->end == b.end,
+                  in_file + ": the header says " + std::string(safetensors_dtype(entry->dtype)) + " " +
+                      AnyTensor::to_string(entry->shape) + " at [" + std::to_string(entry->begin) + ", " +
+                      std::to_string(entry->end) + "), the index " + std::string(safetensors_dtype(t.dtype)) +
+                      " " + AnyTensor::to_string(b.block.shape) + " at [" + std::to_string(b.begin) + ", " +
+                      std::to_string(b.end) + ")");
+    const auto esize = static_cast<std::int64_t>(dtype_size(t.dtype));
+    const int rank = common.shape.size();
+    // Rows: runs along the last dim (a rank-0 tensor is one run of one element).
+    const std::int64_t row = rank == 0 ? 1 : common.shape[rank - 1];
+    const std::int64_t rows = count / row;
+    const Extents bstride = detail::row_major_strides(b.block.shape);
+    const Extents tstride = detail::row_major_strides(target.shape);
+    struct Run {
+      std::int64_t src; // element index in the block
+      std::int64_t dst; // element index in target
+    };
+    std::vector<Run> runs;
+    runs.reserve(static_cast<std::size_t>(rows));
+    Extents idx(rank, 0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      Run run{0, 0};
+      for (int d = 0; d < rank; ++d) {
+        run.src += (common.offset[d] + idx[d] - b.block.offset[d]) * bstride[d];
+        run.dst += (common.offset[d] + idx[d] - target.offset[d]) * tstride[d];
+      }
+      runs.push_back(run);
+      for (int d = rank - 2; d >= 0; --d) { // next row: odometer over all dims but the last
+        if (++idx[d] < common.shape[d]) {
+          break;
+        }
+        idx[d] = 0;
+      }
+    }
+    // The chunks the runs touch, as ranges of consecutive chunks.
+    const std::uint64_t bytes = b.end - b.begin;
+    const std::uint64_t rowb = static_cast<std::uint64_t>(row * esize);
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges; // [first, last] chunk
+    for (const Run& run : runs) {
+      const std::uint64_t lo = static_cast<std::uint64_t>(run.src * esize) / chunk_bytes_;
+      const std::uint64_t hi = (static_cast<std::uint64_t>(run.src * esize) + rowb - 1) / chunk_bytes_;
+      if (!ranges.empty() && lo <= ranges.back().second + 1) {
+        ranges.back().second = std::max(ranges.back().second, hi);
+      } else {
+        ranges.push_back({lo, hi});
+      }
+    }
+    std::size_t next = 0; // the first run not yet copied (runs are in increasing src order)
+    std::vector<std::byte> buffer;
+    for (const auto& [first, last] : ranges) {
+      const std::uint64_t lo = first * chunk_bytes_;
+      const std::uint64_t hi = std::min(bytes, (last + 1) * chunk_bytes_);
+      buffer.resize(hi - lo);
+      file.read_at(buffer.data(), hi - lo, header.data_start + b.begin + lo, "tensor '" + b.key + "'");
+      for (std::uint64_t c = first; c <= last; ++c) {
+        const std::uint64_t at = c * chunk_bytes_ - lo;
+        const std::uint64_t n = std::min(chunk_bytes_, hi - lo - at);
+        DTENSOR_CHECK(crc32c(buffer.data() + at, n) == b.crc32c[c],
+                      in_file + ": checksum mismatch in bytes [" + std::to_string(lo + at) + ", " +
+                          std::to_string(lo + at + n) + ") of the tensor (corrupt file)");
+      }
+      for (; next < runs.size() && static_cast<std::uint64_t>(runs[next].src * esize) < hi; ++next) {
+        std::memcpy(out + runs[next].dst * esize, buffer.data() + (runs[next].src * esize - lo), rowb);
+      }
+    }
+    return count;
+  }
+
+  std::filesystem::path dir_;
+  std::uint64_t chunk_bytes_ = 0;
+  std::map<std::string, std::uint64_t> file_bytes_;
+  std::map<std::string, SavedTensor, std::less<>> tensors_;
+  std::map<std::string, std::pair<File, Header>> files_;
+};
+
+/// This rank's part of tensor `name` of the checkpoint in `dir`, as a DTensor `DT` on `mesh`.
+template <class DT>
+DT load(const std::filesystem::path& dir, std::string_view name, const typename DT::mesh_type& mesh,
+        Device device = Device::cpu()) {
+  return Reader(dir).template load<DT>(name, mesh, device);
+}
+
+/// Writes every tensor of the checkpoint in `dir`, whole, into the one safetensors file `out` (atomically:
+/// through "<out>.tmp" and a rename), in name order, with metadata {"format": "pt"} as PyTorch's
+/// safetensors files have. One process; it holds one whole tensor in memory at a time.
+inline void consolidate(const std::filesystem::path& dir, const std::filesystem::path& out) {
+  Reader reader(dir);
+  std::vector<TensorEntry> entries;
+  std::uint64_t at = 0;
+  for (const auto& [name, t] : reader.tensors()) {
+    const std::uint64_t n = detail::tensor_bytes(t.shape, t.dtype, name);
+    entries.push_back({name, t.dtype, t.shape, at, at + n});
+    at += n;
+  }
+  const std::filesystem::path tmp = detail::sibling(out, ".tmp");
+  {
+    File f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    const std::string header = encode_header(entries, {{"format", "pt"}});
+    f.write_all(header.data(), header.size());
+    std::vector<std::byte> buffer;
+    for (const TensorEntry& e : entries) {
+      buffer.resize(e.end - e.begin);
+      reader.read(e.name, e.dtype, Block{e.shape, Extents(e.shape.size(), 0)}, buffer.data());
+      f.write_all(buffer.data(), buffer.size());
+    }
+    f.sync();
+  }
+  std::filesystem::rename(tmp, out);
+  sync_directory(out.parent_path().empty() ? std::filesystem::path(".") : out.parent_path());
+}
+
+} // namespace dtensor::checkpoint
