@@ -148,6 +148,33 @@ TEST_CASE("(2,2) [S(0),S(1)] to 3 ranks [S(1)] to 1 rank is bit for bit", "[chec
   });
 }
 
+TEST_CASE("a load reads only the checksum chunks its block meets", "[checkpoint]") {
+  TempDir tmp("partial_reads");
+  const auto w = reference<float>(8, 8);
+  testing::run_ranks(2, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh1>(world);
+    ckpt::save(tmp.path, {{"w", distribute_tensor<Shard<0>>(mesh, w, replicated_source)}}, chunks_of(16));
+  });
+  // Each saved block is 4 rows of 32 bytes, two 16-byte chunks a row: the left half of the columns
+  // ([S(1)] on 2 ranks, rank 0) is every other chunk, half of the bytes.
+  ckpt::Reader reader(tmp.path);
+  Tensor<float, 2> left({8, 4});
+  reader.read("w", DType::float32, Block{{8, 4}, {0, 0}}, left.data());
+  CHECK(reader.bytes_read() == 128u);
+  Tensor<float, 2> expected({8, 4});
+  for (std::int64_t i = 0; i < 8; ++i) {
+    for (std::int64_t j = 0; j < 4; ++j) {
+      expected(i, j) = w(i, j);
+    }
+  }
+  CHECK(same_bits(left, expected));
+  // One row in the middle of the second block: its two chunks.
+  Tensor<float, 2> row({1, 8});
+  reader.read("w", DType::float32, Block{{1, 8}, {5, 0}}, row.data());
+  CHECK(reader.bytes_read() == 128u + 32u);
+  CHECK(std::memcmp(row.data(), &w(5, 0), 32) == 0);
+}
+
 TEST_CASE("consolidate writes one safetensors file of whole tensors", "[checkpoint]") {
   TempDir tmp("consolidate");
   const auto w = reference<float>(7, 5);

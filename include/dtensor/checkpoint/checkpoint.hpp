@@ -395,6 +395,9 @@ public:
                                                      " elements read");
   }
 
+  /// Bytes of tensor data read so far (headers and the index not counted): what read() and load() cost.
+  std::uint64_t bytes_read() const noexcept { return bytes_read_; }
+
   /// This rank's part of tensor `name`, as a DTensor `DT` on `mesh` (its local tensor on `device`).
   /// No collective: every rank reads what it holds.
   template <class DT>
@@ -558,6 +561,7 @@ private:
       const std::uint64_t hi = std::min(bytes, (last + 1) * chunk_bytes_);
       buffer.resize(hi - lo);
       file.read_at(buffer.data(), hi - lo, header.data_start + b.begin + lo, "tensor '" + b.key + "'");
+      bytes_read_ += hi - lo;
       for (std::uint64_t c = first; c <= last; ++c) {
         const std::uint64_t at = c * chunk_bytes_ - lo;
         const std::uint64_t n = std::min(chunk_bytes_, hi - lo - at);
@@ -577,6 +581,7 @@ private:
   std::map<std::string, std::uint64_t> file_bytes_;
   std::map<std::string, SavedTensor, std::less<>> tensors_;
   std::map<std::string, std::pair<File, Header>> files_;
+  std::uint64_t bytes_read_ = 0;
 };
 
 /// This rank's part of tensor `name` of the checkpoint in `dir`, as a DTensor `DT` on `mesh`.
