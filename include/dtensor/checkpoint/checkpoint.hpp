@@ -32,6 +32,7 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -541,9 +542,29 @@ private:
         idx[d] = 0;
       }
     }
-    // The chunks the runs touch, as ranges of consecutive chunks.
     const std::uint64_t bytes = b.end - b.begin;
     const std::uint64_t rowb = static_cast<std::uint64_t>(row * esize);
+    // Reads bytes [lo, hi) of the block (whole chunks first..last) into `to` and checks their checksums.
+    const auto read_chunks = [&](std::byte* to, std::uint64_t first, std::uint64_t last) {
+      const std::uint64_t lo = first * chunk_bytes_;
+      const std::uint64_t hi = std::min(bytes, (last + 1) * chunk_bytes_);
+      file.read_at(to, hi - lo, header.data_start + b.begin + lo, "tensor '" + b.key + "'");
+      bytes_read_ += hi - lo;
+      for (std::uint64_t c = first; c <= last; ++c) {
+        const std::uint64_t at = c * chunk_bytes_ - lo;
+        const std::uint64_t n = std::min(chunk_bytes_, hi - lo - at);
+        DTENSOR_CHECK(crc32c(to + at, n) == b.crc32c[c],
+                      in_file + ": checksum mismatch in bytes [" + std::to_string(lo + at) + ", " +
+                          std::to_string(lo + at + n) + ") of the tensor (corrupt file)");
+      }
+      return hi;
+    };
+    // All of the block, contiguous in `target` too (same layout, or a block of whole rows): straight in.
+    if (count == numel(b.block.shape) && runs.back().dst - runs.front().dst == (rows - 1) * row) {
+      read_chunks(out + runs.front().dst * esize, 0, b.crc32c.size() - 1);
+      return count;
+    }
+    // Otherwise the chunks the runs touch, as ranges of consecutive chunks, through a buffer.
     std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges; // [first, last] chunk
     for (const Run& run : runs) {
       const std::uint64_t lo = static_cast<std::uint64_t>(run.src * esize) / chunk_bytes_;
@@ -554,23 +575,17 @@ private:
         ranges.push_back({lo, hi});
       }
     }
+    std::uint64_t largest = 0;
+    for (const auto& [first, last] : ranges) {
+      largest = std::max(largest, (last + 1 - first) * chunk_bytes_);
+    }
+    const auto buffer = std::make_unique_for_overwrite<std::byte[]>(std::min(largest, bytes));
     std::size_t next = 0; // the first run not yet copied (runs are in increasing src order)
-    std::vector<std::byte> buffer;
     for (const auto& [first, last] : ranges) {
       const std::uint64_t lo = first * chunk_bytes_;
-      const std::uint64_t hi = std::min(bytes, (last + 1) * chunk_bytes_);
-      buffer.resize(hi - lo);
-      file.read_at(buffer.data(), hi - lo, header.data_start + b.begin + lo, "tensor '" + b.key + "'");
-      bytes_read_ += hi - lo;
-      for (std::uint64_t c = first; c <= last; ++c) {
-        const std::uint64_t at = c * chunk_bytes_ - lo;
-        const std::uint64_t n = std::min(chunk_bytes_, hi - lo - at);
-        DTENSOR_CHECK(crc32c(buffer.data() + at, n) == b.crc32c[c],
-                      in_file + ": checksum mismatch in bytes [" + std::to_string(lo + at) + ", " +
-                          std::to_string(lo + at + n) + ") of the tensor (corrupt file)");
-      }
+      const std::uint64_t hi = read_chunks(buffer.get(), first, last);
       for (; next < runs.size() && static_cast<std::uint64_t>(runs[next].src * esize) < hi; ++next) {
-        std::memcpy(out + runs[next].dst * esize, buffer.data() + (runs[next].src * esize - lo), rowb);
+        std::memcpy(out + runs[next].dst * esize, buffer.get() + (runs[next].src * esize - lo), rowb);
       }
     }
     return count;
