@@ -256,6 +256,23 @@ TEST_CASE("loads check the index, the files and the checksums, and say what is w
     });
     CHECK(contains(e, "tensor 'w' has shape (6, 4), loaded as a rank-3 tensor"));
   }
+  SECTION("load_into checks the global shape") {
+    const std::string e = error_of([&] {
+      testing::run_ranks(2, [&](ProcessGroup& world) {
+        auto mesh = init_device_mesh<Mesh1>(world);
+        auto into = distribute_tensor<Shard<1>>(mesh, reference<float>(7, 4), replicated_source);
+        ckpt::load_into(good, "w", into);
+      });
+    });
+    CHECK(contains(e, "tensor 'w' has shape (6, 4), loaded into a DTensor of shape (7, 4)"));
+    testing::run_ranks(2, [&](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh1>(world);
+      auto into = distribute_tensor<Shard<1>>(mesh, reference<float>(6, 4, 5), replicated_source);
+      ckpt::load_into(good, "w", into);
+      expect(same_bits(into.local(), distribute_tensor<Shard<1>>(mesh, w, replicated_source).local()),
+             "load_into [S(1)]");
+    });
+  }
   SECTION("truncated file") {
     const fs::path dir = damaged("truncated");
     fs::resize_file(dir / "rank-1.safetensors", fs::file_size(dir / "rank-1.safetensors") - 4);

@@ -5,6 +5,7 @@
 //   namespace ckpt = dtensor::checkpoint;
 //   ckpt::save("run/step-100", {{"w", w}, {"b", b}});              // collective over the tensors' world
 //   auto w2 = ckpt::load<DTensor<float, 2, Mesh3, Shard<1>>>("run/step-100", "w", mesh3);  // no collective
+//   ckpt::load_into("run/step-100", "b", b3);                      // into a DTensor of the saved shape
 //   ckpt::consolidate("run/step-100", "model.safetensors");        // one process, full tensors
 //
 // On disk, a checkpoint is a directory (on a file system every rank sees):
@@ -417,6 +418,26 @@ public:
     return DT(mesh, device.is_cpu() ? local : local.to(device), dtensor::detail::to_array<DT::rank>(t.shape));
   }
 
+  /// Gives `t` (already laid out: a model's parameters, say) its part of tensor `name`; the saved global
+  /// shape must be `t`'s. Its local tensor is replaced by a new one on the same device. No collective.
+  template <class T, int Rank, class Shape, class... P>
+  void load_into(std::string_view name, DTensor<T, Rank, Shape, P...>& t) {
+    static_assert(
+        !detail::has_partial(DTensor<T, Rank, Shape, P...>::placements),
+        "checkpoint::load_into: a checkpoint holds tensors, not partial values; load into Replicate "
+        "or Shard and redistribute");
+    const SavedTensor& s = tensor(name);
+    const Extents global = dtensor::detail::to_extents(t.global_shape());
+    DTENSOR_CHECK(s.shape == global, "checkpoint " + dir_.string() + ": tensor '" + std::string(name) +
+                                         "' has shape " + AnyTensor::to_string(s.shape) +
+                                         ", loaded into a DTensor of shape " + AnyTensor::to_string(global));
+    const Block target = spec_block(global, t.spec, t.mesh().sizes(), t.mesh().coordinate());
+    Tensor<T, Rank> local(dtensor::detail::to_array<Rank>(target.shape));
+    read(name, dtype_v<T>, target, local.data());
+    const Device device = t.local().device();
+    t = DTensor<T, Rank, Shape, P...>(t.mesh(), device.is_cpu() ? local : local.to(device), t.global_shape());
+  }
+
 private:
   static Extents parse_extents(const nlohmann::json& j, const std::string& where, const char* field) {
     DTENSOR_CHECK(j.is_array() && j.size() <= static_cast<std::size_t>(max_tensor_rank),
@@ -604,6 +625,12 @@ template <class DT>
 DT load(const std::filesystem::path& dir, std::string_view name, const typename DT::mesh_type& mesh,
         Device device = Device::cpu()) {
   return Reader(dir).template load<DT>(name, mesh, device);
+}
+
+/// Gives `t` its part of tensor `name` of the checkpoint in `dir` (Reader::load_into).
+template <class T, int Rank, class Shape, class... P>
+void load_into(const std::filesystem::path& dir, std::string_view name, DTensor<T, Rank, Shape, P...>& t) {
+  Reader(dir).load_into(name, t);
 }
 
 /// Writes every tensor of the checkpoint in `dir`, whole, into the one safetensors file `out` (atomically:
