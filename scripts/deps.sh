@@ -3,7 +3,8 @@
 # nothing when all are present). Needs root or sudo only when something is missing.
 set -euo pipefail
 
-packages=(g++ cmake ninja-build catch2 libgloo-dev libopenblas-dev librandom123-dev libdlpack-dev)
+packages=(g++ cmake ninja-build catch2 libgloo-dev libopenblas-dev librandom123-dev libdlpack-dev
+          nlohmann-json3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

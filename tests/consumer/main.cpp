@@ -1,6 +1,6 @@
 // The consumer: a one-rank job through the public API (init_process_group without a launcher is rank 0
 // of 1), a mesh, a redistribution; a local GEMM where dtensor::blas is linked, and a random fill where
-// dtensor::random is.
+// dtensor::random is, a checkpoint round trip where dtensor::checkpoint is.
 #include <dtensor/comm/init.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #if DTENSOR_HAS_BLAS
@@ -8,6 +8,13 @@
 #endif
 #if DTENSOR_HAS_RANDOM123
 #include <dtensor/ops/local/random.hpp>
+#endif
+#if DTENSOR_HAS_CHECKPOINT
+#include <dtensor/checkpoint/checkpoint.hpp>
+
+#include <filesystem>
+#include <string>
+#include <unistd.h>
 #endif
 
 int main() {
@@ -26,6 +33,16 @@ int main() {
 #if DTENSOR_HAS_RANDOM123
   const Tensor<float, 1> u = local::rand<float, 1>({4}, 1);
   if (!(u(0) > 0.0f && u(0) < 1.0f)) {
+    return 1;
+  }
+#endif
+#if DTENSOR_HAS_CHECKPOINT
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dtensor_consumer_" + std::to_string(::getpid()));
+  checkpoint::save(dir, {{"x", x}});
+  const auto back = checkpoint::load<DTensor<float, 2, MeshShape<Axis<"dp">>, Replicate>>(dir, "x", mesh);
+  std::filesystem::remove_all(dir);
+  if (back.local()(3, 2) != 1.0f) {
     return 1;
   }
 #endif
