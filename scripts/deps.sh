@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(g++ cmake ninja-build catch2 libgloo-dev libopenblas-dev librandom123-dev libdlpack-dev
-          nlohmann-json3-dev)
+          nlohmann-json3-dev libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,7 +13,8 @@
 //  - Every do_* hook has a default that throws Error("<name> does not support <op>"), so a backend that
 //    implements a subset of the ops is still a valid one.
 //  - A backend writes only what its engine does differently: the hooks, check_memory (gloo: host memory;
-//    NCCL: device memory on its GPU), do_abort, and split_store when split() should work.
+//    NCCL: device memory on its GPU), do_abort, and split_store (or exchange_split) when split() should
+//    work.
 //
 // Contract shared by every backend:
 //  - Every op is asynchronous at this level: it is *submitted* and returns a WorkImpl. The synchronous
@@ -432,16 +433,9 @@ public:
 
 private:
   std::shared_ptr<Backend> split_hook(SplitGroup& g, const std::string& what) {
-    const int color = g.color;
-    const int key = g.key;
-    std::vector<detail::SplitEntry> all{{color, key}};
-    if (size() > 1) {
-      Store* store = split_store();
-      DTENSOR_CHECK(store != nullptr, what + ": no store to exchange the colours and keys through");
-      all = detail::exchange_split_colors(*store, "split" + std::to_string(g.index), rank(), size(), color,
-                                          key, timeout(), what);
-    }
-    const detail::SplitMembers members = detail::split_members(all, color, rank());
+    const std::vector<detail::SplitEntry> all =
+        size() > 1 ? exchange_split(g, what) : std::vector<detail::SplitEntry>{{g.color, g.key}};
+    const detail::SplitMembers members = detail::split_members(all, g.color, rank());
     const auto ranks = global_ranks();
     for (int r : members.ranks) {
       g.global_ranks.push_back(ranks[static_cast<std::size_t>(r)]);
@@ -544,6 +538,15 @@ protected:
   }
   /// Called by every member, also those with colour < 0 (group.rank == -1; return nullptr for them).
   virtual std::shared_ptr<Backend> do_split(const SplitGroup& /*group*/) { unsupported("split"); }
+  /// Every member's (colour, key) for split #g.index, in group rank order (a group of several members;
+  /// `what` heads the messages). Default: through split_store() (backends/split.hpp); a backend that
+  /// can exchange them itself (MPI: an allgather) overrides it.
+  virtual std::vector<detail::SplitEntry> exchange_split(const SplitGroup& g, const std::string& what) {
+    Store* store = split_store();
+    DTENSOR_CHECK(store != nullptr, what + ": no store to exchange the colours and keys through");
+    return detail::exchange_split_colors(*store, "split" + std::to_string(g.index), rank(), size(), g.color,
+                                         g.key, timeout(), what);
+  }
   /// The communication side of abort(); the front already fails later ops. Default: nothing more.
   virtual void do_abort(std::string_view /*reason*/) {}
 

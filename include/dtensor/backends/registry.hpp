@@ -10,9 +10,9 @@
 //   for (const std::string& name : dtensor::registered_backends()) ...
 //
 // Names are case-insensitive. "auto" (or an empty name) picks, among the backends registered with a
-// usable() test that passes, the one of highest priority: NCCL (when a CUDA device is visible) before
-// gloo. A name that is not registered gives an Error that says how to get it into the build (for the
-// backends dtensor ships with a CMake target) or lists the registered ones.
+// usable() test that passes, the one of highest priority: NCCL (when a CUDA device is visible), then MPI
+// (under an MPI launcher), then gloo. A name that is not registered gives an Error that says how to get it
+// into the build (for the backends dtensor ships with a CMake target) or lists the registered ones.
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/core/error.hpp"
@@ -63,12 +63,14 @@ struct BackendTraits {
 namespace detail {
 
 /// The backends dtensor ships with a CMake target of their own: what to say when one is not in a build.
-inline constexpr std::array<std::pair<std::string_view, std::string_view>, 2> kBackendTargets{{
+inline constexpr std::array<std::pair<std::string_view, std::string_view>, 3> kBackendTargets{{
     {"gloo", "the gloo backend is not part of this build (link the CMake target dtensor::gloo, which needs "
              "Debian's libgloo-dev)"},
     {"nccl",
      "the NCCL backend is not part of this build (link the CMake target dtensor::nccl, which needs the "
      "CUDA toolkit and NCCL)"},
+    {"mpi", "the MPI backend is not part of this build (link the CMake target dtensor::mpi, which needs an "
+            "MPI library: Debian's libopenmpi-dev, with openmpi-bin for mpirun)"},
 }};
 
 struct RegisteredBackend {

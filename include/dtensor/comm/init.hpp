@@ -11,9 +11,12 @@
 //   MPICH / Intel MPI        PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
 //   Slurm (srun)             SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
 //   none of them             one process: rank 0 of 1, with a private store
-// The store's address always comes from MASTER_ADDR / MASTER_PORT (default port 29500). MASTER_ADDR may be
-// left out when every rank runs on this machine (then 127.0.0.1); under Slurm it defaults to the first host
-// of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST.
+// The store's address comes from MASTER_ADDR / MASTER_PORT (default port 29500). MASTER_ADDR may be left
+// out when every rank runs on this machine (then 127.0.0.1); under Slurm it defaults to the first host of
+// SLURM_STEP_NODELIST / SLURM_JOB_NODELIST. Under an MPI launcher (OpenMPI or MPICH variables) without
+// MASTER_ADDR, in a program built with the MPI backend (dtensor::mpi), the ranks meet through MPI instead:
+// the job's store is an MpiStore (backends/mpi/rendezvous.hpp), for every backend, on any number of
+// machines, with no port to choose.
 //
 // Rendezvous: rank 0 hosts a TcpStore on MASTER_PORT unless DTENSOR_USE_AGENT_STORE=1 says the launcher
 // (dtensor-run on node 0) hosts it; every rank connects to MASTER_ADDR:MASTER_PORT, retrying until the
@@ -25,12 +28,12 @@
 // init_process_group returns.
 //
 // Backend: InitOptions::backend, else DTENSOR_BACKEND, else "auto": a name in the backend registry
-// (backends/registry.hpp: "gloo" and "nccl" when this program includes them, as this header does when
-// dtensor was built with them), made with make_backend; "auto" picks NCCL when a CUDA device is visible,
-// else gloo. Each backend reads its own settings (gloo: GLOO_SOCKET_IFNAME, else the local address that
-// routes to MASTER_ADDR; NCCL: the device LOCAL_RANK unless InitOptions::device is set).
-// Timeout (store, rendezvous and the group's default op timeout): InitOptions::timeout, else
-// DTENSOR_TIMEOUT (seconds), else 300 s.
+// (backends/registry.hpp: "gloo", "nccl" and "mpi" when this program includes them, as this header does
+// when dtensor was built with them), made with make_backend; "auto" picks NCCL when a CUDA device is
+// visible, else MPI under an MPI launcher, else gloo. Each backend reads its own settings (gloo:
+// GLOO_SOCKET_IFNAME, else the local address that routes to MASTER_ADDR; NCCL: the device LOCAL_RANK unless
+// InitOptions::device is set). Timeout (store, rendezvous and the group's default op timeout):
+// InitOptions::timeout, else DTENSOR_TIMEOUT (seconds), else 300 s.
 
 #include "dtensor/backends/registry.hpp"
 #include "dtensor/comm/process_group.hpp"
@@ -47,6 +50,10 @@
 #endif
 #if DTENSOR_HAS_NCCL
 #include "dtensor/backends/nccl/backend.hpp"
+#endif
+#if DTENSOR_HAS_MPI
+#include "dtensor/backends/mpi/backend.hpp"
+#include "dtensor/backends/mpi/rendezvous.hpp"
 #endif
 
 #include <chrono>
@@ -69,6 +76,9 @@ struct DistEnv {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  /// MASTER_ADDR was set (or, under Slurm, taken from the node list); false: 127.0.0.1 for a job on this
+  /// machine, or empty for an MPI launch over several machines (the ranks then meet through MPI).
+  bool master_addr_given = false;
   /// Which variables it came from: "torchrun", "openmpi", "mpich", "slurm" or "default".
   std::string source = "default";
   /// The launcher hosts the store (DTENSOR_USE_AGENT_STORE=1); rank 0 then is a client like the others.
@@ -190,9 +200,14 @@ inline DistEnv read_dist_env(const EnvLookup& env = detail::system_env) {
                 "init_process_group: MASTER_PORT=" + std::to_string(e.master_port) + " is not a TCP port");
   if (auto addr = env("MASTER_ADDR"); addr && !addr->empty()) {
     e.master_addr = *addr;
+    e.master_addr_given = true;
   } else if (e.source == "slurm" && (env("SLURM_STEP_NODELIST") || env("SLURM_JOB_NODELIST"))) {
     e.master_addr = detail::first_slurm_host(
         *(env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST") : env("SLURM_JOB_NODELIST")));
+    e.master_addr_given = true;
+  } else if ((e.source == "openmpi" || e.source == "mpich") && e.world_size > 1 &&
+             e.local_world_size != e.world_size) {
+    e.master_addr.clear(); // several machines: they meet through MPI (init_process_group), or need it set
   } else {
     DTENSOR_CHECK(e.world_size == 1 || e.local_world_size == e.world_size,
                   "init_process_group: MASTER_ADDR is not set (rank " + std::to_string(e.rank) + " of " +
@@ -252,12 +267,33 @@ inline std::string resolve_backend(const std::string& name) {
 
 } // namespace detail
 
+namespace detail {
+
+/// Whether init_process_group meets through MPI (an MpiStore) rather than a TcpStore: under an MPI
+/// launcher (OpenMPI or MPICH variables) with no MASTER_ADDR and no launcher-hosted store, in a program
+/// built with the MPI backend.
+inline bool meets_through_mpi([[maybe_unused]] const DistEnv& env) {
+#if DTENSOR_HAS_MPI
+  return (env.source == "openmpi" || env.source == "mpich") && !env.master_addr_given && !env.agent_store;
+#else
+  return false;
+#endif
+}
+
+} // namespace detail
+
 /// The job's store as init_process_group reaches it: hosted here when this is rank 0 and no launcher
 /// hosts it (DistEnv::agent_store), a private one on a free loopback port for a lone process without
 /// launcher variables, else a client of MASTER_ADDR:MASTER_PORT (retrying until `timeout`). A store hosted
 /// here listens on DistEnv::store_bind_addr, else on MASTER_ADDR when it is a loopback address, else on
 /// every interface.
 inline std::shared_ptr<TcpStore> connect_store(const DistEnv& env, std::chrono::milliseconds timeout) {
+  DTENSOR_CHECK(!env.master_addr.empty(),
+                "init_process_group: MASTER_ADDR is not set (rank " + std::to_string(env.rank) + " of " +
+                    std::to_string(env.world_size) + " on several machines, from the " + env.source +
+                    " environment variables); set it to the address of the machine running rank 0 and "
+                    "MASTER_PORT to a free port, or build with the MPI backend (link dtensor::mpi) to meet "
+                    "through MPI");
   TcpStoreOptions so;
   so.timeout = timeout;
   so.token = env.store_token;
@@ -281,8 +317,17 @@ inline ProcessGroup init_process_group(InitOptions options = {}) {
   const std::chrono::milliseconds timeout = detail::init_timeout(options.timeout);
   const std::string backend = detail::resolve_backend(options.backend);
 
-  std::shared_ptr<TcpStore> own_store = options.store ? nullptr : connect_store(env, timeout);
-  std::shared_ptr<Store> store = options.store ? options.store : own_store;
+  std::shared_ptr<Store> store = options.store;
+  std::shared_ptr<TcpStore> own_store;
+#if DTENSOR_HAS_MPI
+  if (store == nullptr && detail::meets_through_mpi(env)) {
+    store = std::make_shared<MpiStore>(timeout);
+  }
+#endif
+  if (store == nullptr) {
+    own_store = connect_store(env, timeout);
+    store = own_store;
+  }
   // Successive init_process_group calls of one job use fresh keys.
   const std::int64_t generation = store->add("dtensor/init_count/" + std::to_string(env.rank), 1);
   const std::string prefix = "dtensor/init" + std::to_string(generation);

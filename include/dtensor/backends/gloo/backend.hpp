@@ -68,6 +68,7 @@
 #include <vector>
 
 #include <signal.h>
+#include <unistd.h>
 
 namespace dtensor {
 
@@ -556,7 +557,8 @@ namespace detail {
 
 /// The "gloo" entry of the backend registry (what init_process_group makes): binds to the first interface
 /// of GLOO_SOCKET_IFNAME when it is set, else to the local address that routes to the store's host
-/// (127.0.0.1 when that host is this machine).
+/// (127.0.0.1 when that host is this machine), else, for a job that met through MPI on several machines,
+/// to this machine's host name.
 inline std::shared_ptr<Backend> make_gloo_backend_for_job(std::shared_ptr<Store> store, int rank, int size,
                                                           const BackendOptions& options) {
   GlooOptions go;
@@ -566,6 +568,11 @@ inline std::shared_ptr<Backend> make_gloo_backend_for_job(std::shared_ptr<Store>
   if (iface != nullptr && *iface != '\0') {
     const std::string list(iface);
     go.iface = list.substr(0, list.find(','));
+  } else if (options.master_addr.empty() && size > 1) { // met through MPI on several machines
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0 && host[0] != '\0') {
+      go.hostname = host;
+    }
   } else if (!tcp::is_loopback(options.master_addr) && size > 1) {
     const std::string local = tcp::local_address_towards(options.master_addr, options.master_port);
     if (!local.empty()) {

@@ -1,0 +1,185 @@
+#pragma once
+// MPI's names for dtensor's element types and reductions, and error checking for MPI calls (the
+// counterpart of backends/nccl/types.hpp and backends/gloo/reduce.hpp: what the backend needs to know
+// about the data).
+//
+//   MPI_Datatype t = detail::mpi_type(DType::bfloat16);                 // MPI_UINT16_T (bits only)
+//   MPI_Op op = detail::mpi_op(DType::bfloat16, ReduceOp::max);         // a user op reducing in float
+//   detail::check_mpi(MPI_Ibarrier(comm, &r), "MPI_Ibarrier", [&] { return where("barrier"); });
+//
+//  - float32/64, int32/64 and uint8 are MPI's own types and reduce with MPI's own ops (MPI_SUM, MPI_PROD,
+//    MPI_MAX, MPI_MIN), which is what a raw MPI program calls. Integer sums and products wrap around.
+//  - bfloat16, float16, float8_e4m3 and float8_e5m2 have no MPI type: they move as MPI_UINT16_T /
+//    MPI_UINT8_T (their bits) and reduce with user ops (MPI_Op_create, commutative) running the host
+//    reductions of backends/generic/reduce.hpp, in float and rounded back after each pairwise step, like
+//    the gloo backend.
+//  - ReduceOp::avg reduces as sum; the backend divides by the group size afterwards (floats divide,
+//    integers truncate toward zero), like the gloo backend.
+//  - User ops are made once per process (dtype, op) and freed before MPI_Finalize (runtime.hpp).
+
+#include "dtensor/backends/generic/reduce.hpp"
+#include "dtensor/core/element_type.hpp"
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/reduce_op.hpp"
+
+#include <mpi.h>
+
+#include <array>
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+namespace dtensor::detail {
+
+/// The MPI type elements of `dtype` move as.
+inline MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+  case DType::float32:
+    return MPI_FLOAT;
+  case DType::float64:
+    return MPI_DOUBLE;
+  case DType::int32:
+    return MPI_INT32_T;
+  case DType::int64:
+    return MPI_INT64_T;
+  case DType::uint8:
+  case DType::float8_e4m3:
+  case DType::float8_e5m2:
+    return MPI_UINT8_T;
+  case DType::bfloat16:
+  case DType::float16:
+    return MPI_UINT16_T;
+  }
+  throw Error("MPI backend: unknown dtype " + std::to_string(static_cast<int>(dtype)));
+}
+
+/// Whether MPI reduces `dtype` with its own ops (else a user op, see mpi_op).
+constexpr bool mpi_reduces_natively(DType dtype) {
+  return dtype == DType::float32 || dtype == DType::float64 || dtype == DType::int32 ||
+         dtype == DType::int64 || dtype == DType::uint8;
+}
+
+/// MPI_User_function for elements T and `Op`: inout[i] = in[i] op inout[i].
+template <class T, ReduceOp Op>
+void mpi_user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  reduce_kernel<T, Op>(inout, in, inout, static_cast<std::size_t>(*len));
+}
+
+/// The user ops of the reduced floats, made on first use (MPI must be initialised) and freed by
+/// free_all() before MPI_Finalize.
+class MpiUserOps {
+public:
+  static MpiUserOps& instance() {
+    static MpiUserOps ops;
+    return ops;
+  }
+
+  MPI_Op get(DType dtype, ReduceOp op) {
+    const std::size_t i = static_cast<std::size_t>(dtype) * kOps + op_index(op);
+    DTENSOR_CHECK(i < ops_.size(), "MPI backend: no user op for dtype " + std::string(dtype_name(dtype)));
+    std::lock_guard lock(m_);
+    if (ops_[i] == MPI_OP_NULL) {
+      MPI_User_function* fn = visit_dtype(dtype, [op]<class T>(T) -> MPI_User_function* {
+        switch (op) {
+        case ReduceOp::sum:
+        case ReduceOp::avg:
+          return &mpi_user_reduce<T, ReduceOp::sum>;
+        case ReduceOp::product:
+          return &mpi_user_reduce<T, ReduceOp::product>;
+        case ReduceOp::max:
+          return &mpi_user_reduce<T, ReduceOp::max>;
+        case ReduceOp::min:
+          return &mpi_user_reduce<T, ReduceOp::min>;
+        }
+        return nullptr;
+      });
+      const int rc = MPI_Op_create(fn, /*commute=*/1, &ops_[i]);
+      DTENSOR_CHECK(rc == MPI_SUCCESS, "MPI backend: MPI_Op_create for " + std::string(dtype_name(dtype)) +
+                                           " " + std::string(to_string(op)) + " failed (code " +
+                                           std::to_string(rc) + ")");
+    }
+    return ops_[i];
+  }
+
+  /// Frees every op made so far (call before MPI_Finalize).
+  void free_all() {
+    std::lock_guard lock(m_);
+    for (MPI_Op& op : ops_) {
+      if (op != MPI_OP_NULL) {
+        MPI_Op_free(&op);
+        op = MPI_OP_NULL;
+      }
+    }
+  }
+
+private:
+  static constexpr std::size_t kOps = 4;   // sum (avg), product, max, min
+  static constexpr std::size_t kTypes = 9; // DType's values
+
+  MpiUserOps() { ops_.fill(MPI_OP_NULL); }
+
+  static constexpr std::size_t op_index(ReduceOp op) {
+    switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      return 0;
+    case ReduceOp::product:
+      return 1;
+    case ReduceOp::max:
+      return 2;
+    case ReduceOp::min:
+      return 3;
+    }
+    return 0;
+  }
+
+  std::mutex m_;
+  std::array<MPI_Op, kTypes * kOps> ops_{};
+};
+
+/// The MPI op that reduces `dtype` with `op` (avg as sum: the caller divides).
+inline MPI_Op mpi_op(DType dtype, ReduceOp op) {
+  if (!mpi_reduces_natively(dtype)) {
+    return MpiUserOps::instance().get(dtype, op);
+  }
+  switch (op) {
+  case ReduceOp::sum:
+  case ReduceOp::avg:
+    return MPI_SUM;
+  case ReduceOp::product:
+    return MPI_PROD;
+  case ReduceOp::max:
+    return MPI_MAX;
+  case ReduceOp::min:
+    return MPI_MIN;
+  }
+  throw Error("MPI backend: unsupported reduce op " + std::to_string(static_cast<int>(op)));
+}
+
+/// MPI's text for an error code ("MPI_ERR_TRUNCATE: message truncated").
+inline std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) {
+    return "MPI error code " + std::to_string(code);
+  }
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+/// Throws Error("<context>: <call> failed: <MPI's text>") unless rc is MPI_SUCCESS. `context` is a string
+/// or a callable returning one, called only on failure.
+template <class Context>
+void check_mpi(int rc, const char* call, Context&& context) {
+  if (rc != MPI_SUCCESS) [[unlikely]] {
+    std::string where;
+    if constexpr (std::is_invocable_v<Context>) {
+      where = context();
+    } else {
+      where = context;
+    }
+    throw Error(where + ": " + call + " failed: " + mpi_error_text(rc));
+  }
+}
+
+} // namespace dtensor::detail
