@@ -6,6 +6,7 @@
 //   dtensor-run --standalone --nproc-per-node 4 build-bench/bench/bench_redistribution   # 1-D (4), 2-D (2x2)
 //   dtensor-run --standalone --nproc-per-node 8 build-bench/bench/bench_redistribution   # 3-D (2x2x2)
 //   dtensor-run --standalone --nproc-per-node 2 build-bench/bench/bench_redistribution   # 1-D (2)
+//   mpirun -np 4 build-bench/bench/bench_redistribution --backend mpi                     # on MPI
 //
 // Device mode (--device cuda, which implies --backend nccl; the default of a build without gloo): the same
 // cases on CUDA tensors over NCCL, from the binary bench_redistribution_cuda (built when NCCL is found;
@@ -36,9 +37,9 @@
 //  - peak extra memory: the most bytes live during one redistribute beyond what is live after it (input
 //    and output shards), largest over ranks: on the host from replaced global operator new/delete, on a
 //    GPU from the device's default memory pool (cudaMemPoolAttrUsedMemHigh; tensors use cudaMallocAsync).
-// Writes bench/results/redistribution_n<ranks>.json (suites "redistribution" and "uneven"); device mode:
-// redistribution_cuda_n<ranks>.json with backend "nccl" and the host-time fields host_us, host_min_us,
-// host_max_us.
+// Writes bench/results/redistribution_n<ranks>.json (suites "redistribution" and "uneven"; on MPI
+// redistribution_mpi_n<ranks>.json); device mode: redistribution_cuda_n<ranks>.json with backend "nccl" and
+// the host-time fields host_us, host_min_us, host_max_us.
 
 #include "../common/alloc_counter.hpp"
 #include "../common/harness.hpp"
@@ -609,7 +610,7 @@ void cases_3d(Ctx& c, const DeviceMesh<Mesh3>& mesh3, std::int64_t er, std::int6
   Runner<Mesh3, L<S<0>, R, S<1>>, L<S<1>, S<0>, R>>::run(c, mesh3, ur, uc, " uneven");
 }
 
-/// --backend gloo|nccl and --device cpu|cuda (cuda implies nccl). Returns 0 to go on, else the exit
+/// --backend gloo|mpi|nccl and --device cpu|cuda (cuda implies nccl). Returns 0 to go on, else the exit
 /// status (77: skipped, 2: bad arguments).
 int setup(Ctx& c, InitOptions& io) {
   std::string backend;
@@ -626,7 +627,7 @@ int setup(Ctx& c, InitOptions& io) {
     } else {
       std::fprintf(stderr,
                    "bench_redistribution: unknown argument '%s' (--scale S, --smoke, --out DIR, --backend "
-                   "gloo|nccl, --device cpu|cuda)\n",
+                   "gloo|mpi|nccl, --device cpu|cuda)\n",
                    a[i].c_str());
       return 2;
     }
@@ -634,9 +635,10 @@ int setup(Ctx& c, InitOptions& io) {
   if (backend.empty()) {
     backend = device == "cuda" ? "nccl" : "gloo";
   }
-  if (!((backend == "gloo" && device == "cpu") || (backend == "nccl" && device == "cuda"))) {
+  if (!(((backend == "gloo" || backend == "mpi") && device == "cpu") ||
+        (backend == "nccl" && device == "cuda"))) {
     std::fprintf(stderr,
-                 "bench_redistribution: --backend %s --device %s: gloo takes host tensors, NCCL CUDA "
+                 "bench_redistribution: --backend %s --device %s: gloo and MPI take host tensors, NCCL CUDA "
                  "tensors\n",
                  backend.c_str(), device.c_str());
     return 2;
@@ -763,7 +765,9 @@ int run(Ctx& c) {
                   c.backend.c_str(), w);
       c.uneven.print();
     }
-    c.results.write(c.opt, std::string(c.cuda() ? "redistribution_cuda_n" : "redistribution_n") +
+    c.results.write(c.opt, std::string(c.cuda()             ? "redistribution_cuda_n"
+                                       : c.backend == "mpi" ? "redistribution_mpi_n"
+                                                            : "redistribution_n") +
                                std::to_string(w) + ".json");
   }
   if (!c.errors.empty()) {

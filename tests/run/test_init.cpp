@@ -57,14 +57,33 @@ TEST_CASE("env: OpenMPI, MPICH and Slurm fallbacks", "[env]") {
   CHECK(o.world_size == 4);
   CHECK(o.local_rank == 3);
   CHECK(o.master_addr == "127.0.0.1"); // all ranks on this machine
+  CHECK_FALSE(o.master_addr_given);
   CHECK(o.master_port == 29500);
   CHECK_FALSE(o.agent_store);
+
+  // OpenMPI over several machines without MASTER_ADDR: no address; the ranks meet through MPI where the
+  // program links dtensor::mpi (this test does not: connecting a TCP store then says what to do).
+  auto multi = dtensor::read_dist_env(env_of({{"OMPI_COMM_WORLD_RANK", "1"},
+                                              {"OMPI_COMM_WORLD_SIZE", "4"},
+                                              {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                              {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+  CHECK(multi.master_addr.empty());
+  CHECK_FALSE(multi.master_addr_given);
+  CHECK_FALSE(dtensor::detail::meets_through_mpi(multi));
+  try {
+    dtensor::connect_store(multi, std::chrono::milliseconds(100));
+    FAIL("connect_store without an address did not fail");
+  } catch (const dtensor::Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("MASTER_ADDR is not set"));
+    CHECK_THAT(e.what(), Catch::Contains("dtensor::mpi"));
+  }
 
   auto m = dtensor::read_dist_env(
       env_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "9"}}));
   CHECK(m.source == "mpich");
   CHECK(m.rank == 1);
   CHECK(m.local_rank == 1);
+  CHECK(m.master_addr_given);
 
   auto s = dtensor::read_dist_env(env_of({{"SLURM_PROCID", "6"},
                                           {"SLURM_NTASKS", "8"},
@@ -165,7 +184,7 @@ TEST_CASE("env: one truth table for every flag", "[env]") {
 }
 
 TEST_CASE("init: a backend missing from this build is named, unknown names are rejected", "[env]") {
-  // This test binary links neither dtensor::gloo nor dtensor::nccl.
+  // This test binary links neither dtensor::gloo, dtensor::nccl nor dtensor::mpi.
   auto message = [](std::string backend) {
     dtensor::InitOptions o;
     o.backend = std::move(backend);
@@ -179,7 +198,9 @@ TEST_CASE("init: a backend missing from this build is named, unknown names are r
   };
   CHECK(message("gloo").find("gloo backend is not part of this build") != std::string::npos);
   CHECK(message("NCCL").find("NCCL backend is not part of this build") != std::string::npos);
-  CHECK(message("mpi").find("unknown backend 'mpi'") != std::string::npos);
+  CHECK(message("mpi").find("MPI backend is not part of this build (link the CMake target dtensor::mpi") !=
+        std::string::npos);
+  CHECK(message("ucc").find("unknown backend 'ucc'") != std::string::npos);
 }
 
 TEST_CASE("init: connect_store hosts a private store for a lone process", "[env]") {

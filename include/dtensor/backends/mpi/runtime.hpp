@@ -39,6 +39,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -69,6 +70,7 @@ public:
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
+      tune_open_mpi();
       int provided = MPI_THREAD_SINGLE;
       check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread",
                 "MPI backend");
@@ -156,6 +158,20 @@ public:
 
 private:
   MpiRuntime() = default;
+
+  /// OpenMPI 4's non-blocking reduce (coll/libnbc) pipelines along a chain for 4 processes or fewer from
+  /// 64 KiB, 1.3-4x slower than its binomial tree on one machine (BENCHMARKS.md, "MPI"); dtensor asks for
+  /// the tree unless OMPI_MCA_coll_libnbc_ireduce_algorithm says otherwise. Only when dtensor initialises
+  /// MPI, and only for Open MPI (MPI_Get_library_version may be called before MPI_Init).
+  static void tune_open_mpi() {
+    char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+    int len = 0;
+    if (MPI_Get_library_version(version, &len) == MPI_SUCCESS &&
+        std::string_view(version, static_cast<std::size_t>(len)).find("Open MPI v4.") !=
+            std::string_view::npos) {
+      ::setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", /*overwrite=*/0);
+    }
+  }
 
   static void finalize_at_exit() {
     instance().run_finalize_hooks();
