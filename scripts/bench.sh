@@ -2,7 +2,10 @@
 # Runs the CPU benchmarks (BENCHMARKS.md) and writes their JSON under bench/results/:
 #   1. collectives sweep on gloo, 2 and 4 processes (ours vs raw gloo), then the same sweep through
 #      torch.distributed (Debian's python3-torch, if installed) and the join (ours/torch);
-#   2. redistribution suite at 2, 4 (1-D, 2-D, uneven variable vs padded) and 8 processes (3-D);
+#   1b. collectives sweep on MPI, 2 and 4 processes under mpirun (ours vs raw MPI blocking and non-blocking
+#      calls vs dtensor's gloo backend, in the same processes), when the MPI backend is built;
+#   2. redistribution suite at 2, 4 (1-D, 2-D, uneven variable vs padded) and 8 processes (3-D); on MPI at
+#      4 processes;
 #   3. TP MLP forward on 4 processes, ours vs torch.mm + dist.all_reduce (bench/mlp/mlp_vs_torch.sh; ours
 #      alone without python3-torch);
 #   3b. the training step of examples/06_train.cpp per layout on 4 processes, ours vs torch (hand-written
@@ -32,6 +35,12 @@ if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
 fi
 cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead bench_mlp bench_train bench_loss bench_pipeline bench_gemm
+have_mpi=0
+if cmake --build "$build" -j2 --target bench_collectives_mpi >/dev/null 2>&1 && command -v mpirun >/dev/null; then
+  have_mpi=1
+fi
+# OpenMPI refuses root without these, and more processes than cores without oversubscription.
+mpirun=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun)
 run="$build/tools/dtensor-run/dtensor-run --standalone --tee 0"
 mkdir -p bench/results
 common=(--scale "$scale" --out bench/results)
@@ -59,10 +68,23 @@ if [[ $have_torch == 1 ]]; then
   "$torch_py" bench/collectives/join.py --dir bench/results 2 4
 fi
 
-echo "== 2. redistribution (gloo)"
+echo "== 1b. collectives (MPI)"
+if [[ $have_mpi == 1 ]]; then
+  for n in 2 4; do
+    "${mpirun[@]}" -np "$n" "$build/bench/bench_collectives_mpi" "${common[@]}" --max-bytes "$max_bytes" \
+      --passes "$passes"
+  done
+else
+  echo "(the MPI backend is not built: skipping; apt-get install -y libopenmpi-dev openmpi-bin)"
+fi
+
+echo "== 2. redistribution (gloo; MPI)"
 for n in 2 4 8; do
   $run --nproc-per-node "$n" "$build/bench/bench_redistribution" "${common[@]}"
 done
+if [[ $have_mpi == 1 ]]; then
+  "${mpirun[@]}" -np 4 "$build/bench/bench_redistribution" "${common[@]}" --backend mpi
+fi
 
 echo "== 3. TP MLP forward (gloo, 4 processes, 1 thread each), ours vs torch"
 BUILD_DIR="$build" bench/mlp/mlp_vs_torch.sh --passes "$passes" --scale "$scale"

@@ -323,7 +323,7 @@ int main(int argc, char** argv) {
   }
   if (rank == 0) {
     std::printf(
-        "collectives on MPI, %d processes (float32; times of rank 0; ours = dtensor's MPI backend, raw = "
+        "collectives on MPI, %d processes (float32; the slowest rank's times; ours = dtensor's MPI backend, raw = "
         "MPI's blocking call, gloo = dtensor's gloo backend in the same processes, interleaved)\n",
         n);
     table.print();

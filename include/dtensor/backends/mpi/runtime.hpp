@@ -159,17 +159,21 @@ public:
 private:
   MpiRuntime() = default;
 
-  /// OpenMPI 4's non-blocking reduce (coll/libnbc) pipelines along a chain for 4 processes or fewer from
-  /// 64 KiB, 1.3-4x slower than its binomial tree on one machine (BENCHMARKS.md, "MPI"); dtensor asks for
-  /// the tree unless OMPI_MCA_coll_libnbc_ireduce_algorithm says otherwise. Only when dtensor initialises
-  /// MPI, and only for Open MPI (MPI_Get_library_version may be called before MPI_Init).
+  /// OpenMPI 4's non-blocking collectives (coll/libnbc) pick, by default, a binomial all_reduce and a
+  /// chain-pipelined reduce for few processes: 1.3-2x (all_reduce, 2 processes) and 1.3-4x (reduce, 4
+  /// processes) slower from 64 KiB than its Rabenseifner all_reduce and binomial reduce, which are at or
+  /// below the blocking calls on one machine (BENCHMARKS.md, "MPI"). dtensor asks for those unless
+  /// OMPI_MCA_coll_libnbc_iallreduce_algorithm / _ireduce_algorithm say otherwise; only when dtensor
+  /// initialises MPI, and only for Open MPI 4 (MPI_Get_library_version may be called before MPI_Init).
   static void tune_open_mpi() {
     char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
     int len = 0;
     if (MPI_Get_library_version(version, &len) == MPI_SUCCESS &&
         std::string_view(version, static_cast<std::size_t>(len)).find("Open MPI v4.") !=
             std::string_view::npos) {
-      ::setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", /*overwrite=*/0);
+      ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3",
+               /*overwrite=*/0);                                                // reduce_scatter + all_gather
+      ::setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", /*overwrite=*/0); // binomial
     }
   }
 
