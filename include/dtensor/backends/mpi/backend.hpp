@@ -51,6 +51,7 @@
 #include "dtensor/core/config.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
 

@@ -24,6 +24,7 @@
 
 #include "dtensor/backends/mpi/runtime.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/in_process_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
