@@ -31,7 +31,7 @@ namespace local {
 struct ExpShifted {
   template <class C>
   DTENSOR_HOST_DEVICE C operator()(C x, C m) const {
-    return std::exp(x - m);
+    return math::exp(x - m);
   }
 };
 /// e / s
@@ -59,7 +59,7 @@ struct SoftmaxGrad {
 struct LogSoftmaxGrad {
   template <class C>
   DTENSOR_HOST_DEVICE C operator()(C y, C g, C s) const {
-    return g - std::exp(y) * s;
+    return g - math::exp(y) * s;
   }
 };
 
