@@ -59,6 +59,8 @@
 // for as soon as it is issued, numerically the same step), i.e. the whole time of a step's communication;
 // "compute" is the step time minus the exposed communication. On a machine with fewer cores than ranks a
 // blocked wait also holds the time the peers need to reach the collective, so these are upper bounds.
+// Rank 0 also reports the minor page faults its process takes per step (getrusage, every thread), in the
+// steps with overlap.
 
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
@@ -82,6 +84,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <sys/resource.h>
 
 using namespace dtensor;
 
@@ -345,7 +349,8 @@ struct Model {
     std::vector<Tensor<T, 1>> vecs;
     double step_s = 0, exposed_s = 0, comm_s = 0; ///< per step (see the top of the file)
     double serial_step_s = 0;                     ///< the steps with overlap off, per step
-    std::string comm_mismatch; ///< the first step whose collectives differ from expected_comms, and how
+    double faults_per_step = 0; ///< minor page faults of the process per step (the steps with overlap)
+    std::string comm_mismatch;  ///< the first step whose collectives differ from expected_comms, and how
     /// Heap bytes (bench_train only): live before step 0, peak from step 1 on (the optimizer state exists),
     /// live after the last step.
     std::int64_t heap_start = 0, heap_peak = 0, heap_end = 0;
@@ -366,21 +371,42 @@ struct Model {
     }
   };
 
+  /// A step's wall time and the minor page faults the process took during it (getrusage: every thread,
+  /// gloo's included).
+  struct Timed {
+    double seconds = 0;
+    double faults = 0;
+  };
+  static double minor_faults() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_minflt);
+  }
+  template <class Step>
+  static Timed timed(Step&& step) {
+    const double f0 = minor_faults();
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    return {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+            minor_faults() - f0};
+  }
+
   /// Timing bookkeeping shared by the trainers: step 0 warms up; steps 1, 6, 11, ... run with overlap off
   /// (they measure all the communication); the others with overlap (they measure the step and its exposed
   /// part).
   struct Timing {
-    double step_s = 0, exposed_s = 0, comm_s = 0, serial_step_s = 0;
+    double step_s = 0, exposed_s = 0, comm_s = 0, serial_step_s = 0, faults = 0;
     int timed = 0, serial = 0;
     static bool serial_step(int step, int steps) { return steps >= 3 && step % 5 == 1; }
-    void record(int step, int steps, double seconds, double blocked) {
+    void record(int step, int steps, const Timed& t, double blocked) {
       if (serial_step(step, steps)) {
         comm_s += blocked;
-        serial_step_s += seconds;
+        serial_step_s += t.seconds;
         ++serial;
       } else if (step >= 1 || steps < 3) {
-        step_s += seconds;
+        step_s += t.seconds;
         exposed_s += blocked;
+        faults += t.faults;
         ++timed;
       }
     }
@@ -389,15 +415,9 @@ struct Model {
       t.exposed_s = exposed_s / std::max(timed, 1);
       t.comm_s = comm_s / std::max(serial, 1);
       t.serial_step_s = serial_step_s / std::max(serial, 1);
+      t.faults_per_step = faults / std::max(timed, 1);
     }
   };
-
-  template <class Step>
-  static double timed(Step&& step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
 
   // ---- tp and ddp: replicated parameters, DDP's buckets over dp -------------------------------------------
 
@@ -432,7 +452,7 @@ struct Model {
       CommClock clock{.overlap = !Timing::serial_step(step, steps)};
       const auto [ids, targets] = batch(mesh, step);
       double loss = 0, norm = 0;
-      const double seconds = timed([&] {
+      const Timed took = timed([&] {
         // Forward, keeping each layer's backward context.
         auto e = embed(ids, w.emb, clock);
         std::vector<BlockOut> blocks;
@@ -505,13 +525,13 @@ struct Model {
         opt.step(n - 2, w.gf, ggf);
         opt.step(n - 1, w.out, gout);
       });
-      timing.record(step, steps, seconds, clock.blocked);
+      timing.record(step, steps, took, clock.blocked);
       out.pin(step, comm, want, print_comm);
       out.losses.push_back(loss);
       out.norms.push_back(norm);
       if (print) {
         std::printf("step %3d/%d  loss %.6f  grad norm %.4f  %6.1f ms%s\n", step + 1, steps, loss, norm,
-                    seconds * 1e3, clock.overlap ? "" : "  (overlap off)");
+                    took.seconds * 1e3, clock.overlap ? "" : "  (overlap off)");
         std::fflush(stdout);
       }
     }
@@ -597,7 +617,7 @@ struct Model {
       CommClock clock{.overlap = !Timing::serial_step(step, steps)};
       const auto [ids, targets] = batch(mesh, step);
       double loss = 0, norm = 0;
-      const double seconds = timed([&] {
+      const Timed took = timed([&] {
         std::vector<FsdpWork> reductions;
         auto reduce = [&](auto& group, const auto&... grads) {
           clock([&] { // a Partial over rep (Fsdp) or tp (the gains) is all-reduced first, blocking
@@ -697,13 +717,13 @@ struct Model {
         }
         step_group(*gh);
       });
-      timing.record(step, steps, seconds, clock.blocked);
+      timing.record(step, steps, took, clock.blocked);
       out.pin(step, comm, want, print_comm);
       out.losses.push_back(loss);
       out.norms.push_back(norm);
       if (print) {
         std::printf("step %3d/%d  loss %.6f  grad norm %.4f  %6.1f ms%s\n", step + 1, steps, loss, norm,
-                    seconds * 1e3, clock.overlap ? "" : "  (overlap off)");
+                    took.seconds * 1e3, clock.overlap ? "" : "  (overlap off)");
         std::fflush(stdout);
       }
     }
@@ -818,6 +838,7 @@ int train_main(ProcessGroup& world, const DeviceMesh<Mesh>& mesh, const Options&
                 got.step_s * ms, (got.step_s - got.exposed_s) * ms, got.exposed_s * ms, got.comm_s * ms,
                 got.serial_step_s * ms,
                 got.comm_s > 0 ? 100.0 * std::max(0.0, 1.0 - got.exposed_s / got.comm_s) : 0.0);
+    std::printf("minor page faults per step on rank 0: %.0f\n", got.faults_per_step);
     if (heap(1) > 0) {
       std::printf("heap per rank (largest over ranks): %.3f MB before training, peak %.3f MB in the steps, "
                   "%.3f MB after\n",
@@ -846,14 +867,15 @@ int train_main(ProcessGroup& world, const DeviceMesh<Mesh>& mesh, const Options&
           "{\"suite\": \"train\", \"layout\": \"%s\", \"dtype\": \"%s\", \"ranks\": %d, "
           "\"mesh\": [%d, %d, %d], \"blocks\": %d, \"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, "
           "\"vocab\": %lld, \"steps\": %d, \"step_ms\": %.4f, \"compute_ms\": %.4f, "
-          "\"exposed_ms\": %.4f, \"comm_ms\": %.4f, \"serial_step_ms\": %.4f, "
+          "\"exposed_ms\": %.4f, \"comm_ms\": %.4f, \"serial_step_ms\": %.4f, \"minor_faults_per_step\": "
+          "%.1f, "
           "\"heap_start_bytes\": %.0f, \"heap_peak_bytes\": %.0f, \"heap_end_bytes\": %.0f, "
           "\"state_bytes\": %.0f, \"losses\": [",
           opt.layout_name, std::is_same_v<T, float> ? "float32" : "float64", world.size(), mesh.size(0),
           mesh.size(1), mesh.size(2), kBlocks, (long long)sizes.tokens, (long long)sizes.hidden,
           (long long)sizes.ffn, (long long)sizes.vocab, opt.steps, got.step_s * ms,
           (got.step_s - got.exposed_s) * ms, got.exposed_s * ms, got.comm_s * ms, got.serial_step_s * ms,
-          heap(0), heap(1), heap(2), double(got.state_bytes));
+          got.faults_per_step, heap(0), heap(1), heap(2), double(got.state_bytes));
       for (int s = 0; s < opt.steps; ++s) {
         std::fprintf(f, "%s%.8g", s ? ", " : "", got.losses[s]);
       }

@@ -9,7 +9,8 @@ Each PASS_DIR holds ours_<size>_<layout>.json (bench_train --json) and, for tp a
 passes of ours / torch of that pass (launched back to back); the split (compute, exposed communication, the
 whole communication measured in the steps with overlap off) as medians over passes; exposed_pct =
 exposed / step (prefetch and asynchronous reduction on), serial_exposed_pct = communication / step in the
-steps with overlap off (every collective waited for at once: no prefetch); the heap per rank (bench_train's
+steps with overlap off (every collective waited for at once: no prefetch); rank 0's minor page faults per step;
+the heap per rank (bench_train's
 counter, the largest rank): the peak over the steps and the parameters + gradients + AdamW state.
 A pass whose run failed its own check (collective pins; torch's one-process check) makes the exit status 1.
 """
@@ -72,6 +73,7 @@ def main():
                    "serial_step_ms": m("serial_step_ms", o),
                    "exposed_pct": med(100 * r["exposed_ms"] / r["step_ms"] for r in o),
                    "serial_exposed_pct": med(100 * r["comm_ms"] / r["serial_step_ms"] for r in o),
+                   "minor_faults_per_step": m("minor_faults_per_step", o) if "minor_faults_per_step" in o[0] else None,
                    "heap_peak_bytes": m("heap_peak_bytes", o), "heap_end_bytes": m("heap_end_bytes", o),
                    "state_bytes": m("state_bytes", o),
                    "pass_ours_ms": [r["step_ms"] for r in o]}
@@ -81,7 +83,9 @@ def main():
                             "ref_ms": m("step_ms", t), "ref_min_ms": min(r["step_ms"] for r in t),
                             "ref_max_ms": max(r["step_ms"] for r in t),
                             "ref_comm_ms": m("comm_ms", t) if t[0]["comm_ms"] is not None else None,
-                            "ref_max_rss_bytes": m("max_rss_bytes", t), "ref_all_gather": t[0]["all_gather"],
+                            "ref_max_rss_bytes": m("max_rss_bytes", t),
+                            "ref_minor_faults_per_step": m("minor_faults_per_step", t)
+                            if "minor_faults_per_step" in t[0] else None, "ref_all_gather": t[0]["all_gather"],
                             "pass_ref_ms": [r["step_ms"] for r in t]})
                 rec["ratio"] = rec["ours_ms"] / rec["ref_ms"]
                 rec["paired_ratio"] = med(pairs) if pairs else None
@@ -95,9 +99,10 @@ def main():
             f.write("[\n" + ",\n".join("  " + json.dumps(x) for x in out) + "\n]\n")
         print(f"wrote {path} ({len(out)} rows)")
     f1 = lambda v: "-" if v is None else f"{v:.1f}"
+    f0 = lambda v: "-" if v is None else f"{v:.0f}"
     head = ["tokens x hidden x ffn x vocab", "layout", "ours ms [min-max]", "torch ms [min-max]", "ours/torch",
             "paired", "compute / exposed / comm ms", "exposed % (prefetch on / off)", "torch comm ms",
-            "heap peak MB", "state MB"]
+            "faults/step ours / torch", "heap peak MB", "state MB"]
     rows = []
     for x in out:
         rows.append([x["name"].split()[0], x["layout"],
@@ -107,7 +112,8 @@ def main():
                      f"{x['paired_ratio']:.2f}" if x.get("paired_ratio") else "-",
                      f"{f1(x['compute_ms'])} / {f1(x['exposed_ms'])} / {f1(x['comm_ms'])}",
                      f"{x['exposed_pct']:.0f} / {x['serial_exposed_pct']:.0f}",
-                     f1(x.get("ref_comm_ms")), f"{x['heap_peak_bytes'] / 1e6:.1f}", f"{x['state_bytes'] / 1e6:.1f}"])
+                     f1(x.get("ref_comm_ms")), f"{f0(x['minor_faults_per_step'])} / {f0(x.get('ref_minor_faults_per_step'))}",
+                     f"{x['heap_peak_bytes'] / 1e6:.1f}", f"{x['state_bytes'] / 1e6:.1f}"])
     print(f"\nTraining step (06_train's model), gloo, {args.ranks} processes of 1 thread, float32 (ms: rank 0's mean "
           f"step, median over {len(args.passes)} passes, ours and torch alternating)")
     if args.markdown:

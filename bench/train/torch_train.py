@@ -26,7 +26,7 @@ Layouts (the world is the one mesh axis):
        (DDP averages the gradients: the global mean when the ranks' shares are equal, as in the bench).
 
 Timing, as 06_train: the mean over steps 2..N of the step (perf_counter around forward, backward, clip,
-optimizer step); for tp also the time blocked in the sequence-parallel collectives and the gains' all_reduce
+optimizer step) and of rank 0's minor page faults in it (getrusage); for tp also the time blocked in the sequence-parallel collectives and the gains' all_reduce
 ("comm"; the loss's and the clip's small all_reduces count as compute, as in 06_train). DDP's all_reduces run
 inside backward(): no split. Check: rank 0 trains the same weights on one process (no collectives) for K steps
 (--check-steps, default 2) and compares the losses (1e-4 relative): the exit status is 1 on a mismatch.
@@ -250,11 +250,12 @@ def main():
         gains = []
         run = lambda ids, tg: model(ids.chunk(n)[r], tg.chunk(n)[r])
     opt = torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
-    losses, step_s, comm_s = [], [], []
+    losses, step_s, comm_s, faults = [], [], [], []
     dist.barrier()
     for step in range(args.steps):
         ids, targets = batch(step, args.tokens, args.vocab)
         comm.blocked = 0.0
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = run(ids, targets)
@@ -264,6 +265,7 @@ def main():
         clip(params, replicated, comm if args.layout == "tp" else None)
         opt.step()
         t1 = time.perf_counter()
+        f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         lv = loss.detach().clone()
         if args.layout == "ddp":  # the global mean, for the printout and the check (outside the timing)
             dist.all_reduce(lv)
@@ -272,6 +274,7 @@ def main():
         if step >= 1:
             step_s.append(t1 - t0)
             comm_s.append(comm.blocked)
+            faults.append(f1 - f0)
     ok = True
     if r == 0 and args.check_steps > 0:
         ref = [torch.nn.Parameter(t.clone()) for t in full]
@@ -297,7 +300,7 @@ def main():
                "blocks": BLOCKS, "tokens": args.tokens, "hidden": args.hidden, "ffn": args.ffn, "vocab": args.vocab,
                "steps": args.steps, "step_ms": float(t0[0]) * 1e3, "slowest_rank_step_ms": float(t[0]) * 1e3,
                "comm_ms": float(t0[1]) * 1e3 if args.layout == "tp" else None,
-               "max_rss_bytes": float(t[2]), "torch_version": torch.__version__,
+               "max_rss_bytes": float(t[2]), "minor_faults_per_step": mean(faults), "torch_version": torch.__version__,
                "torch_threads": torch.get_num_threads(), "all_gather": "all_gather_into_tensor" if comm.gather_into
                else "all_gather(list)", "losses": losses,
                "check": (f"one process, {min(args.check_steps, args.steps)} steps" if args.check_steps else "none")

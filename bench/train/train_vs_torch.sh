@@ -63,7 +63,7 @@ for ((p = 1; p <= passes; ++p)); do
     for layout in tp ddp fsdp hsdp fsdp_tp; do
       ours() {
         $run "$build/bench/bench_train" --layout "$layout" --dtype float --no-check "${flags[@]}" \
-          --json "$d/ours_${size}_${layout}.json" | grep -E "time per step|heap|MISMATCH"
+          --json "$d/ours_${size}_${layout}.json" | grep -E "time per step|page faults|heap|MISMATCH"
       }
       theirs() {
         $run --rank0-store "$torch_py" bench/train/torch_train.py --layout "$layout" "${flags[@]}" \

@@ -10,7 +10,8 @@
 //
 // Semantics follow torch.Tensor: copying a Tensor copies the handle (the memory is shared), views
 // (narrow, view) share memory with their source, clone/to/contiguous-of-a-strided-tensor copy.
-// Host memory is 64-byte aligned. Device memory is stream ordered (cudaMallocAsync/cudaFreeAsync on
+// Host memory is 64-byte aligned (core/host_memory.hpp, which also says how freed memory is kept for
+// reuse). Device memory is stream ordered (cudaMallocAsync/cudaFreeAsync on
 // the tensor's stream, the legacy default stream unless one is given); operations that move data
 // (copy_from, fill, clone, to, zeros, full) are synchronous, like their torch counterparts on the CPU.
 // Printing and comparison live in tensor_io.hpp, so this header stays cheap to include.
@@ -33,6 +34,7 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
+#include "dtensor/core/host_memory.hpp"
 
 #if DTENSOR_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -216,17 +218,6 @@ void copy_host(void* dst, const std::array<std::int64_t, Rank>& dst_strides, con
                                     bytes);
                      }
                    });
-}
-
-/// 64-byte aligned host memory; zero bytes is allowed (a unique non-null pointer). Aligned by hand inside
-/// a plain operator new block of 63 more bytes rather than with the aligned operator new, so that glibc
-/// reuses a freed block for the next request of the same size (it does not for aligned requests, and a
-/// fresh block pays first-touch page faults on all of its memory; BENCHMARKS.md has the measurement).
-inline std::shared_ptr<void> allocate_host(std::size_t nbytes) {
-  constexpr std::size_t align = 64;
-  void* raw = ::operator new(nbytes + align - 1);
-  void* p = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(raw) + align - 1) & ~(align - 1));
-  return std::shared_ptr<void>(p, [raw](void*) { ::operator delete(raw); });
 }
 
 [[noreturn]] inline void throw_no_cuda(const char* what, Device device) {

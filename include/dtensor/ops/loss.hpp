@@ -36,7 +36,8 @@ inline constexpr std::int64_t ignore_index = -100;
 namespace local {
 
 /// Row r of a (rows, width) block: the target's logit if its column [begin, begin + width) holds it,
-/// else 0; written to stats[r * 2 + 1] next to the sum of exp(x - m) in stats[r * 2].
+/// else 0; written to stats[r * 2 + 1] next to the sum of exp(x - m) in stats[r * 2] (on the host
+/// summed in host_lanes partial sums, see ops/local/pointwise.hpp).
 template <class T, class I>
 struct CrossEntropyRows {
   struct {
@@ -52,17 +53,36 @@ struct CrossEntropyRows {
   DTENSOR_HOST_DEVICE void operator()(std::int64_t r) const {
     using C = compute_t<T>;
     const C mr = static_cast<C>(m[r]);
+    const T* xr = x + r * width;
     C s = 0;
-    for (std::int64_t k = 0; k < width; ++k) {
-      s += std::exp(static_cast<C>(x[r * width + k]) - mr);
+    std::int64_t k = 0;
+#if !defined(__CUDA_ARCH__)
+    if (width >= 2 * host_lanes) {
+      C acc[host_lanes] = {};
+      for (; k + host_lanes <= width; k += host_lanes) {
+        for (int j = 0; j < host_lanes; ++j) {
+          acc[j] += math::exp(static_cast<C>(xr[k + j]) - mr);
+        }
+      }
+      for (int w = host_lanes / 2; w >= 1; w /= 2) {
+        for (int j = 0; j < w; ++j) {
+          acc[j] += acc[j + w];
+        }
+      }
+      s = acc[0];
+    }
+#endif
+    for (; k < width; ++k) {
+      s += math::exp(static_cast<C>(xr[k]) - mr);
     }
     const std::int64_t c = static_cast<std::int64_t>(target[r]) - begin;
     stats[r * 2] = T(s);
-    stats[r * 2 + 1] = c >= 0 && c < width ? x[r * width + c] : T(0);
+    stats[r * 2 + 1] = c >= 0 && c < width ? xr[c] : T(0);
   }
 };
 
-/// dx = (exp(x - m) / s - [column is the target]) * scale, zero on ignored rows.
+/// dx = (exp(x - m) / s - [column is the target]) * scale, zero on ignored rows. Index i is row i when
+/// `per_row` (the host: a row at a time, in blocks), else element i (a GPU thread per element).
 template <class T, class I>
 struct CrossEntropyGrad {
   struct {
@@ -76,8 +96,17 @@ struct CrossEntropyGrad {
   std::int64_t width;
   std::int64_t begin;
   double scale;
+  bool per_row;
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
+    if (per_row) {
+      row(i);
+    } else {
+      element(i);
+    }
+  }
+
+  DTENSOR_HOST_DEVICE void element(std::int64_t i) const {
     using C = compute_t<T>;
     const std::int64_t r = i / width;
     const std::int64_t k = i % width;
@@ -86,8 +115,36 @@ struct CrossEntropyGrad {
       dx[i] = T(0);
       return;
     }
-    const C p = std::exp(static_cast<C>(x[i]) - static_cast<C>(m[r])) / static_cast<C>(stats[r * 2]);
+    const C p = math::exp(static_cast<C>(x[i]) - static_cast<C>(m[r])) / static_cast<C>(stats[r * 2]);
     dx[i] = T((p - (t - begin == k ? C(1) : C(0))) * C(scale));
+  }
+
+  DTENSOR_HOST_DEVICE void row(std::int64_t r) const {
+#if defined(__CUDA_ARCH__)
+    (void)r; // CUDA launches an index per element
+#else
+    using C = compute_t<T>;
+    T* d = dx + r * width;
+    const T* xr = x + r * width;
+    const auto t = static_cast<std::int64_t>(target[r]);
+    if (t == -100) {
+      for (std::int64_t k = 0; k < width; ++k) {
+        d[k] = T(0);
+      }
+      return;
+    }
+    const C mr = static_cast<C>(m[r]);
+    const C s = static_cast<C>(stats[r * 2]);
+    const C sc = C(scale);
+    // p - 0 is p: every column as a non-target one, then the target's column again.
+    host_map_row<C>(
+        d, width, [mr, s, sc](C v) { return (math::exp(v - mr) / s) * sc; }, xr);
+    const std::int64_t c = t - begin;
+    if (c >= 0 && c < width) {
+      const C p = math::exp(static_cast<C>(xr[c]) - mr) / s;
+      d[c] = T((p - C(1)) * sc);
+    }
+#endif
   }
 };
 
@@ -265,9 +322,17 @@ public:
     const auto xl = x_.local().contiguous();
     Tensor<T, 2> dx = detail::empty_like(xl.shape(), xl);
     const double scale = saved_.count > 0 ? g / saved_.count : 0.0;
-    local::CrossEntropyGrad<T, I> run{{xl.numel()},    dx.data(),           xl.data(),
-                                      saved_.m.data(), saved_.stats.data(), saved_.target.data(),
-                                      xl.shape()[1],   saved_.begin,        scale};
+    const bool per_row = xl.device().is_cpu();
+    local::CrossEntropyGrad<T, I> run{{per_row ? xl.shape()[0] : xl.numel()},
+                                      dx.data(),
+                                      xl.data(),
+                                      saved_.m.data(),
+                                      saved_.stats.data(),
+                                      saved_.target.data(),
+                                      xl.shape()[1],
+                                      saved_.begin,
+                                      scale,
+                                      per_row};
     local::launch(run, xl.device(), xl.stream_handle(), "cross_entropy backward");
     return X(x_.mesh(), std::move(dx), x_.global_shape());
   }

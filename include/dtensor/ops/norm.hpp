@@ -12,11 +12,17 @@
 // weight's and bias's gradients sum over the rows: Partial<sum> on the mesh axes that shard a leading dim
 // (each rank summed its rows; the caller reduces, e.g. with the data-parallel gradient reduction),
 // Replicate elsewhere (or Partial where the output's gradient was).
+//
+// On the host, forward and backward are row kernels (NormRowsHost): one pass for each row statistic
+// (summed in host_lanes partial sums, ops/local/pointwise.hpp) and one that writes the row, computed in
+// float (double for double); the weight's and bias's gradients are accumulated over the rows in order.
+// CUDA tensors run the same formulas as elementwise maps and reductions.
 
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "dtensor/core/with_backward.hpp"
 #include "dtensor/ops/local/pointwise.hpp"
@@ -143,24 +149,196 @@ Tensor<T, 2> row_mean(const Tensor<T, 2>& t) {
   return local::expand(local::Scale{1}, local::reduce(ReduceOp::sum, t, 1, double(t.shape()[1])), t.shape());
 }
 
+/// `t` (rows, 1) repeated to `shape` (rows, n).
+template <class T>
+Tensor<T, 2> repeat_rows(const Tensor<T, 2>& t, const std::array<std::int64_t, 2>& shape) {
+  return local::expand(local::Scale{1}, t, shape);
+}
+
 /// What the forward keeps for the backward, on (rows, n).
 template <class T>
 struct NormSaved {
   Tensor<T, 2> xhat; ///< layer_norm: (x - mean) rstd; rms_norm: x
-  Tensor<T, 2> rstd; ///< repeated along the row
+  Tensor<T, 2> rstd; ///< (rows, 1)
 };
 
+/// The host row kernels of layer_norm (Rms = false) and rms_norm on contiguous (rows, n) tensors.
 template <bool Rms, class T>
-NormSaved<T> normalize_rows(const Tensor<T, 2>& x, double eps) {
-  if constexpr (Rms) {
-    const auto rstd = local::map(local::Rsqrt{eps}, row_mean(local::map(local::Square{}, x)));
-    return {x, rstd};
-  } else {
-    const auto mean = row_mean(x);
-    const auto centered = local::map(local::Sub{}, x, mean);
-    const auto rstd = local::map(local::Rsqrt{eps}, row_mean(local::map(local::Square{}, centered)));
-    return {local::map(local::Mul{}, centered, rstd), rstd};
+struct NormRowsHost {
+  using C = local::compute_t<T>;
+
+  /// The sum of f(k) over k < n: host_lanes partial sums combined pairwise (left to right for short rows).
+  template <class F>
+  static C row_sum(std::int64_t n, const F& f) {
+    using local::host_lanes;
+    C s = 0;
+    std::int64_t k = 0;
+    if (n >= 2 * host_lanes) {
+      C acc[host_lanes];
+      for (int j = 0; j < host_lanes; ++j) {
+        acc[j] = f(j);
+      }
+      for (k = host_lanes; k + host_lanes <= n; k += host_lanes) {
+        for (int j = 0; j < host_lanes; ++j) {
+          acc[j] += f(k + j);
+        }
+      }
+      for (int w = host_lanes / 2; w >= 1; w /= 2) {
+        for (int j = 0; j < w; ++j) {
+          acc[j] += acc[j + w];
+        }
+      }
+      s = acc[0];
+    } else if (n > 0) {
+      s = f(0);
+      k = 1;
+    }
+    for (; k < n; ++k) {
+      s += f(k);
+    }
+    return s;
   }
+
+  /// y = xhat w (+ b) with xhat and rstd (rows, 1) as the forward defines them; xhat is written for
+  /// layer_norm only (rms_norm keeps x).
+  static void forward(const T* x, const T* w, const T* b, T* y, T* xhat, T* rstd, std::int64_t rows,
+                      std::int64_t n, double eps) {
+    const C cn = static_cast<C>(n);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * n;
+      T* yr = y + r * n;
+      if constexpr (Rms) {
+        const C ms = row_sum(n,
+                             [xr](std::int64_t k) {
+                               const C v = static_cast<C>(xr[k]);
+                               return v * v;
+                             }) /
+                     cn;
+        const C rs = local::Rsqrt{eps}(ms);
+        rstd[r] = T(rs);
+        if (b == nullptr) {
+          local::host_map_row<C>(
+              yr, n, [rs](C v, C g) { return v * rs * g; }, xr, w);
+        } else {
+          local::host_map_row<C>(
+              yr, n, [rs](C v, C g, C c) { return v * rs * g + c; }, xr, w, b);
+        }
+      } else {
+        const C mean = row_sum(n, [xr](std::int64_t k) { return static_cast<C>(xr[k]); }) / cn;
+        const C var = row_sum(n,
+                              [xr, mean](std::int64_t k) {
+                                const C c = static_cast<C>(xr[k]) - mean;
+                                return c * c;
+                              }) /
+                      cn;
+        const C rs = local::Rsqrt{eps}(var);
+        rstd[r] = T(rs);
+        T* hr = xhat + r * n;
+        local::host_map_row<C>(
+            hr, n, [mean, rs](C v) { return (v - mean) * rs; }, xr);
+        if (b == nullptr) {
+          local::host_map_row<C>(
+              yr, n, [](C h, C g) { return h * g; }, hr, w);
+        } else {
+          local::host_map_row<C>(
+              yr, n, [](C h, C g, C c) { return h * g + c; }, hr, w, b);
+        }
+      }
+    }
+  }
+
+  /// dx from the output's gradient g; dw (and db) summed over the rows in order, in C (`acc_w`, `acc_b`
+  /// of n elements each).
+  static void backward(const T* g, const T* w, const T* xhat, const T* rstd, T* dx, C* acc_w, C* acc_b,
+                       std::int64_t rows, std::int64_t n) {
+    const C cn = static_cast<C>(n);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* gr = g + r * n;
+      const T* hr = xhat + r * n;
+      const C rs = static_cast<C>(rstd[r]);
+      const C mean_gwx =
+          row_sum(n,
+                  [gr, w, hr](std::int64_t k) {
+                    return static_cast<C>(gr[k]) * static_cast<C>(w[k]) * static_cast<C>(hr[k]);
+                  }) /
+          cn;
+      if constexpr (Rms) {
+        local::host_map_row<C>(
+            dx + r * n, n,
+            [rs, mean_gwx](C gv, C wv, C h) { return local::RmsNormGrad{}(gv * wv, h, rs, mean_gwx); }, gr, w,
+            hr);
+      } else {
+        const C mean_d =
+            row_sum(n, [gr, w](std::int64_t k) { return static_cast<C>(gr[k]) * static_cast<C>(w[k]); }) / cn;
+        local::host_map_row<C>(
+            dx + r * n, n,
+            [rs, mean_d, mean_gwx](C gv, C wv, C h) {
+              return local::LayerNormGrad{}(gv * wv, h, rs, mean_d, mean_gwx);
+            },
+            gr, w, hr);
+      }
+      // The weight's gradient: g xhat (rms_norm: g x rstd), the bias's g; row 0 starts the sums.
+      accumulate(acc_w, n, r == 0, [gr, hr, rs](std::int64_t k) {
+        const C v = static_cast<C>(gr[k]) * static_cast<C>(hr[k]);
+        return Rms ? v * rs : v;
+      });
+      if (acc_b != nullptr) {
+        accumulate(acc_b, n, r == 0, [gr](std::int64_t k) { return static_cast<C>(gr[k]); });
+      }
+    }
+  }
+
+  /// acc[k] = f(k) (first) or acc[k] + f(k), in blocks whose values are computed into a local array.
+  template <class F>
+  static void accumulate(C* acc, std::int64_t n, bool first, const F& f) {
+    using local::host_block;
+    std::int64_t k = 0;
+    for (; k + host_block <= n; k += host_block) {
+      C v[host_block];
+      for (int j = 0; j < host_block; ++j) {
+        v[j] = f(k + j);
+      }
+      for (int j = 0; j < host_block; ++j) {
+        acc[k + j] = first ? v[j] : acc[k + j] + v[j];
+      }
+    }
+    for (; k < n; ++k) {
+      acc[k] = first ? f(k) : acc[k] + f(k);
+    }
+  }
+};
+
+/// The forward on (rows, n): y, and what the backward needs.
+template <bool Rms, class T>
+Tensor<T, 2> normalize_rows(const Tensor<T, 2>& x, const Tensor<T, 1>& w, const Tensor<T, 1>* b, double eps,
+                            NormSaved<T>& s) {
+  const std::int64_t rows = x.shape()[0];
+  const std::int64_t n = x.shape()[1];
+  if (x.device().is_cpu()) {
+    const Tensor<T, 2> xc = x.contiguous();
+    const Tensor<T, 1> wc = w.contiguous();
+    const Tensor<T, 1> bc = b != nullptr ? b->contiguous() : Tensor<T, 1>();
+    Tensor<T, 2> y = empty_like(x.shape(), x);
+    s.rstd = empty_like(std::array<std::int64_t, 2>{rows, 1}, x);
+    s.xhat = Rms ? xc : empty_like(x.shape(), x);
+    NormRowsHost<Rms, T>::forward(xc.data(), wc.data(), b != nullptr ? bc.data() : nullptr, y.data(),
+                                  s.xhat.data(), s.rstd.data(), rows, n, eps);
+    return y;
+  }
+  Tensor<T, 2> y;
+  if constexpr (Rms) {
+    s.rstd = local::map(local::Rsqrt{eps},
+                        local::reduce(ReduceOp::sum, local::map(local::Square{}, x), 1, double(n)));
+    s.xhat = x;
+    y = local::map(local::Mul{}, local::map(local::Mul{}, x, repeat_rows(s.rstd, x.shape())), w);
+  } else {
+    const auto centered = local::map(local::Sub{}, x, row_mean(x));
+    s.rstd = local::map(local::Rsqrt{eps},
+                        local::reduce(ReduceOp::sum, local::map(local::Square{}, centered), 1, double(n)));
+    s.xhat = local::map(local::Mul{}, centered, repeat_rows(s.rstd, x.shape()));
+    y = local::map(local::Mul{}, s.xhat, w);
+  }
+  return b != nullptr ? local::map(local::Add{}, y, *b) : y;
 }
 
 template <bool Rms, int K, class X, class W, class B>
@@ -174,12 +352,10 @@ X norm_forward(const X& x, const W& w, const B* b, double eps, NormSaved<typenam
                       shape_string(to_extents(x.global_shape())));
   }
   const auto rows = as_rows<K>(x.local());
-  NormSaved<typename X::value_type> s = normalize_rows<Rms>(rows, eps);
-  auto y =
-      local::map(local::Mul{}, Rms ? local::map(local::Mul{}, rows, s.rstd) : s.xhat, as_vector(w.local()));
-  if (b != nullptr) {
-    y = local::map(local::Add{}, y, as_vector(b->local()));
-  }
+  NormSaved<typename X::value_type> s;
+  const Tensor<typename X::value_type, 1> bias =
+      b != nullptr ? as_vector(b->local()) : Tensor<typename X::value_type, 1>();
+  auto y = normalize_rows<Rms>(rows, as_vector(w.local()), b != nullptr ? &bias : nullptr, eps, s);
   if (saved != nullptr) {
     *saved = std::move(s);
   }
@@ -210,26 +386,50 @@ public:
     const Target gt = redistribute_as<Target, G>::run(g);
     const auto gr = as_rows<K>(gt.local());
     const auto w = as_vector(w_.local());
-    const auto gw = local::map(local::Mul{}, gr, w);
     const auto& xhat = saved_.xhat;
-    const auto& rstd = saved_.rstd;
     Tensor<T, 2> dx;
-    Tensor<T, 1> dw;
-    if constexpr (Rms) {
+    Tensor<T, 1> dw, db;
+    if (gr.device().is_cpu()) {
+      using C = local::compute_t<T>;
+      const std::int64_t rows = gr.shape()[0];
+      const std::int64_t n = gr.shape()[1];
+      const Tensor<T, 1> wc = w.contiguous();
+      dx = empty_like(gr.shape(), gr);
+      std::vector<C> acc(static_cast<std::size_t>(Bias ? 2 * n : n), C(0));
+      NormRowsHost<Rms, T>::backward(gr.data(), wc.data(), xhat.data(), saved_.rstd.data(), dx.data(),
+                                     acc.data(), Bias ? acc.data() + n : nullptr, rows, n);
+      dw = Tensor<T, 1>({n});
+      for (std::int64_t k = 0; k < n; ++k) {
+        dw.data()[k] = T(acc[static_cast<std::size_t>(k)]);
+      }
+      if constexpr (Bias) {
+        db = Tensor<T, 1>({n});
+        for (std::int64_t k = 0; k < n; ++k) {
+          db.data()[k] = T(acc[static_cast<std::size_t>(n + k)]);
+        }
+      }
+    } else if constexpr (Rms) {
+      const auto gw = local::map(local::Mul{}, gr, w);
+      const auto rstd = repeat_rows(saved_.rstd, gr.shape());
       const auto mean_gwx = row_mean(local::map(local::Mul{}, gw, xhat));
       dx = local::map(local::RmsNormGrad{}, gw, xhat, rstd, mean_gwx);
       dw = local::sum_to_rank<1>(local::map(local::Mul{}, local::map(local::Mul{}, gr, xhat), rstd));
     } else {
+      const auto gw = local::map(local::Mul{}, gr, w);
+      const auto rstd = repeat_rows(saved_.rstd, gr.shape());
       const auto mean_d = row_mean(gw);
       const auto mean_dx = row_mean(local::map(local::Mul{}, gw, xhat));
       dx = local::map(local::LayerNormGrad{}, gw, xhat, rstd, mean_d, mean_dx);
       dw = local::sum_to_rank<1>(local::map(local::Mul{}, gr, xhat));
+      if constexpr (Bias) {
+        db = local::sum_to_rank<1>(gr);
+      }
     }
     auto dxt = as_gradient_of<X>(
         Target(x_.mesh(), dx.template view<X::rank>(x_.local().shape()), x_.global_shape()));
     DW dwt(x_.mesh(), dw.template view<K>(w_.local().shape()), w_.global_shape());
     if constexpr (Bias) {
-      DW dbt(x_.mesh(), local::sum_to_rank<1>(gr).template view<K>(w_.local().shape()), w_.global_shape());
+      DW dbt(x_.mesh(), db.template view<K>(w_.local().shape()), w_.global_shape());
       return std::tuple{std::move(dxt), std::move(dwt), std::move(dbt)};
     } else {
       return std::pair{std::move(dxt), std::move(dwt)};

@@ -10,7 +10,9 @@
 // A Partial input does not compile (softmax is not linear). The row statistics are computed on each
 // rank's block and completed over exactly the mesh axes that shard the dim (elsewhere nothing moves); the
 // backward needs one more row sum (sum of g * y for softmax, of g for log_softmax), completed the same way.
-// A gradient that is Partial<sum> on Replicate axes stays Partial (the backward is linear in it).
+// A gradient that is Partial<sum> on Replicate axes stays Partial (the backward is linear in it). Along
+// the last dim on the host each output row is computed from its row statistics directly (a row at a time,
+// local::host_map_row); elsewhere the statistics are repeated to the block's shape for elementwise maps.
 
 #include <array>
 #include <cstdint>
@@ -31,7 +33,7 @@ namespace local {
 struct ExpShifted {
   template <class C>
   DTENSOR_HOST_DEVICE C operator()(C x, C m) const {
-    return std::exp(x - m);
+    return math::exp(x - m);
   }
 };
 /// e / s
@@ -59,7 +61,7 @@ struct SoftmaxGrad {
 struct LogSoftmaxGrad {
   template <class C>
   DTENSOR_HOST_DEVICE C operator()(C y, C g, C s) const {
-    return g - std::exp(y) * s;
+    return g - math::exp(y) * s;
   }
 };
 
@@ -131,10 +133,64 @@ constexpr bool softmax_ok() {
   return true;
 }
 
+/// On the host, along the last dim: out[r, k] = make(r)(a[r, k], rest[r, k]...) for each row r, each row
+/// through local::host_map_row (so a row statistic needs no tensor repeated to the full shape).
+template <class Make, class T, int R, class... A>
+Tensor<T, R> host_rows_map(const Make& make, const Tensor<T, R>& a, const A&... rest) {
+  using C = local::compute_t<T>;
+  const std::int64_t n = R == 0 ? 1 : a.shape()[R - 1];
+  const std::int64_t rows = n == 0 ? 0 : a.numel() / n;
+  const Tensor<T, R> ac = a.contiguous();
+  const std::array<Tensor<T, R>, sizeof...(A)> rc{rest.contiguous()...};
+  Tensor<T, R> out = empty_like(a.shape(), a);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      local::host_map_row<C>(out.data() + r * n, n, make(r), ac.data() + r * n, rc[K].data() + r * n...);
+    }
+    (std::index_sequence_for<A...>{});
+  }
+  return out;
+}
+
 template <bool Log, int Dim, class X>
 X softmax_dim(const X& x) {
   static_assert(softmax_ok<Dim, X>());
   const auto& t = x.local();
+  if constexpr (Dim == X::rank - 1) {
+    if (t.device().is_cpu()) { // a row at a time: the row max and sum are never repeated to t's shape
+      using C = local::compute_t<typename X::value_type>;
+      const auto m = reduce_along<ReduceOp::max, Dim>(x, t).contiguous();
+      const auto* mp = m.data();
+      const auto e = host_rows_map(
+          [mp](std::int64_t r) {
+            const C mr = static_cast<C>(mp[r]);
+            return [mr](C v) { return local::ExpShifted{}(v, mr); };
+          },
+          t);
+      const auto s = reduce_along<ReduceOp::sum, Dim>(x, e).contiguous();
+      const auto* sp = s.data();
+      if constexpr (Log) {
+        return X(x.mesh(),
+                 host_rows_map(
+                     [mp, sp](std::int64_t r) {
+                       const C mr = static_cast<C>(mp[r]);
+                       const C sr = static_cast<C>(sp[r]);
+                       return [mr, sr](C v) { return local::LogNormalize{}(v, mr, sr); };
+                     },
+                     t),
+                 x.global_shape());
+      } else {
+        return X(x.mesh(),
+                 host_rows_map(
+                     [sp](std::int64_t r) {
+                       const C sr = static_cast<C>(sp[r]);
+                       return [sr](C v) { return local::Normalize{}(v, sr); };
+                     },
+                     e),
+                 x.global_shape());
+      }
+    }
+  }
   const auto m = repeat(reduce_along<ReduceOp::max, Dim>(x, t), t.shape());
   const auto e = local::map(local::ExpShifted{}, t, m);
   const auto s = repeat(reduce_along<ReduceOp::sum, Dim>(x, e), t.shape());
@@ -167,6 +223,24 @@ public:
     const auto& y = y_.local();
     const auto& gl = gt.local();
     // The row sum is linear in g: a Partial<sum> gradient (on Replicate axes) stays Partial there.
+    if constexpr (Dim == X::rank - 1) {
+      if (y.device().is_cpu()) { // a row at a time, as the forward
+        using C = local::compute_t<T>;
+        const auto s = (Log ? reduce_along<ReduceOp::sum, Dim>(gt, gl)
+                            : reduce_along<ReduceOp::sum, Dim>(gt, local::map(local::Mul{}, gl, y)))
+                           .contiguous();
+        const auto* sp = s.data();
+        const auto dx = host_rows_map(
+            [sp](std::int64_t r) {
+              const C sr = static_cast<C>(sp[r]);
+              return [sr](C yv, C gv) {
+                return Log ? local::LogSoftmaxGrad{}(yv, gv, sr) : local::SoftmaxGrad{}(yv, gv, sr);
+              };
+            },
+            y, gl);
+        return as_gradient_of<X>(Target(y_.mesh(), dx, y_.global_shape()));
+      }
+    }
     if constexpr (Log) {
       const auto s = repeat(reduce_along<ReduceOp::sum, Dim>(gt, gl), y.shape());
       return as_gradient_of<X>(

@@ -20,7 +20,8 @@
 // A Partial gradient does not compile: it is a sum pending over ranks, reduce it first (redistribute it to
 // the parameter's placements, or let DDPReducer average it). The update runs as a local kernel on the
 // library's launcher (tensor/local_ops.hpp: Thrust's cpp system on the host, a kernel on the parameter's
-// stream for CUDA tensors in an nvcc translation unit).
+// stream for CUDA tensors in an nvcc translation unit). Each step is one pass over the shard: on the host,
+// without amsgrad or master weights, in blocks that vectorise (the same operations, rounded alike).
 
 #include <cmath>
 #include <cstdint>
@@ -169,6 +170,15 @@ struct SgdRuns {
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
     const local_ops::Tile<4> t = layout.locate(i);
+#if !defined(__CUDA_ARCH__)
+    if (master == nullptr) {
+      for (std::int64_t r = 0; r < t.rows; ++r) {
+        host_run(param + t.offset[0] + r * t.row_stride[0], grad + t.offset[1] + r * t.row_stride[1],
+                 buf == nullptr ? nullptr : buf + t.offset[2] + r * t.row_stride[2], t.n);
+      }
+      return;
+    }
+#endif
     for (std::int64_t r = 0; r < t.rows; ++r) {
       for (std::int64_t k = 0; k < t.n; ++k) {
         T* p = param + t.offset[0] + r * t.row_stride[0] + k;
@@ -191,6 +201,54 @@ struct SgdRuns {
         }
         *p = T(y);
       }
+    }
+  }
+
+  /// The update of n contiguous elements without master weights, on the host: blocks of
+  /// local::host_block elements loaded into local arrays, the same operations as above with the
+  /// per-step choices as selects (a loop that vectorises), the rest one by one.
+  void host_run(T* p, const T* g, S* b, std::int64_t n) const {
+    constexpr int B = local::host_block;
+    const S sign = maximize ? S(-1) : S(1);
+    const bool decay = weight_decay != S(0);
+    const bool has_buf = b != nullptr;
+    std::int64_t k = 0;
+    for (; k + B <= n; k += B) {
+      S x[B], d[B], nb[B] = {};
+      for (int j = 0; j < B; ++j) {
+        x[j] = static_cast<S>(p[k + j]);
+        d[j] = static_cast<S>(g[k + j]);
+      }
+      if (b != nullptr) {
+        for (int j = 0; j < B; ++j) {
+          nb[j] = b[k + j];
+        }
+      }
+      for (int j = 0; j < B; ++j) {
+        const S dj = local::math::choose(decay, d[j] * sign + weight_decay * x[j], d[j] * sign);
+        nb[j] = local::math::choose(first, dj, momentum * nb[j] + (S(1) - dampening) * dj);
+        const S dm = local::math::choose(nesterov, dj + momentum * nb[j], nb[j]);
+        x[j] = x[j] - lr * local::math::choose(has_buf, dm, dj);
+      }
+      for (int j = 0; j < B; ++j) {
+        p[k + j] = T(x[j]);
+      }
+      if (b != nullptr) {
+        for (int j = 0; j < B; ++j) {
+          b[k + j] = nb[j];
+        }
+      }
+    }
+    for (; k < n; ++k) {
+      const S x = static_cast<S>(p[k]);
+      S d = static_cast<S>(g[k]) * sign;
+      d = decay ? d + weight_decay * x : d;
+      if (b != nullptr) {
+        const S v = first ? d : momentum * b[k] + (S(1) - dampening) * d;
+        b[k] = v;
+        d = nesterov ? d + momentum * v : v;
+      }
+      p[k] = T(x - lr * d);
     }
   }
 };
@@ -216,6 +274,16 @@ struct AdamWRuns {
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
     const local_ops::Tile<6> t = layout.locate(i);
+#if !defined(__CUDA_ARCH__)
+    if (max_sq == nullptr && master == nullptr) {
+      for (std::int64_t r = 0; r < t.rows; ++r) {
+        host_run(param + t.offset[0] + r * t.row_stride[0], grad + t.offset[1] + r * t.row_stride[1],
+                 exp_avg + t.offset[2] + r * t.row_stride[2], exp_avg_sq + t.offset[3] + r * t.row_stride[3],
+                 t.n);
+      }
+      return;
+    }
+#endif
     for (std::int64_t r = 0; r < t.rows; ++r) {
       for (std::int64_t k = 0; k < t.n; ++k) {
         T* p = param + t.offset[0] + r * t.row_stride[0] + k;
@@ -245,6 +313,54 @@ struct AdamWRuns {
         }
         *p = T(y);
       }
+    }
+  }
+
+  /// The update of n contiguous elements without amsgrad or master weights, on the host: blocks of
+  /// local::host_block elements in local arrays, the same operations as above (the lerp's two forms as a
+  /// select, the square roots by math::sqrt_block), the rest one by one.
+  void host_run(T* p, const T* g, S* m, S* v, std::int64_t n) const {
+    constexpr int B = local::host_block;
+    const S sign = maximize ? S(-1) : S(1);
+    const bool low = beta1_weight < S(0.5);
+    std::int64_t k = 0;
+    for (; k + B <= n; k += B) {
+      S x[B], gg[B], mn[B], vn[B], root[B];
+      for (int j = 0; j < B; ++j) {
+        x[j] = static_cast<S>(p[k + j]);
+        gg[j] = static_cast<S>(g[k + j]);
+        mn[j] = m[k + j];
+        vn[j] = v[k + j];
+      }
+      for (int j = 0; j < B; ++j) {
+        const S gj = gg[j] * sign;
+        const S mo = mn[j];
+        x[j] = x[j] * decay;
+        mn[j] =
+            local::math::choose(low, mo + beta1_weight * (gj - mo), gj - (gj - mo) * (S(1) - beta1_weight));
+        vn[j] = vn[j] * beta2 + one_minus_beta2 * (gj * gj);
+        root[j] = vn[j];
+      }
+      local::math::sqrt_block(root, B);
+      for (int j = 0; j < B; ++j) {
+        const S denom = root[j] / bias_correction2_sqrt + eps;
+        x[j] = x[j] + (-step_size) * (mn[j] / denom);
+      }
+      for (int j = 0; j < B; ++j) {
+        m[k + j] = mn[j];
+        v[k + j] = vn[j];
+        p[k + j] = T(x[j]);
+      }
+    }
+    for (; k < n; ++k) {
+      const S gk = static_cast<S>(g[k]) * sign;
+      const S mo = m[k];
+      const S x = static_cast<S>(p[k]) * decay;
+      const S mk = low ? mo + beta1_weight * (gk - mo) : gk - (gk - mo) * (S(1) - beta1_weight);
+      const S vk = v[k] * beta2 + one_minus_beta2 * (gk * gk);
+      m[k] = mk;
+      v[k] = vk;
+      p[k] = T(x + (-step_size) * (mk / (std::sqrt(vk) / bias_correction2_sqrt + eps)));
     }
   }
 };

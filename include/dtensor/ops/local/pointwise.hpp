@@ -11,6 +11,15 @@
 // operand of lower rank is broadcast over the leading dims (stride 0 there), as in torch. Elements are
 // computed in float (double for double; the integer types in themselves) and rounded back. NaN propagates
 // through max and min wherever it is, as torch's max/min do.
+//
+// On the host a run is computed in blocks of `host_block` elements: each operand's block is loaded into a
+// local array, the element function runs over the arrays, the results are stored. The compute loop then
+// has a known trip count and no aliasing, so GCC vectorises it even at -O2 (with the float exp and erf of
+// ops/local/math.hpp, which have no branches); the last n % host_block elements run one by one through the
+// same function. A reduction over the innermost dim keeps host_lanes partial results (lane j takes
+// elements j, j + host_lanes, ...), combined pairwise at the end: sums and products are rounded in that
+// order rather than left to right (exact for integers and integer-valued floats, as before); max and min
+// are exact in any order. A reduction over an outer dim keeps the left-to-right order for every output.
 
 #include <array>
 #include <cmath>
@@ -24,6 +33,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/tensor.hpp"
+#include "dtensor/ops/local/math.hpp"
 #include "dtensor/tensor/local_ops.hpp"
 
 namespace dtensor::detail {
@@ -64,28 +74,33 @@ template <class T>
 using compute_t = std::conditional_t<std::is_same_v<T, double>, double,
                                      std::conditional_t<std::is_integral_v<T>, T, float>>;
 
+/// Host maps compute a run in blocks of this many elements (see the top of the file).
+inline constexpr int host_block = 32;
+/// Host reductions over the innermost dim keep this many partial results.
+inline constexpr int host_lanes = 16;
+
 // The element functions: value types in, value out. `Backward` forms take the forward's input x (and
 // output y where cheaper) and the output's gradient g, and return the input's gradient.
 struct Relu {
   template <class C>
   DTENSOR_HOST_DEVICE C operator()(C x) const {
-    return x > C(0) ? x : C(0);
+    return math::choose(x > C(0), x, C(0));
   }
   template <class C>
   DTENSOR_HOST_DEVICE C backward(C x, C g) const {
-    return x > C(0) ? g : C(0);
+    return math::choose(x > C(0), g, C(0));
   }
 };
-/// gelu(x) = x * Phi(x), the exact (erf) form, torch's default.
+/// gelu(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), the exact (erf) form, torch's default.
 struct Gelu {
   template <class C>
   DTENSOR_HOST_DEVICE C operator()(C x) const {
-    return C(0.5) * x * (C(1) + std::erf(x * C(0.70710678118654752440)));
+    return C(0.5) * x * (C(1) + math::erf(x * C(0.70710678118654752440)));
   }
   template <class C>
   DTENSOR_HOST_DEVICE C backward(C x, C g) const {
-    const C cdf = C(0.5) * (C(1) + std::erf(x * C(0.70710678118654752440)));
-    const C pdf = C(0.39894228040143267794) * std::exp(C(-0.5) * x * x);
+    const C cdf = C(0.5) * (C(1) + math::erf(x * C(0.70710678118654752440)));
+    const C pdf = C(0.39894228040143267794) * math::exp(C(-0.5) * x * x);
     return g * (cdf + x * pdf);
   }
 };
@@ -93,22 +108,22 @@ struct Gelu {
 struct Silu {
   template <class C>
   DTENSOR_HOST_DEVICE C operator()(C x) const {
-    return x / (C(1) + std::exp(-x));
+    return x / (C(1) + math::exp(-x));
   }
   template <class C>
   DTENSOR_HOST_DEVICE C backward(C x, C g) const {
-    const C s = C(1) / (C(1) + std::exp(-x));
+    const C s = C(1) / (C(1) + math::exp(-x));
     return g * s * (C(1) + x * (C(1) - s));
   }
 };
 struct Exp {
   template <class C>
   DTENSOR_HOST_DEVICE C operator()(C x) const {
-    return std::exp(x);
+    return math::exp(x);
   }
   template <class C>
   DTENSOR_HOST_DEVICE C backward(C x, C g) const {
-    return g * std::exp(x);
+    return g * math::exp(x);
   }
 };
 /// x * factor.
@@ -159,7 +174,7 @@ struct Div {
 struct Attained {
   template <class C>
   DTENSOR_HOST_DEVICE C operator()(C x, C m) const {
-    return x == m || (x != x && m != m) ? C(1) : C(0);
+    return math::choose((x == m) | ((x != x) & (m != m)), C(1), C(0));
   }
 };
 /// The backward of a unary F: (x, g) -> F.backward(x, g).
@@ -178,6 +193,37 @@ struct DivisorGrad {
     return -g * a / (b * b);
   }
 };
+
+template <class C, class T, class F, std::size_t... K>
+void host_map_row_impl(T* out, std::int64_t n, const F& f, const T* const (&in)[sizeof...(K)],
+                       std::index_sequence<K...>) {
+  constexpr int m = static_cast<int>(sizeof...(K));
+  std::int64_t k = 0;
+  for (; k + host_block <= n; k += host_block) {
+    C x[m][host_block];
+    for (int a = 0; a < m; ++a) {
+      for (int j = 0; j < host_block; ++j) {
+        x[a][j] = static_cast<C>(in[a][k + j]);
+      }
+    }
+    for (int j = 0; j < host_block; ++j) {
+      out[k + j] = T(f(x[K][j]...));
+    }
+  }
+  for (; k < n; ++k) {
+    out[k] = T(f(static_cast<C>(in[K][k])...));
+  }
+}
+
+/// out[k] = T(f(C(in[k])...)) for k < n, on the host: in blocks of host_block elements loaded into local
+/// arrays (a compute loop of known trip count over memory nothing else aliases, which vectorises), the
+/// last n % host_block one by one. `out` may be one of the inputs.
+template <class C, class T, class F, class... In>
+void host_map_row(T* out, std::int64_t n, const F& f, const In*... in) {
+  static_assert((std::is_same_v<In, T> && ...), "host_map_row: every operand has the output's type");
+  const T* const ptrs[sizeof...(In)] = {in...};
+  host_map_row_impl<C>(out, n, f, ptrs, std::index_sequence_for<In...>{});
+}
 
 inline namespace DTENSOR_LOCAL_OPS_NS {
 
@@ -199,9 +245,13 @@ struct MapRuns {
     using C = compute_t<T>;
     for (std::int64_t r = 0; r < t.rows; ++r) {
       T* o = out + t.offset[0] + r * t.row_stride[0];
+#if defined(__CUDA_ARCH__)
       for (std::int64_t k = 0; k < t.n; ++k) {
         o[k] = T(f(static_cast<C>(in[K][t.offset[K + 1] + r * t.row_stride[K + 1] + k])...));
       }
+#else
+      host_map_row<C>(o, t.n, f, in[K] + t.offset[K + 1] + r * t.row_stride[K + 1]...);
+#endif
     }
   }
 };
@@ -235,35 +285,114 @@ struct ReduceRuns {
     }
   }
 
-  DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
+  /// acc combined with v by Op (NaN wins in max and min).
+  template <ReduceOp Op>
+  DTENSOR_HOST_DEVICE static compute_t<T> combine(compute_t<T> acc, compute_t<T> v) {
+    if constexpr (Op == ReduceOp::max) {
+      return math::choose(((v > acc) | (v != v)) & (acc == acc), v, acc);
+    } else if constexpr (Op == ReduceOp::min) {
+      return math::choose(((v < acc) | (v != v)) & (acc == acc), v, acc);
+    } else if constexpr (Op == ReduceOp::product) {
+      return acc * v;
+    } else {
+      return acc + v;
+    }
+  }
+
+  /// The reduction of the `len` elements p[0], p[stride], ... left to right.
+  template <ReduceOp Op>
+  DTENSOR_HOST_DEVICE compute_t<T> in_order(const T* p) const {
     using C = compute_t<T>;
+    C acc = len > 0 ? static_cast<C>(p[0]) : identity();
+    for (std::int64_t j = 1; j < len; ++j) {
+      acc = combine<Op>(acc, static_cast<C>(p[j * stride]));
+    }
+    return acc;
+  }
+
+  DTENSOR_HOST_DEVICE compute_t<T> finish(compute_t<T> acc) const {
+    using C = compute_t<T>;
+    return divide != 1 ? static_cast<C>(acc / static_cast<C>(divide)) : acc;
+  }
+
+  DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
     const local_ops::Tile<2> t = layout.locate(i);
+    switch (op) {
+    case ReduceOp::max:
+      return run<ReduceOp::max>(t);
+    case ReduceOp::min:
+      return run<ReduceOp::min>(t);
+    case ReduceOp::product:
+      return run<ReduceOp::product>(t);
+    default:
+      return run<ReduceOp::sum>(t);
+    }
+  }
+
+  template <ReduceOp Op>
+  DTENSOR_HOST_DEVICE void run(const local_ops::Tile<2>& t) const {
     for (std::int64_t r = 0; r < t.rows; ++r) {
-      for (std::int64_t k = 0; k < t.n; ++k) {
-        const T* p = in + t.offset[1] + r * t.row_stride[1] + k;
-        C acc = len > 0 ? static_cast<C>(p[0]) : identity();
+      const T* p = in + t.offset[1] + r * t.row_stride[1];
+      T* o = out + t.offset[0] + r * t.row_stride[0];
+      std::int64_t k = 0;
+#if !defined(__CUDA_ARCH__)
+      if (stride == 1) { // the innermost dim: host_lanes partial results per output
+        for (; k < t.n; ++k) {
+          o[k] = T(finish(in_lanes<Op>(p + k)));
+        }
+        continue;
+      }
+      // An outer dim: a block of outputs at a time, every one reduced left to right.
+      for (; k + host_block <= t.n && len > 0; k += host_block) {
+        compute_t<T> acc[host_block];
+        for (int b = 0; b < host_block; ++b) {
+          acc[b] = static_cast<compute_t<T>>(p[k + b]);
+        }
         for (std::int64_t j = 1; j < len; ++j) {
-          const C v = static_cast<C>(p[j * stride]);
-          switch (op) {
-          case ReduceOp::max:
-            acc = (v > acc || v != v) && acc == acc ? v : acc; // NaN wins
-            break;
-          case ReduceOp::min:
-            acc = (v < acc || v != v) && acc == acc ? v : acc;
-            break;
-          case ReduceOp::product:
-            acc = acc * v;
-            break;
-          default:
-            acc = acc + v;
+          const T* q = p + j * stride + k;
+          for (int b = 0; b < host_block; ++b) {
+            acc[b] = combine<Op>(acc[b], static_cast<compute_t<T>>(q[b]));
           }
         }
-        if (divide != 1) {
-          acc = static_cast<C>(acc / static_cast<C>(divide));
+        for (int b = 0; b < host_block; ++b) {
+          o[k + b] = T(finish(acc[b]));
         }
-        out[t.offset[0] + r * t.row_stride[0] + k] = T(acc);
+      }
+#endif
+      for (; k < t.n; ++k) {
+        o[k] = T(finish(in_order<Op>(p + k)));
       }
     }
+  }
+
+  /// The reduction of the `len` contiguous elements at p: host_lanes partial results, combined pairwise;
+  /// left to right when there are fewer than 2 host_lanes elements.
+  template <ReduceOp Op>
+  compute_t<T> in_lanes(const T* p) const {
+    using C = compute_t<T>;
+    if (len < 2 * host_lanes) {
+      return in_order<Op>(p);
+    }
+    C acc[host_lanes];
+    for (int j = 0; j < host_lanes; ++j) {
+      acc[j] = static_cast<C>(p[j]);
+    }
+    std::int64_t e = host_lanes;
+    for (; e + host_lanes <= len; e += host_lanes) {
+      for (int j = 0; j < host_lanes; ++j) {
+        acc[j] = combine<Op>(acc[j], static_cast<C>(p[e + j]));
+      }
+    }
+    for (int w = host_lanes / 2; w >= 1; w /= 2) {
+      for (int j = 0; j < w; ++j) {
+        acc[j] = combine<Op>(acc[j], acc[j + w]);
+      }
+    }
+    C a = acc[0];
+    for (; e < len; ++e) {
+      a = combine<Op>(a, static_cast<C>(p[e]));
+    }
+    return a;
   }
 };
 
