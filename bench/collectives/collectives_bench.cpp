@@ -34,6 +34,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "../common/harness.hpp"
+#include "sweep.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -46,6 +47,12 @@
 using namespace dtensor;
 
 namespace {
+
+using bench::sweep::Extent;
+using bench::sweep::extent_of;
+using bench::sweep::Op;
+using bench::sweep::plan_for;
+using bench::sweep::selected;
 
 /// A raw gloo context over the job's store (its own key prefix), like any gloo user would make one.
 std::shared_ptr<::gloo::rendezvous::Context> raw_context(const std::shared_ptr<TcpStore>& store,
@@ -60,56 +67,11 @@ std::shared_ptr<::gloo::rendezvous::Context> raw_context(const std::shared_ptr<T
 
 const auto kSum = static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>);
 
-/// The sample plan for one size: batches of back-to-back calls for the small sizes.
-bench::SamplePlan plan_for(const bench::Options& o, std::int64_t bytes) {
-  bench::SamplePlan p;
-  p.warmup = o.smoke ? 0 : 1;
-  // More samples where calls are cheap and the machine's jitter (ms) is large against them.
-  p.samples = bench::scaled(o, bytes >= (4 << 20) ? 5 : bytes <= (4 << 10) ? 15 : 9);
-  p.batch = o.smoke ? 1 : (bytes <= (64 << 10) ? 20 : bytes <= (1 << 20) ? 4 : 1);
-  return p;
-}
-
-/// Extra arguments name the ops to run (all of them when none is given).
-bool selected(const bench::Options& o, const std::string& name) {
-  return o.args.empty() || std::find(o.args.begin(), o.args.end(), name) != o.args.end();
-}
-
-/// The buffer of one row: `elems` floats (the nominal size, at least one element per block for the
-/// blocked ops) and one rank's block of them.
-struct Extent {
-  std::int64_t block;
-  std::int64_t elems;
-};
-Extent extent_of(const std::string& name, std::int64_t nominal, int n) {
-  const std::int64_t total = nominal / 4; // elements of nccl-tests' size
-  const std::int64_t block = std::max<std::int64_t>(1, total / n);
-  const bool blocked = name == "all_gather" || name == "reduce_scatter" || name == "all_to_all" ||
-                       name == "gather" || name == "scatter";
-  return {block, blocked ? block * n : std::max<std::int64_t>(1, total)};
-}
-
-struct Op {
-  const char* name;
-  double bus_factor; ///< busbw / algbw
-};
-
 } // namespace
 
 int main(int argc, char** argv) {
   bench::Options opt = bench::parse_options(argc, argv);
-  int passes = 1; // --passes K: the whole sweep K times; a row is the median of its pass medians
-  for (auto it = opt.args.begin(); it != opt.args.end();) {
-    if (*it == "--passes" && it + 1 != opt.args.end()) {
-      passes = std::max(1, std::stoi(*(it + 1)));
-      it = opt.args.erase(it, it + 2);
-    } else {
-      ++it;
-    }
-  }
-  if (opt.smoke) {
-    passes = 1;
-  }
+  const int passes = bench::sweep::take_passes(opt);
   const DistEnv env = read_dist_env();
   auto store = connect_store(env, std::chrono::seconds(300));
   InitOptions io;

@@ -24,6 +24,7 @@
 #include <mpi.h>
 
 #include "../common/harness.hpp"
+#include "sweep.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -36,34 +37,11 @@ using namespace dtensor;
 
 namespace {
 
-bench::SamplePlan plan_for(const bench::Options& o, std::int64_t bytes) {
-  bench::SamplePlan p;
-  p.warmup = o.smoke ? 0 : 1;
-  p.samples = bench::scaled(o, bytes >= (4 << 20) ? 5 : bytes <= (4 << 10) ? 15 : 9);
-  p.batch = o.smoke ? 1 : (bytes <= (64 << 10) ? 20 : bytes <= (1 << 20) ? 4 : 1);
-  return p;
-}
-
-bool selected(const bench::Options& o, const std::string& name) {
-  return o.args.empty() || std::find(o.args.begin(), o.args.end(), name) != o.args.end();
-}
-
-struct Extent {
-  std::int64_t block;
-  std::int64_t elems;
-};
-Extent extent_of(const std::string& name, std::int64_t nominal, int n) {
-  const std::int64_t total = nominal / 4;
-  const std::int64_t block = std::max<std::int64_t>(1, total / n);
-  const bool blocked = name == "all_gather" || name == "reduce_scatter" || name == "all_to_all" ||
-                       name == "gather" || name == "scatter";
-  return {block, blocked ? block * n : std::max<std::int64_t>(1, total)};
-}
-
-struct Op {
-  const char* name;
-  double bus_factor;
-};
+using bench::sweep::Extent;
+using bench::sweep::extent_of;
+using bench::sweep::Op;
+using bench::sweep::plan_for;
+using bench::sweep::selected;
 
 /// The same call on one of dtensor's groups (the MPI one or the gloo one).
 std::function<void()> ours_call(const std::string& name, const ProcessGroup& g, Tensor<float, 1>& big,
@@ -125,18 +103,7 @@ bench::Stats slowest(bench::Stats s, MPI_Comm comm) {
 
 int main(int argc, char** argv) {
   bench::Options opt = bench::parse_options(argc, argv);
-  int passes = 1;
-  for (auto it = opt.args.begin(); it != opt.args.end();) {
-    if (*it == "--passes" && it + 1 != opt.args.end()) {
-      passes = std::max(1, std::stoi(*(it + 1)));
-      it = opt.args.erase(it, it + 2);
-    } else {
-      ++it;
-    }
-  }
-  if (opt.smoke) {
-    passes = 1;
-  }
+  const int passes = bench::sweep::take_passes(opt);
   InitOptions io;
   io.backend = "mpi";
   ProcessGroup world = init_process_group(io);
@@ -322,10 +289,10 @@ int main(int argc, char** argv) {
     results.add(std::move(r));
   }
   if (rank == 0) {
-    std::printf(
-        "collectives on MPI, %d processes (float32; the slowest rank's times; ours = dtensor's MPI backend, raw = "
-        "MPI's blocking call, gloo = dtensor's gloo backend in the same processes, interleaved)\n",
-        n);
+    std::printf("collectives on MPI, %d processes (float32; the slowest rank's times; ours = dtensor's MPI "
+                "backend, raw = "
+                "MPI's blocking call, gloo = dtensor's gloo backend in the same processes, interleaved)\n",
+                n);
     table.print();
     results.write(opt, "collectives_mpi_n" + std::to_string(n) + ".json");
   }

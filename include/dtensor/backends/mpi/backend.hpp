@@ -10,7 +10,8 @@
 //  - Every op is one or more non-blocking MPI calls posted on the calling thread, in submission order
 //    (MPI matches collectives by their order on a communicator), returning an MpiWork (work.hpp) that
 //    tests its requests until they completed or the op's deadline passed: a synchronous op is an
-//    asynchronous one waited for at once. No thread of dtensor's calls MPI for the data path.
+//    asynchronous one waited for at once, on its caller's thread. Asynchronous ops (async_op) are also
+//    tested by a progress thread (MpiProgress, work.hpp) so that they move while the caller computes.
 //  - all_reduce, reduce, broadcast, barrier: MPI_Iallreduce, _Ireduce, _Ibcast, _Ibarrier (in place).
 //    all_gather: MPI_Iallgather for equal packed blocks, else MPI_Iallgatherv. reduce_scatter:
 //    MPI_Ireduce_scatter_block / _Ireduce_scatter (blocks not packed in rank order are packed into scratch
@@ -502,6 +503,9 @@ private:
     } catch (...) {
       flight_recorder().finished(info.flight, false);
       throw;
+    }
+    if (!opts.blocking) {
+      MpiProgress::instance().watch(work);
     }
     return work;
   }

@@ -31,13 +31,17 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -105,6 +109,9 @@ public:
 
   /// Runs once after the requests completed successfully, before wait() returns.
   void then(std::function<void()> step) { then_ = std::move(step); }
+
+  /// Whether the op was seen completed (by a wait, a test or the progress thread); tests nothing itself.
+  bool done() const { return done_.load(std::memory_order_acquire); }
 
   bool is_completed() override {
     if (done_.load(std::memory_order_acquire)) {
@@ -232,6 +239,106 @@ private:
   bool cancellable_ = false;
   std::atomic<bool> done_{false};
   std::exception_ptr error_;
+};
+
+/// Progress for asynchronous ops: MPI moves a non-blocking op's data only inside MPI calls, so an op
+/// submitted with async_op would otherwise wait until its wait() before most of its transfer happens, and
+/// compute could not overlap it. One thread per process tests the pending asynchronous ops (each test is
+/// a step of MPI's progress, MpiWork::is_completed) until they completed, yielding the core between
+/// rounds and sleeping 50 us between rounds once an op has been pending for 1 ms; it sleeps on a
+/// condition variable while none is pending. DTENSOR_MPI_PROGRESS=0 turns it off (ops then progress in
+/// wait()). Synchronous ops never go through it: their caller tests them.
+class MpiProgress {
+public:
+  static MpiProgress& instance() {
+    static MpiProgress p;
+    return p;
+  }
+
+  /// Tests `work` in the background until it completed (the work is held weakly: a dropped one is
+  /// forgotten).
+  void watch(const std::shared_ptr<MpiWork>& work) {
+    if (!enabled_) {
+      return;
+    }
+    {
+      std::lock_guard lock(m_);
+      pending_.push_back(work);
+      if (!thread_.joinable()) {
+        thread_ = std::thread([this] { loop(); });
+        hook_ = MpiRuntime::instance().add_finalize_hook([this] { stop(); });
+      }
+    }
+    cv_.notify_one();
+  }
+
+  ~MpiProgress() {
+    stop();
+    if (hook_ >= 0) {
+      MpiRuntime::instance().remove_finalize_hook(hook_);
+    }
+  }
+
+private:
+  MpiProgress() {
+    const char* v = std::getenv("DTENSOR_MPI_PROGRESS");
+    enabled_ = v == nullptr || std::string_view(v) != "0";
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
+      thread_.join();
+    }
+  }
+
+  void loop() {
+    auto busy_since = MpiClock::now();
+    for (;;) {
+      std::vector<std::weak_ptr<MpiWork>> round;
+      {
+        std::unique_lock lock(m_);
+        if (pending_.empty()) {
+          cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+          busy_since = MpiClock::now();
+        }
+        if (stop_) {
+          return;
+        }
+        round.swap(pending_);
+      }
+      std::vector<std::weak_ptr<MpiWork>> left;
+      for (auto& w : round) {
+        if (auto work = w.lock(); work && !work->is_completed()) {
+          left.push_back(std::move(w));
+        }
+      }
+      {
+        std::lock_guard lock(m_);
+        pending_.insert(pending_.end(), left.begin(), left.end());
+        if (pending_.empty()) {
+          continue;
+        }
+      }
+      if (MpiClock::now() - busy_since < std::chrono::milliseconds(1)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  bool enabled_ = true;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<std::weak_ptr<MpiWork>> pending_;
+  std::thread thread_;
+  bool stop_ = false;
+  int hook_ = -1;
 };
 
 } // namespace dtensor::detail
