@@ -81,6 +81,18 @@ inline std::vector<BufferRef> split_buffer(BufferRef buf, std::span<const std::i
   return blocks;
 }
 
+/// Whether the blocks (counts[i] elements at displs[i]) lie back to back in member order from 0.
+inline bool packed_in_order(std::span<const std::int64_t> counts, std::span<const std::int64_t> displs) {
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    if (displs[i] != at) {
+      return false;
+    }
+    at += counts[i];
+  }
+  return true;
+}
+
 /// Options of one submitted op.
 struct CommOptions {
   /// End-to-end limit for this op; zero means the group's timeout.

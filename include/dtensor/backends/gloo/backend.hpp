@@ -204,7 +204,7 @@ protected:
                         std::span<const std::int64_t> displs, const CommOptions& opts) override {
     OpDesc d{"all_gather", 0, in.count, in.dtype};
     const bool even = std::all_of(counts.begin(), counts.end(), [&](auto c) { return c == counts[0]; }) &&
-                      is_packed(counts, displs);
+                      packed_in_order(counts, displs);
     d.count_agrees = even;
     return submit(d, opts, {counts, displs},
                   [this, in, out, even](const OpDesc& od, Ms t, const OpArrays& l) {
@@ -473,17 +473,6 @@ private:
         },
         /*inline_if_idle=*/false);
     return work;
-  }
-
-  static bool is_packed(std::span<const std::int64_t> counts, std::span<const std::int64_t> displs) {
-    std::int64_t at = 0;
-    for (std::size_t i = 0; i < counts.size(); ++i) {
-      if (displs[i] != at) {
-        return false;
-      }
-      at += counts[i];
-    }
-    return true;
   }
 
   std::shared_ptr<GlooRankState> state_;

@@ -254,7 +254,7 @@ protected:
       sync_stream(out);
       const MPI_Datatype t = mpi_type(in.dtype);
       const void* send = send_buffer(w, in, out, displs[static_cast<std::size_t>(rank_)]);
-      if (uniform(counts) && packed(counts, displs)) {
+      if (uniform(counts) && packed_in_order(counts, displs)) {
         const int n = int_count("all_gather", counts[0]);
         check(MPI_Iallgather(send, n, t, out.data, n, t, comm_, &w.request()), "MPI_Iallgather");
         return;
@@ -275,7 +275,7 @@ protected:
       const MPI_Datatype t = mpi_type(in.dtype);
       const MPI_Op o = mpi_op(in.dtype, op);
       const void* send = in.data;
-      if (!packed(counts, displs) || overlap(in, out)) { // MPI reads the blocks packed in rank order
+      if (!packed_in_order(counts, displs) || overlap(in, out)) { // MPI reads the blocks packed in rank order
         std::int64_t total = 0;
         for (std::int64_t c : counts) {
           total += c;
@@ -317,8 +317,8 @@ protected:
       sync_stream(in);
       sync_stream(out);
       const MPI_Datatype t = mpi_type(in.dtype);
-      if (uniform(send_counts) && packed(send_counts, send_displs) && uniform(recv_counts) &&
-          packed(recv_counts, recv_displs) && send_counts[0] == recv_counts[0]) {
+      if (uniform(send_counts) && packed_in_order(send_counts, send_displs) && uniform(recv_counts) &&
+          packed_in_order(recv_counts, recv_displs) && send_counts[0] == recv_counts[0]) {
         const int n = int_count("all_to_all", send_counts[0]);
         check(MPI_Ialltoall(in.data, n, t, out.data, n, t, comm_, &w.request()), "MPI_Ialltoall");
         return;
@@ -577,17 +577,6 @@ private:
 
   static bool uniform(std::span<const std::int64_t> counts) {
     return std::all_of(counts.begin(), counts.end(), [&](std::int64_t c) { return c == counts[0]; });
-  }
-
-  static bool packed(std::span<const std::int64_t> counts, std::span<const std::int64_t> displs) {
-    std::int64_t at = 0;
-    for (std::size_t i = 0; i < counts.size(); ++i) {
-      if (displs[i] != at) {
-        return false;
-      }
-      at += counts[i];
-    }
-    return true;
   }
 
   static bool overlap(const BufferRef& a, const BufferRef& b) {
