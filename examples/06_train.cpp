@@ -2,7 +2,12 @@
 // training on one rank.
 //
 // Run as 4 processes: dtensor-run --nproc-per-node 4 ./example_06_train --layout fsdp_tp --steps 50
+// On GPUs (the nvcc build of this file, examples/06_train_cuda.cu; see "On CUDA" below), one process per GPU:
+//                     dtensor-run --nproc-per-node 4 ./example_06_train_cuda --layout fsdp_tp --dtype float
 //   --layout tp|ddp|fsdp|hsdp|fsdp_tp   how the parameters are held and reduced (default fsdp_tp)
+//   --device cpu|cuda                    where parameters, activations, gradients and optimizer state live:
+//                                        cpu in example_06_train (gloo, or MPI under mpirun), cuda in
+//                                        example_06_train_cuda (NCCL; the default there)
 //   --mesh REP,DP,TP                     the mesh (default: from the layout, see below)
 //   --steps N                            training steps (default 50)
 //   --dtype double|float                 the element type of parameters, activations and gradients
@@ -38,11 +43,12 @@
 // parameters start from the sharding-invariant RNG (parallel/init.hpp), so every layout starts from the
 // one-rank weights. The default sizes are uneven: 38 tokens, hidden 18, ffn 30, vocab 37 on 4 ranks.
 //
-// Self-check: the same training runs on one rank in this process (an in-process world of 1, a (1, 1, 1)
-// mesh, parameters replicated and reduced as the tp/ddp layout does, clipped with clip_grad_norm), in the
-// same element type. The loss at every step and every final parameter must agree within 1e-10 in double,
-// 1e-5 in float (relative for the loss, against max(1, |value|) for the parameters); the program exits 1
-// otherwise.
+// Self-check: the same training runs on one rank in this process (a group of this rank alone,
+// world.new_group({rank}): a one-rank communicator of the world's backend, so no second backend is needed;
+// a (1, 1, 1) mesh, parameters replicated and reduced as the tp/ddp layout does, clipped with
+// clip_grad_norm), in the same element type on the same device. The loss at every step and every final
+// parameter must agree within 1e-10 in double, 1e-5 in float (relative for the loss, against max(1,
+// |value|) for the parameters); the program exits 1 otherwise.
 //
 // Communication pins: every training step runs under a CommDebugMode, and its collectives (op, mesh axis,
 // count) must equal the ones the layout implies, derived from the model's structure (kBlocks blocks, the
@@ -61,6 +67,21 @@
 // blocked wait also holds the time the peers need to reach the collective, so these are upper bounds.
 // Rank 0 also reports the minor page faults its process takes per step (getrusage, every thread), in the
 // steps with overlap.
+//
+// On CUDA (example_06_train_cuda: this file compiled by nvcc, linked with NCCL and cuBLAS): each process
+// trains on the GPU NCCL gives it, cuda:(LOCAL_RANK mod the visible devices). Every tensor of the model is
+// a CUDA tensor: the parameters are initialised there by the sharding-invariant RNG, the step's tokens are
+// made on the host and distributed from rank 0 as CUDA tensors, the GEMMs are cuBLAS, the norms, gelu,
+// embedding, loss, DDP's buckets, FSDP's flat buffers, the clip and AdamW are the library's kernels on the
+// tensors' stream, and the collectives are NCCL's (the one-rank reference runs on one-rank NCCL
+// communicators on the same GPU). The same collectives are pinned every step. What comes to the host is
+// small (cross_entropy's per-row statistics, the norms' partial sums, the loss) or for the comparison (the
+// final parameters). Each step ends with a device synchronisation, so its time includes its kernels; the
+// communication regions are host time there (an NCCL wait orders the stream and returns), so the split
+// into compute and communication is not measured on CUDA. Exits 77 (ctest's skip) when no CUDA device is
+// visible. Several ranks on one GPU (a test setup) need their own NCCL_HOSTID each: with
+// DTENSOR_TEST_HOSTID_PER_RANK=1 the program sets it from RANK, as tests/nccl/nccl_suite.cu does (and
+// NCCL_IB_DISABLE=1, NCCL_SOCKET_IFNAME=lo in the environment).
 
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
@@ -68,7 +89,6 @@
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops.hpp>
 #include <dtensor/parallel.hpp>
-#include <dtensor/testing/run_ranks.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -87,6 +107,15 @@
 
 #include <sys/resource.h>
 
+// The CUDA path exists when nvcc compiles this file (the library's local kernels then run on CUDA tensors)
+// and NCCL is linked (examples/06_train_cuda.cu, target example_06_train_cuda).
+#if DTENSOR_LOCAL_OPS_CUDA && DTENSOR_HAS_NCCL
+#define DTENSOR_TRAIN_CUDA 1
+#include <cuda_runtime_api.h>
+#else
+#define DTENSOR_TRAIN_CUDA 0
+#endif
+
 using namespace dtensor;
 
 namespace {
@@ -102,10 +131,32 @@ struct Sizes {
   std::int64_t tokens = 38, hidden = 18, ffn = 30, vocab = 37;
 };
 Sizes sizes;
+/// Where every tensor of the model lives (set once by main from --device).
+Device device = Device::cpu();
 constexpr int kBlocks = 3;
 constexpr double kLr = 1e-2, kMaxNorm = 0.5; // the early steps clip
 
 enum class Layout { tp, ddp, fsdp, hsdp, fsdp_tp };
+
+/// `t` on the host: itself there, else a copy.
+template <class U, int R>
+Tensor<U, R> to_host(const Tensor<U, R>& t) {
+  return t.device().is_cpu() ? t : t.to(Device::cpu());
+}
+/// A host tensor moved to `device` (itself on the host): small values a collective reduces, since NCCL
+/// reduces device memory only.
+template <class U, int R>
+Tensor<U, R> on_device(const Tensor<U, R>& t) {
+  return device.is_cpu() ? t : t.to(device);
+}
+/// Waits for the work queued on the device (nothing on the host).
+void sync_device() {
+#if DTENSOR_TRAIN_CUDA
+  if (device.is_cuda()) {
+    detail::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "06_train");
+  }
+#endif
+}
 
 /// Heap bytes live now, and their peak since reset_heap_peak(): bench_train (bench/train/train_bench.cpp)
 /// builds this file with bench/common/alloc_counter.hpp, which counts every operator new; here they are 0.
@@ -308,7 +359,9 @@ struct Model {
       ids(i) = static_cast<std::int64_t>((z >> 16) % sizes.vocab);
       targets(i) = (3 * ids(i) + 1) % sizes.vocab;
     }
-    return {distribute_tensor<S<0>, S<0>, R>(mesh, ids), distribute_tensor<S<0>, S<0>, R>(mesh, targets)};
+    // Every rank passes a tensor on the device (only rank 0's contents are read).
+    return {distribute_tensor<S<0>, S<0>, R>(mesh, on_device(ids)),
+            distribute_tensor<S<0>, S<0>, R>(mesh, on_device(targets))};
   }
 
   /// The parameters, unsharded, from the sharding-invariant RNG (the same on every mesh).
@@ -322,19 +375,19 @@ struct Model {
   };
   static Weights init_weights(const DeviceMesh<Mesh>& mesh) {
     init::InitKeys keys(2024);
-    Weights w{zeros<T, R, R, S<0>>(mesh, {sizes.vocab, sizes.hidden}),
+    Weights w{zeros<T, R, R, S<0>>(mesh, {sizes.vocab, sizes.hidden}, device),
               {},
               {},
               {},
-              zeros<T, R, R, R>(mesh, {sizes.hidden}),
-              zeros<T, R, R, S<0>>(mesh, {sizes.vocab, sizes.hidden})};
+              zeros<T, R, R, R>(mesh, {sizes.hidden}, device),
+              zeros<T, R, R, S<0>>(mesh, {sizes.vocab, sizes.hidden}, device)};
     init::normal_(w.emb, 0.0, 1.0, keys.next());
     for (int b = 0; b < kBlocks; ++b) {
-      w.g.push_back(zeros<T, R, R, R>(mesh, {sizes.hidden}));
+      w.g.push_back(zeros<T, R, R, R>(mesh, {sizes.hidden}, device));
       init::ones_(w.g.back());
-      w.w1.push_back(zeros<T, R, R, S<0>>(mesh, {sizes.ffn, sizes.hidden}));
+      w.w1.push_back(zeros<T, R, R, S<0>>(mesh, {sizes.ffn, sizes.hidden}, device));
       init::kaiming_uniform_(w.w1.back(), keys.next(), std::sqrt(5.0));
-      w.w2.push_back(zeros<T, R, R, S<1>>(mesh, {sizes.hidden, sizes.ffn}));
+      w.w2.push_back(zeros<T, R, R, S<1>>(mesh, {sizes.hidden, sizes.ffn}, device));
       init::kaiming_uniform_(w.w2.back(), keys.next(), std::sqrt(5.0));
     }
     init::ones_(w.gf);
@@ -342,7 +395,7 @@ struct Model {
     return w;
   }
 
-  /// What a training run gives: the losses, the final parameters (full), the time split.
+  /// What a training run gives: the losses, the final parameters (full, on the host), the time split.
   struct Trained {
     std::vector<double> losses, norms;
     std::vector<Tensor<T, 2>> mats;
@@ -387,6 +440,7 @@ struct Model {
     const double f0 = minor_faults();
     const auto t0 = std::chrono::steady_clock::now();
     step();
+    sync_device(); // the step's kernels are part of its time
     return {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
             minor_faults() - f0};
   }
@@ -537,14 +591,14 @@ struct Model {
     }
     out.heap_peak = steps > 1 ? heap_peak() : 0;
     out.heap_end = heap_live();
-    out.mats.push_back(w.emb.full_tensor());
+    out.mats.push_back(to_host(w.emb.full_tensor()));
     for (int b = 0; b < kBlocks; ++b) {
-      out.vecs.push_back(w.g[b].full_tensor());
-      out.mats.push_back(w.w1[b].full_tensor());
-      out.mats.push_back(w.w2[b].full_tensor());
+      out.vecs.push_back(to_host(w.g[b].full_tensor()));
+      out.mats.push_back(to_host(w.w1[b].full_tensor()));
+      out.mats.push_back(to_host(w.w2[b].full_tensor()));
     }
-    out.vecs.push_back(w.gf.full_tensor());
-    out.mats.push_back(w.out.full_tensor());
+    out.vecs.push_back(to_host(w.gf.full_tensor()));
+    out.mats.push_back(to_host(w.out.full_tensor()));
     timing.to(out);
     return out;
   }
@@ -563,7 +617,8 @@ struct Model {
 
   /// Adds to `sq` the squares of this rank's gradient shard, each element counted once over the mesh: only
   /// on rep coordinate 0 (the replicas hold the same shard) and, for a parameter replicated over tp (the
-  /// gains, parameter 0 of a block or the head), only on tp coordinate 0.
+  /// gains, parameter 0 of a block or the head), only on tp coordinate 0. Each piece's sum is
+  /// local_norm_sum's (clip_grad_norm's per-shard sum: in double, on the shard's device).
   template <class G>
   static void add_squares(const G& group, bool param0_on_tp, const DeviceMesh<Mesh>& mesh, double& sq) {
     const auto& c = mesh.coordinate();
@@ -575,9 +630,7 @@ struct Model {
       if (piece.param == 0 && param0_on_tp && c[2] != 0) {
         continue;
       }
-      for (std::int64_t e = piece.shard_at; e < piece.shard_at + piece.numel; ++e) {
-        sq += g.data()[e] * g.data()[e];
-      }
+      sq += local_norm_sum(g.narrow(0, piece.shard_at, piece.numel));
     }
   }
 
@@ -695,20 +748,14 @@ struct Model {
           add_squares(g, true, mesh, sq);
         }
         add_squares(*gh, true, mesh, sq);
-        Tensor<double, 1> total({1});
-        total(0) = sq;
+        Tensor<double, 1> total = on_device(Tensor<double, 1>::full({1}, sq));
         all_reduce(total, ReduceOp::sum, mesh.world());
-        norm = std::sqrt(total(0));
-        const double coef = kMaxNorm / (norm + 1e-6);
+        norm = std::sqrt(total.item());
         int index = 0;
         auto step_group = [&](auto& group) {
-          const Tensor<T, 1> grad = group.local_grad();
-          if (coef < 1) {
-            for (std::int64_t e = 0; e < grad.numel(); ++e) {
-              grad.data()[e] *= coef;
-            }
-          }
-          opt.step(index++, group.local_param(), grad);
+          // Scales the gradient shard when the norm exceeds kMaxNorm (clip_grad_norm's coefficient).
+          clip_grads_with_norm(kMaxNorm, norm, group.grad());
+          opt.step(index++, group.local_param(), group.local_grad());
           group.zero_grad();
         };
         step_group(*ge);
@@ -731,18 +778,18 @@ struct Model {
     out.heap_end = heap_live();
     // The final parameters, gathered, in the order train_replicated gives them.
     ge->unshard();
-    out.mats.push_back(std::get<0>(ge->params()).full_tensor());
+    out.mats.push_back(to_host(std::get<0>(ge->params()).full_tensor()));
     for (auto& g : gb) {
       g.unshard();
       auto [gain, w1, w2] = g.params();
-      out.vecs.push_back(gain.full_tensor());
-      out.mats.push_back(w1.full_tensor());
-      out.mats.push_back(w2.full_tensor());
+      out.vecs.push_back(to_host(gain.full_tensor()));
+      out.mats.push_back(to_host(w1.full_tensor()));
+      out.mats.push_back(to_host(w2.full_tensor()));
     }
     gh->unshard();
     auto [gf, w_out] = gh->params();
-    out.vecs.push_back(gf.full_tensor());
-    out.mats.push_back(w_out.full_tensor());
+    out.vecs.push_back(to_host(gf.full_tensor()));
+    out.mats.push_back(to_host(w_out.full_tensor()));
     timing.to(out);
     return out;
   }
@@ -764,8 +811,8 @@ double max_relative(const std::vector<X>& a, const std::vector<X>& b) {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "06_train: %s\nusage: 06_train [--layout tp|ddp|fsdp|hsdp|fsdp_tp] [--mesh REP,DP,TP] "
-               "[--steps N] [--dtype double|float] [--tokens N] [--hidden H] [--ffn F] [--vocab V] "
-               "[--no-check] [--json FILE] [--print-comm]\n",
+               "[--device cpu|cuda] [--steps N] [--dtype double|float] [--tokens N] [--hidden H] [--ffn F] "
+               "[--vocab V] [--no-check] [--json FILE] [--print-comm]\n",
                why);
   std::exit(2);
 }
@@ -800,11 +847,13 @@ int train_main(ProcessGroup& world, const DeviceMesh<Mesh>& mesh, const Options&
     std::fprintf(stderr, "rank %d: %s\n", world.rank(), got.comm_mismatch.c_str());
   }
   // The heap per rank (bench_train counts it; see Trained): the largest over the ranks.
-  Tensor<double, 1> heap({3});
-  heap(0) = double(got.heap_start);
-  heap(1) = double(got.heap_peak);
-  heap(2) = double(got.heap_end);
-  all_reduce(heap, ReduceOp::max, world);
+  Tensor<double, 1> heap_here({3});
+  heap_here(0) = double(got.heap_start);
+  heap_here(1) = double(got.heap_peak);
+  heap_here(2) = double(got.heap_end);
+  Tensor<double, 1> heap_max = on_device(heap_here);
+  all_reduce(heap_max, ReduceOp::max, world);
+  const Tensor<double, 1> heap = to_host(heap_max);
 #ifdef DTENSOR_TRAIN_COUNT_HEAP
   // At the optimizer step every parameter, gradient and AdamW state is live on the heap at once.
   if (opt.steps > 1 && heap(1) < double(got.state_bytes)) {
@@ -816,10 +865,10 @@ int train_main(ProcessGroup& world, const DeviceMesh<Mesh>& mesh, const Options&
   const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-10;
   double loss_diff = 0, param_diff = 0;
   if (opt.check) {
-    // The same training on one rank: an in-process world of 1, a (1, 1, 1) mesh, replicated parameters.
-    typename M::Trained want;
-    testing::run_ranks(
-        1, [&](ProcessGroup& one) { want = run(init_device_mesh<Mesh>(one, 1, 1, 1), Layout::ddp, false); });
+    // The same training on one rank: a group of this rank alone (made by its one member; a one-rank
+    // communicator of the world's backend), a (1, 1, 1) mesh, replicated parameters.
+    const ProcessGroup one = world.new_group({world.rank()});
+    const typename M::Trained want = run(init_device_mesh<Mesh>(one, 1, 1, 1), Layout::ddp, false);
     if (!want.comm_mismatch.empty()) {
       std::fprintf(stderr, "the one-rank reference: %s\n", want.comm_mismatch.c_str());
       ok = false;
@@ -832,12 +881,18 @@ int train_main(ProcessGroup& world, const DeviceMesh<Mesh>& mesh, const Options&
   }
   if (print) {
     const double ms = 1e3;
-    std::printf("time per step on rank 0: %.2f ms = compute %.2f ms + exposed communication %.2f ms; "
-                "communication %.2f ms (measured in the steps with overlap off, %.2f ms a step: %.0f%% of it "
-                "hidden)\n",
-                got.step_s * ms, (got.step_s - got.exposed_s) * ms, got.exposed_s * ms, got.comm_s * ms,
-                got.serial_step_s * ms,
-                got.comm_s > 0 ? 100.0 * std::max(0.0, 1.0 - got.exposed_s / got.comm_s) : 0.0);
+    if (device.is_cuda()) { // the communication regions are host time there (see "On CUDA" at the top)
+      std::printf("time per step on rank 0: %.2f ms, its kernels and collectives included (%.2f ms in the "
+                  "steps with overlap off)\n",
+                  got.step_s * ms, got.serial_step_s * ms);
+    } else {
+      std::printf("time per step on rank 0: %.2f ms = compute %.2f ms + exposed communication %.2f ms; "
+                  "communication %.2f ms (measured in the steps with overlap off, %.2f ms a step: %.0f%% of "
+                  "it hidden)\n",
+                  got.step_s * ms, (got.step_s - got.exposed_s) * ms, got.exposed_s * ms, got.comm_s * ms,
+                  got.serial_step_s * ms,
+                  got.comm_s > 0 ? 100.0 * std::max(0.0, 1.0 - got.exposed_s / got.comm_s) : 0.0);
+    }
     std::printf("minor page faults per step on rank 0: %.0f\n", got.faults_per_step);
     if (heap(1) > 0) {
       std::printf("heap per rank (largest over ranks): %.3f MB before training, peak %.3f MB in the steps, "
@@ -864,16 +919,16 @@ int train_main(ProcessGroup& world, const DeviceMesh<Mesh>& mesh, const Options&
       }
       std::fprintf(
           f,
-          "{\"suite\": \"train\", \"layout\": \"%s\", \"dtype\": \"%s\", \"ranks\": %d, "
+          "{\"suite\": \"train\", \"layout\": \"%s\", \"dtype\": \"%s\", \"device\": \"%s\", \"ranks\": %d, "
           "\"mesh\": [%d, %d, %d], \"blocks\": %d, \"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, "
           "\"vocab\": %lld, \"steps\": %d, \"step_ms\": %.4f, \"compute_ms\": %.4f, "
           "\"exposed_ms\": %.4f, \"comm_ms\": %.4f, \"serial_step_ms\": %.4f, \"minor_faults_per_step\": "
           "%.1f, "
           "\"heap_start_bytes\": %.0f, \"heap_peak_bytes\": %.0f, \"heap_end_bytes\": %.0f, "
           "\"state_bytes\": %.0f, \"losses\": [",
-          opt.layout_name, std::is_same_v<T, float> ? "float32" : "float64", world.size(), mesh.size(0),
-          mesh.size(1), mesh.size(2), kBlocks, (long long)sizes.tokens, (long long)sizes.hidden,
-          (long long)sizes.ffn, (long long)sizes.vocab, opt.steps, got.step_s * ms,
+          opt.layout_name, std::is_same_v<T, float> ? "float32" : "float64", device.is_cpu() ? "cpu" : "cuda",
+          world.size(), mesh.size(0), mesh.size(1), mesh.size(2), kBlocks, (long long)sizes.tokens,
+          (long long)sizes.hidden, (long long)sizes.ffn, (long long)sizes.vocab, opt.steps, got.step_s * ms,
           (got.step_s - got.exposed_s) * ms, got.exposed_s * ms, got.comm_s * ms, got.serial_step_s * ms,
           got.faults_per_step, heap(0), heap(1), heap(2), double(got.state_bytes));
       for (int s = 0; s < opt.steps; ++s) {
@@ -893,7 +948,7 @@ int train_main(ProcessGroup& world, const DeviceMesh<Mesh>& mesh, const Options&
 
 int main(int argc, char** argv) {
   Options opt;
-  std::string mesh_arg, dtype = "double";
+  std::string mesh_arg, dtype = "double", device_name = DTENSOR_TRAIN_CUDA ? "cuda" : "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-check") {
@@ -922,6 +977,8 @@ int main(int argc, char** argv) {
       opt.steps = std::atoi(argv[++i]);
     } else if (a == "--dtype") {
       dtype = argv[++i];
+    } else if (a == "--device") {
+      device_name = argv[++i];
     } else if (a == "--tokens") {
       sizes.tokens = size();
     } else if (a == "--hidden") {
@@ -939,7 +996,36 @@ int main(int argc, char** argv) {
   if (dtype != "double" && dtype != "float") {
     usage(("--dtype takes double or float, not " + dtype).c_str());
   }
-  ProcessGroup world = init_process_group();
+  if (device_name != "cpu" && device_name != "cuda") {
+    usage(("--device takes cpu or cuda, not " + device_name).c_str());
+  }
+  InitOptions init; // the host build: the backend init_process_group picks (gloo; MPI under mpirun)
+#if DTENSOR_TRAIN_CUDA
+  if (device_name != "cuda") {
+    usage("--device cpu: this is the CUDA build (example_06_train_cuda); the host build is example_06_train");
+  }
+  if (nccl_device_count() == 0) {
+    std::printf("06_train: no CUDA device visible: skipped\n");
+    return 77; // ctest's skip code
+  }
+  if (std::getenv("DTENSOR_TEST_HOSTID_PER_RANK") != nullptr) {
+    // Several ranks on one GPU (a test setup): NCCL must see them as different hosts.
+    const std::string id = "dtensor-06-train-host-" + std::to_string(read_dist_env().rank);
+    ::setenv("NCCL_HOSTID", id.c_str(), 1);
+  }
+  init.backend = "nccl"; // on cuda:(LOCAL_RANK mod the visible devices), which becomes the current device
+#else
+  if (device_name != "cpu") {
+    usage("--device cuda: this is the host build; the CUDA build is example_06_train_cuda "
+          "(examples/06_train_cuda.cu, built where nvcc and NCCL are found)");
+  }
+#endif
+  ProcessGroup world = init_process_group(init);
+#if DTENSOR_TRAIN_CUDA
+  int index = 0;
+  detail::check_cuda(cudaGetDevice(&index), "cudaGetDevice", "06_train");
+  device = Device::cuda(index);
+#endif
   const int n = world.size();
   const struct {
     const char* name;
@@ -972,11 +1058,11 @@ int main(int argc, char** argv) {
   }
   auto mesh = init_device_mesh<Mesh>(world, rep, dp, tp);
   if (world.rank() == 0) {
-    std::printf(
-        "training %d blocks (hidden %lld, ffn %lld, vocab %lld, %lld tokens a step, %s) for %d steps, "
-        "layout %s on (rep=%d, dp=%d, tp=%d), AdamW, clip at %.1f\n",
-        kBlocks, (long long)sizes.hidden, (long long)sizes.ffn, (long long)sizes.vocab,
-        (long long)sizes.tokens, dtype.c_str(), opt.steps, chosen->name, rep, dp, tp, kMaxNorm);
+    std::printf("training %d blocks (hidden %lld, ffn %lld, vocab %lld, %lld tokens a step, %s on %s) for %d "
+                "steps, layout %s on (rep=%d, dp=%d, tp=%d) over %s, AdamW, clip at %.1f\n",
+                kBlocks, (long long)sizes.hidden, (long long)sizes.ffn, (long long)sizes.vocab,
+                (long long)sizes.tokens, dtype.c_str(), device.to_string().c_str(), opt.steps, chosen->name,
+                rep, dp, tp, std::string(world.backend_name()).c_str(), kMaxNorm);
   }
   return dtype == "float" ? train_main<float>(world, mesh, opt) : train_main<double>(world, mesh, opt);
 }

@@ -3,11 +3,13 @@
 # Python package, CMake, ninja; no gloo, no Catch2, no apt, no network), configure and build dtensor with
 # CUDA + NCCL, run every NCCL test on one-rank communicators and every CUDA test binary, then the
 # collective suite as 2 and 4 processes on the one GPU (each process its own NCCL_HOSTID, NCCL_IB_DISABLE=1,
-# NCCL_SOCKET_IFNAME=lo); then the GPU benchmarks (BENCHMARKS.md, "GPU"), small sizes and few samples:
-# the NCCL sweep (ours vs raw NCCL calls in the same run) on a one-rank communicator and as 2 processes,
-# the redistribution suite on CUDA tensors as 1 and 2 processes, and the same suite through
-# torch.distributed.tensor (skipped with a note when torch or its DTensor module is missing); and print a
-# pass/fail table last. Finishes in under 6 minutes: steps that would start past the budget are reported
+# NCCL_SOCKET_IFNAME=lo); then examples/06_train.cpp's CUDA build (example_06_train_cuda: the model trained
+# on device tensors with cuBLAS, the library's kernels and NCCL) in each of its five layouts as 2 processes,
+# 3 steps in float, each checked against one rank and its collectives pinned; then the GPU benchmarks
+# (BENCHMARKS.md, "GPU"), small sizes and few samples: the NCCL sweep (ours vs raw NCCL calls in the same
+# run) on a one-rank communicator and as 2 processes, the redistribution suite on CUDA tensors as 1 and 2
+# processes, and the same suite through torch.distributed.tensor (skipped with a note when torch or its
+# DTensor module is missing); and print a pass/fail table last. Finishes in under 6 minutes: steps that would start past the budget are reported
 # as "not run", and no step's timeout reaches past the budget.
 #
 #   scripts/gpu_prepare.sh                  # first, on a CPU machine: gathers build-gpu-deps/
@@ -260,6 +262,17 @@ if [ -f "$deps/gloo/probe.cpp" ] &&
 else
   cmake_args+=("-DCMAKE_DISABLE_FIND_PACKAGE_Gloo=ON")
 fi
+# OpenBLAS: the host GEMMs of dtensor::blas, which example_06_train_cuda links (its host GEMMs are compiled
+# next to the cuBLAS ones). Used when the folder brings it and a probe links and runs here; its libraries
+# (libgfortran: found through LD_LIBRARY_PATH by CMake's link checks and by the programs) join the path.
+blas_lib="$deps/openblas/lib"
+if [ -f "$deps/openblas/probe.cpp" ] &&
+   step "OpenBLAS probe (optional)" 60 20 env LD_LIBRARY_PATH="$blas_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+     bash -c "c++ -std=c++17 '$deps/openblas/probe.cpp' -I'$deps/openblas/include' -L'$blas_lib' -lopenblas \
+                  -Wl,-rpath-link,'$blas_lib' -o '$build/openblas_probe' && '$build/openblas_probe'"; then
+  export LD_LIBRARY_PATH="$blas_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  cmake_args+=("-DBLAS_openblas_LIBRARY=$blas_lib/libopenblas.so" "-DCBLAS_INCLUDE_DIR=$deps/openblas/include")
+fi
 
 if [ -f "$deps/random123/include/Random123/philox.h" ]; then # rand, randn, dropout (tests/ops/test_random*)
   cmake_args+=("-DDTENSOR_RANDOM123_INCLUDE_DIR=$deps/random123/include")
@@ -271,32 +284,42 @@ fi
 # ---- 2. configure and build -------------------------------------------------------------------------
 step "configure (CUDA + NCCL)" 120 60 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DNCCL_ROOT="$nccl_cmake_root" \
-  -DDTENSOR_BUILD_EXAMPLES=OFF -DDTENSOR_BUILD_BENCH=ON "${cmake_args[@]}" || finish
+  -DDTENSOR_BUILD_EXAMPLES=ON -DDTENSOR_BUILD_BENCH=ON "${cmake_args[@]}" || finish
 if ! grep -q "NCCL ON" "$logs/configure__CUDA___NCCL_.log"; then
   record "NCCL found by CMake" FAIL 0 "$(grep -m1 'dtensor: CUDA' "$logs/configure__CUDA___NCCL_.log")"
   finish
 fi
-# Every CUDA translation unit's test target (tests/*/*.cu), plus the launcher, the NCCL suite and the GPU
-# benchmarks (bench_nccl, bench_redistribution_cuda), in one build.
+# Every CUDA translation unit's test target (tests/*/*.cu), plus the launcher, the NCCL suite, the CUDA
+# build of the training example (example_06_train_cuda) and the GPU benchmarks (bench_nccl,
+# bench_redistribution_cuda), in one build.
 all_targets=$(ninja -C "$build" -t targets all 2>/dev/null)
 cuda_targets=$(echo "$all_targets" | grep -o 'CMakeFiles/[A-Za-z0-9_.-]*\.dir/[^:]*\.cu\.o' |
-               sed 's|CMakeFiles/\([^/]*\)\.dir/.*|\1|' | grep -v '^bench_' | sort -u)
+               sed 's|CMakeFiles/\([^/]*\)\.dir/.*|\1|' | grep -Ev '^(bench|example)_' | sort -u)
 bench_targets=""
 for t in bench_nccl bench_redistribution_cuda; do
   echo "$all_targets" | grep -q "^$t: phony" && bench_targets="$bench_targets $t"
 done
-# -k 0: a benchmark that fails to compile costs only its own steps ("not built"); the tests still run.
-step "build ($(echo $cuda_targets | wc -w) CUDA tests, dtensor-run, $(echo $bench_targets | wc -w) benches)" \
-  270 120 cmake --build "$build" -j "$jobs" --target dtensor-run $cuda_targets $bench_targets -- -k 0
+example_targets=""
+echo "$all_targets" | grep -q "^example_06_train_cuda: phony" && example_targets="example_06_train_cuda"
+# -k 0: a benchmark or example that fails to compile costs only its own steps ("not built"); the tests
+# still run.
+step "build ($(echo $cuda_targets | wc -w) CUDA tests, dtensor-run, $(echo $example_targets $bench_targets | wc -w) examples+benches)" \
+  270 120 cmake --build "$build" -j "$jobs" --target dtensor-run $cuda_targets $example_targets $bench_targets -- -k 0
 build_rc=$?
 build_log=$step_log
 if [ "$build_rc" != 0 ]; then
-  # Go on only when the build ran to its end and every failed output is a benchmark's.
+  # Go on only when the build ran to its end and every failed output is a benchmark's or an example's.
   case $build_rc in 1) ;; *) finish ;; esac
   grep -q '^FAILED: ' "$build_log" || finish
-  grep '^FAILED: ' "$build_log" | grep -Eqv '^FAILED: (\[code=[0-9]+\] )?bench/' && finish
+  grep '^FAILED: ' "$build_log" | grep -Eqv '^FAILED: (\[code=[0-9]+\] )?(bench|examples)/' && finish
 fi
 bench_failed() { grep -Eq "^FAILED: (\[code=[0-9]+\] )?bench/(CMakeFiles/$1\.dir/|$1 *\$)" "$build_log"; }
+example_failed() { grep -Eq "^FAILED: (\[code=[0-9]+\] )?examples/(CMakeFiles/$1\.dir/|$1 *\$)" "$build_log"; }
+built() { # built BINARY NAME: true when the program was built, else records NAME as FAIL "not built"
+  [ -n "$1" ] && return 0
+  record "$2" FAIL 0 "not built"
+  return 1
+}
 
 exe() { find "$build" -type f -name "$1" -perm -u+x | head -1; }
 suite=$(exe nccl_suite)
@@ -322,6 +345,22 @@ step "nccl_suite, 2 processes, nonblocking" 120 40 env DTENSOR_NCCL_NONBLOCKING=
 step "nccl watchdog timeout, nonblocking" 60 30 env DTENSOR_NCCL_NONBLOCKING=1 \
   "$run" --standalone --nproc-per-node 2 --stop-timeout 5 "$suite" timeout
 
+# ---- 4b. training on the GPU: example_06_train_cuda, every layout, 2 processes ---------------------------
+# The model of examples/06_train.cpp on device tensors (cuBLAS, the library's CUDA kernels, NCCL), 3 steps
+# in float with sizes no mesh axis divides; each run checks every loss and the final parameters against
+# the same training on one rank (1e-5) and each step's collectives against the layout's, and exits 1
+# otherwise. Meshes for 2 ranks: tp (1,1,2), ddp and fsdp (1,2,1), hsdp (2,1,1), fsdp_tp (1,1,2).
+if [ -n "$example_targets" ]; then
+  train=$(example_failed example_06_train_cuda || exe example_06_train_cuda)
+  for layout in tp ddp fsdp hsdp fsdp_tp; do
+    name="06_train_cuda --layout $layout, 2 processes"
+    built "$train" "$name" && step "$name" 45 15 "$run" --standalone --nproc-per-node 2 --stop-timeout 5 \
+      "$train" --layout "$layout" --dtype float --hidden 30 --ffn 42 --vocab 61 --steps 3
+  done
+else
+  record "06_train_cuda (every layout)" FAIL 0 "not configured: needs the BLAS and Random123 (deps folder)"
+fi
+
 # ---- 5. benchmarks (BENCHMARKS.md, "GPU"): small sizes, few samples, JSON into $results ------------------
 # One rank first (ours, then torch, whose rows join ours of the same rank count), then 2 processes.
 bnccl=$(bench_failed bench_nccl || exe bench_nccl)
@@ -330,11 +369,6 @@ torch_bench="$root/bench/redistribution/torch_dtensor_bench.py"
 py=${DTENSOR_GPU_PYTHON:-python3}
 multi=("$run" --standalone --nproc-per-node 2 --stop-timeout 5)
 torchrun=("$py" -m torch.distributed.run --standalone --nnodes 1)
-built() { # built BINARY NAME: true when the benchmark was built, else records NAME as FAIL "not built"
-  [ -n "$1" ] && return 0
-  record "$2" FAIL 0 "not built"
-  return 1
-}
 name="bench_nccl, one rank (4 B..16 MiB)"
 built "$bnccl" "$name" && step "$name" 60 15 "$bnccl" --out "$results" --max-bytes 16777216 --scale 0.5
 name="redistribution on CUDA, one rank"

@@ -12,6 +12,12 @@
 #   gloo/     gloo's headers, libgloo.so and the shared libraries it needs beyond glibc (hiredis,
 #             ibverbs, libnl), with a GlooConfig.cmake; gpu_check.sh uses them only if a probe program
 #             links and runs there (the NCCL tests do not need gloo)
+#   openblas/ OpenBLAS's cblas.h (with openblas_config.h), libopenblas.so.0 (Debian's pthread build, which
+#             picks its kernels for the CPU at run time) and the shared libraries it needs beyond glibc
+#             (libgfortran, libquadmath), libopenblas.so -> libopenblas.so.0, and a probe program: the
+#             host BLAS that dtensor::blas needs, which example_06_train_cuda links (its host GEMMs are
+#             instantiated next to the cuBLAS ones); gpu_check.sh uses it only if the probe links and
+#             runs there
 #   random123/ Random123's headers (rand, randn, dropout; header-only)
 #   dlpack/   dlpack/dlpack.h (core/dlpack.hpp; header-only)
 #   MANIFEST  where each piece came from, versions and checksums
@@ -99,6 +105,37 @@ int main() {
 }
 EOF
 
+# ---- OpenBLAS -----------------------------------------------------------------------------------------
+multiarch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+blas_lib=$(readlink -f "/usr/lib/$multiarch/libopenblas.so.0")
+blas_inc=$(dirname "$(readlink -f "/usr/include/$multiarch/openblas_config.h")")
+mkdir -p "$out/openblas/include" "$out/openblas/lib"
+cp "$blas_inc/cblas.h" "$blas_inc/openblas_config.h" "$out/openblas/include/"
+cp -L "$blas_lib" "$out/openblas/lib/libopenblas.so.0"
+ln -s libopenblas.so.0 "$out/openblas/lib/libopenblas.so"
+for dep in $(ldd "$blas_lib" | awk '/=>/ {print $3}'); do
+  case "$(basename "$dep")" in
+    libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) ;; # the machine's own
+    *) cp -L "$dep" "$out/openblas/lib/" ;;
+  esac
+done
+cat > "$out/openblas/probe.cpp" <<'EOF'
+// Links and runs against the bundled OpenBLAS: one small sgemm and dgemm, checked.
+#include <cblas.h>
+#include <cstdio>
+int main() {
+  const float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
+  float c[4] = {};
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+  const double x[2] = {1, 2}, y[2] = {3, 4};
+  double z[1] = {};
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, 1, 2, 1.0, x, 2, y, 1, 0.0, z, 1);
+  const bool ok = c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50 && z[0] == 11;
+  std::puts(ok ? "openblas probe ok" : "openblas probe: wrong results");
+  return ok ? 0 : 1;
+}
+EOF
+
 # ---- Random123 ----------------------------------------------------------------------------------------
 mkdir -p "$out/random123/include"
 cp -r /usr/include/Random123 "$out/random123/include/"
@@ -110,7 +147,8 @@ cp -r /usr/include/dlpack "$out/dlpack/include/"
 # ---- manifest -----------------------------------------------------------------------------------------
 {
   echo "made by scripts/gpu_prepare.sh on $(hostname) at $(date -u +%FT%TZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-  dpkg-query -W -f='${Package} ${Version}\n' catch2 libgloo-dev libgloo0 librandom123-dev libdlpack-dev 2>/dev/null || true
+  dpkg-query -W -f='${Package} ${Version}\n' catch2 libgloo-dev libgloo0 libopenblas-dev libopenblas0-pthread \
+    libgfortran5 librandom123-dev libdlpack-dev 2>/dev/null || true
   echo "glibc of this machine: $(ldd --version | head -1)"
   (cd "$out" && find . -type f ! -name MANIFEST -print0 | sort -z | xargs -0 sha256sum)
 } > "$out/MANIFEST"

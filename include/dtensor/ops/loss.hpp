@@ -295,7 +295,10 @@ cross_entropy_forward(const X& x, const Target& target,
   Tensor<double, 1> pair({2});
   pair.data()[0] = total;
   pair.data()[1] = count;
-  const auto sums = redistribute_as<TotalDone, TotalPart>::run(TotalPart(mesh, pair, {2})).local();
+  // Reduced on the logits' device (NCCL reduces device memory only), read back on the host.
+  const Tensor<double, 1> pair_on = xl.device().is_cpu() ? pair : pair.to(xl.device());
+  const auto sums_on = redistribute_as<TotalDone, TotalPart>::run(TotalPart(mesh, pair_on, {2})).local();
+  const Tensor<double, 1> sums = sums_on.device().is_cpu() ? sums_on : sums_on.to(Device::cpu());
   total = sums.data()[0];
   count = sums.data()[1];
   Tensor<T, 0> loss(std::array<std::int64_t, 0>{});

@@ -17,7 +17,10 @@
 // NaN or infinite norm scales by NaN or 0 as torch does (no error_if_nonfinite).
 //
 // The sums run as a local kernel on the library's launcher: one partial sum per tile (a whole run on the
-// host, a block of elements per thread on CUDA), added on the host.
+// host, a block of elements per thread on CUDA), added on the host; the one double the ranks all_reduce is
+// on the gradients' device (host or CUDA: gloo, MPI or NCCL). `local_norm_sum(x)` is that per-shard sum for
+// a plain local tensor, for gradients held outside DTensors (e.g. the pieces of a FlatParamGroup's gradient
+// shard, examples/06_train.cpp), whose caller completes the sum over the ranks itself.
 
 #include <cmath>
 #include <cstdint>
@@ -145,6 +148,25 @@ double local_norm_sum(const Tensor<T, R>& x, NormType type) {
 
 } // namespace DTENSOR_LOCAL_OPS_NS
 
+} // namespace detail
+
+// In the launcher's namespace: its body calls a kernel that differs between nvcc and host TUs.
+inline namespace DTENSOR_LOCAL_OPS_NS {
+
+/// This rank's sum of |x|^p over the local tensor `x` (the largest |x| for inf_norm), accumulated in double
+/// on x's device: what total_norm adds up for one gradient shard. No communication.
+template <class T, int R>
+double local_norm_sum(const Tensor<T, R>& x, NormType type = l2_norm) {
+  static_assert(std::is_floating_point_v<T> || detail::is_reduced_float_v<T>,
+                "local_norm_sum: the element type must be floating");
+  DTENSOR_CHECK(type.p > 0, "local_norm_sum: norm_type must be positive, not " + std::to_string(type.p));
+  return detail::local_norm_sum(x, type);
+}
+
+} // namespace DTENSOR_LOCAL_OPS_NS
+
+namespace detail {
+
 /// Whether this rank contributes gradient G's sum: it sits at coordinate 0 of every axis in `group_axes`
 /// where G is not sharded.
 template <class G>
@@ -186,9 +208,10 @@ double total_norm(NormType type, const G0& g0, const G&... grads) {
   add(g0);
   (add(grads), ...);
   if constexpr (axes != 0) {
-    Tensor<double, 1> total = Tensor<double, 1>::full({1}, acc);
+    // On the gradients' device: NCCL reduces device memory only.
+    Tensor<double, 1> total = Tensor<double, 1>::full({1}, acc, g0.local().device());
     all_reduce(total, type.is_inf() ? ReduceOp::max : ReduceOp::sum, g0.mesh().group_over(axes));
-    acc = total.data()[0];
+    acc = total.item();
   }
   return type.is_inf() ? acc : (type.p == 2 ? std::sqrt(acc) : std::pow(acc, 1.0 / type.p));
 }

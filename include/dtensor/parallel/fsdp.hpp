@@ -88,11 +88,20 @@ namespace dtensor {
 
 /// FSDP over the mesh axis `ShardAxis`.
 template <fixed_string ShardAxis>
-struct Fsdp {};
+struct Fsdp {
+  static constexpr auto shard_axis = ShardAxis;
+  static constexpr bool hybrid = false; // layouts are told apart by this member, not by partial
+                                        // specialization (nvcc 13 fails to deduce class-type template
+                                        // arguments there)
+};
 
 /// HSDP: sharded over `ShardAxis`, replicated over `ReplicateAxis` (torch's 2-D mesh (replicate, shard)).
 template <fixed_string ReplicateAxis, fixed_string ShardAxis>
-struct Hsdp {};
+struct Hsdp {
+  static constexpr auto replicate_axis = ReplicateAxis;
+  static constexpr auto shard_axis = ShardAxis;
+  static constexpr bool hybrid = true;
+};
 
 /// A parameter of rank `Rank` whose unsharded placements on the mesh are P... (Replicate on the FSDP axes,
 /// its tensor-parallel placements on the others). No placements: Replicate on every axis.
@@ -140,15 +149,15 @@ struct mesh_shape_of<DeviceMesh<S>> {
   using type = S;
 };
 
-/// The FSDP axes of `Layout` on `Mesh`, the flat buffer's sub-mesh and its DTensor types.
-template <class Layout, class Mesh>
+/// The FSDP axes of `Layout` (Fsdp or Hsdp) on `Mesh`, the flat buffer's sub-mesh and its DTensor types.
+template <class Layout, class Mesh, bool Hybrid = Layout::hybrid>
 struct FsdpAxes;
 
-template <fixed_string S, class Mesh>
-struct FsdpAxes<Fsdp<S>, Mesh> {
-  static constexpr int shard = Mesh::template index_of<S>();
+template <class Layout, class Mesh>
+struct FsdpAxes<Layout, Mesh, false> {
+  static constexpr int shard = Mesh::template index_of<Layout::shard_axis>();
   static constexpr int replicate = -1;
-  static auto flat_mesh(const DeviceMesh<Mesh>& m) { return m.template slice<S>(); }
+  static auto flat_mesh(const DeviceMesh<Mesh>& m) { return m.template slice<Layout::shard_axis>(); }
   using FlatShape =
       typename mesh_shape_of<decltype(flat_mesh(std::declval<const DeviceMesh<Mesh>&>()))>::type;
   template <class U>
@@ -159,12 +168,15 @@ struct FsdpAxes<Fsdp<S>, Mesh> {
   using partial = DTensor<U, 1, FlatShape, Partial<>>;
 };
 
-template <fixed_string R, fixed_string S, class Mesh>
-struct FsdpAxes<Hsdp<R, S>, Mesh> {
-  static_assert(!(R == S), "Hsdp<replicate, shard>: the two axes must differ");
-  static constexpr int shard = Mesh::template index_of<S>();
-  static constexpr int replicate = Mesh::template index_of<R>();
-  static auto flat_mesh(const DeviceMesh<Mesh>& m) { return m.template slice<R, S>(); }
+template <class Layout, class Mesh>
+struct FsdpAxes<Layout, Mesh, true> {
+  static_assert(!(Layout::replicate_axis == Layout::shard_axis),
+                "Hsdp<replicate, shard>: the two axes must differ");
+  static constexpr int shard = Mesh::template index_of<Layout::shard_axis>();
+  static constexpr int replicate = Mesh::template index_of<Layout::replicate_axis>();
+  static auto flat_mesh(const DeviceMesh<Mesh>& m) {
+    return m.template slice<Layout::replicate_axis, Layout::shard_axis>();
+  }
   using FlatShape =
       typename mesh_shape_of<decltype(flat_mesh(std::declval<const DeviceMesh<Mesh>&>()))>::type;
   template <class U>

@@ -232,7 +232,7 @@ template <class T, int R, int N, class F>
 struct MapRuns {
   local_ops::RunLayout<R, N> layout;
   T* out;
-  std::array<const T*, N - 1> in;
+  const T* in[N - 1]; // a plain array: std::array's operator[] is host-only in device code (nvcc)
   F f;
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
@@ -266,10 +266,12 @@ struct ReduceRuns {
   std::int64_t len;
   std::int64_t stride;
   ReduceOp op;
-  double divide; ///< 1, or the count a mean divides by
+  double divide;            ///< 1, or the count a mean divides by
+  compute_t<T> empty_value; ///< what an empty dim reduces to: identity(op), computed on the host
+                            ///< (std::numeric_limits is host-only in device code)
 
   /// What an empty dim reduces to: the op's identity, so that an empty shard's Partial is harmless.
-  DTENSOR_HOST_DEVICE compute_t<T> identity() const {
+  static compute_t<T> identity(ReduceOp op) {
     using C = compute_t<T>;
     switch (op) {
     case ReduceOp::max:
@@ -303,7 +305,7 @@ struct ReduceRuns {
   template <ReduceOp Op>
   DTENSOR_HOST_DEVICE compute_t<T> in_order(const T* p) const {
     using C = compute_t<T>;
-    C acc = len > 0 ? static_cast<C>(p[0]) : identity();
+    C acc = len > 0 ? static_cast<C>(p[0]) : empty_value;
     for (std::int64_t j = 1; j < len; ++j) {
       acc = combine<Op>(acc, static_cast<C>(p[j * stride]));
     }
@@ -486,7 +488,8 @@ Tensor<T, R> reduce(ReduceOp op, const Tensor<T, R>& x, int dim, double divide =
                        len,
                        x.strides()[dim],
                        op == ReduceOp::avg ? ReduceOp::sum : op,
-                       divide};
+                       divide,
+                       ReduceRuns<T, R>::identity(op == ReduceOp::avg ? ReduceOp::sum : op)};
   launch(run, x.device(), x.stream_handle(), "local::reduce");
   return out;
 }
