@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dtensor's build, tests and demo need, if any is missing (idempotent: does
 # nothing when all are present). Needs root or sudo only when something is missing.
+#
+#   scripts/deps.sh           # what the build and the demo need
+#   scripts/deps.sh --tests   # and python3-torch, the peer of the interop tests (never a build dependency)
 set -euo pipefail
 
 packages=(g++ cmake ninja-build catch2 libgloo-dev libopenblas-dev librandom123-dev libdlpack-dev
           nlohmann-json3-dev libopenmpi-dev openmpi-bin)
+if [[ ${1:-} == --tests ]]; then
+  packages+=(python3-torch)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

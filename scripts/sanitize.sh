@@ -11,8 +11,10 @@
 # only suppressions, each a race TSan reports inside an uninstrumented library.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/phases.sh
+phases_begin
 
-scripts/deps.sh
+phase "sanitize: install missing packages" scripts/deps.sh
 
 # Tests that own threads, sockets or raw memory: the Tensor core, the store, every collective and
 # point-to-point path of the gloo backend (and its error, mismatch and group paths), DTensor
@@ -23,8 +25,7 @@ scripts/deps.sh
 asan_targets=(core_test_tensor core_test_local_ops rendezvous_test_store comm_test_collectives comm_test_p2p
               comm_test_errors comm_test_mismatch comm_test_groups comm_test_backend_front comm_test_object tensor_test_dtensor
               parallel_test_ddp run_test_init run_rank_program run_launcher_test run_gloo_suite
-              run_fault_program dtensor-run run_mpi_suite run_test_mpi_store run_mpi_fault_program
-              run_gloo_suite_over_mpi)
+              run_fault_program dtensor-run run_mpi_suite run_test_mpi_store run_mpi_fault_program)
 asan_tests='^(core|rendezvous|comm|tensor|parallel|run)/'
 # The threaded tests: store server, backend executors and completers, async work, DDP's bucket hooks.
 tsan_targets=(rendezvous_test_store comm_test_collectives comm_test_p2p comm_test_errors comm_test_mismatch comm_test_object
@@ -37,23 +38,28 @@ mpi_tests='^run/(mpi_|gloo_suite_over_mpi)'
 run() { # preset, ctest regex, targets...
   local preset=$1 regex=$2
   shift 2
-  cmake --preset "$preset"
-  cmake --build --preset "$preset" --target "$@"
+  phase "$preset: configure" cmake --preset "$preset" || return
+  phase "$preset: build" cmake --build --preset "$preset" --target "$@" || return
   # Catch2 adds a <target>_NOT_BUILT entry for each test executable outside the subset.
-  ctest --preset "$preset" -R "$regex" -E "_NOT_BUILT|$mpi_tests"
+  phase "$preset: ctest" ctest --preset "$preset" -R "$regex" -E "_NOT_BUILT|$mpi_tests"
 }
 
+status=0
 which=${1:-all}
 if [[ $which == all || $which == asan ]]; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1 \
     LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run asan "$asan_tests" "${asan_targets[@]}"
+    run asan "$asan_tests" "${asan_targets[@]}" || status=1
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:fast_unwind_on_malloc=0 \
     LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --preset asan -R "$mpi_tests" -E '_NOT_BUILT'
+    phase "asan: ctest under mpirun" ctest --preset asan -R "$mpi_tests" -E '_NOT_BUILT' || status=1
 fi
 if [[ $which == all || $which == tsan ]]; then
   TSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/tsan.supp:halt_on_error=0:second_deadlock_stack=1" \
-    run tsan "$tsan_tests" "${tsan_targets[@]}"
+    run tsan "$tsan_tests" "${tsan_targets[@]}" || status=1
 fi
+if [[ ${phases_owner:-0} == 1 ]]; then
+  print_phases "scripts/sanitize.sh phases"
+fi
+exit $status

@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, configures, builds everything (tests, examples, every
-# header on its own, every CUDA translation unit where nvcc exists) and runs ctest.
-# Extra arguments go to ctest, e.g. `scripts/test.sh -R layout`.
+# The test command: installs what is missing (the build's Debian packages and python3-torch, the other side
+# of the interop tests), configures with every test dependency required (a missing one is a configure
+# error, never a silently skipped test), builds everything (tests, examples, every header on its own, every
+# CUDA translation unit where nvcc exists) and runs ctest. Prints the time of each phase at the end.
+# Extra arguments go to ctest, e.g. `scripts/test.sh -R layout` or `scripts/test.sh -L compile_fail`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/phases.sh
+phases_begin
 
-scripts/deps.sh
-cmake --preset default
-cmake --build --preset default
-ctest --preset default "$@"
+status=0
+phase "test: install missing packages" scripts/deps.sh --tests
+phase "test: configure" cmake --preset default -DDTENSOR_REQUIRE_TEST_DEPS=ON
+phase "test: build" cmake --build --preset default
+phase "test: ctest" ctest --preset default "$@" || status=$?
+if [[ ${phases_owner:-0} == 1 ]]; then
+  print_phases "scripts/test.sh phases"
+fi
+exit $status

@@ -1,9 +1,10 @@
 """Opens a consolidated dtensor checkpoint (write_consolidated.cpp) with Python's standard library alone,
 as the safetensors format describes it (--reader stdlib), or with torch (--reader torch; exits 77, ctest's
-skip, when torch is not installed); checks every value bit for bit.
+skip, when torch is not installed, or 1 with DTENSOR_REQUIRE_TORCH=1); checks every value bit for bit.
 usage: read_consolidated.py FILE.safetensors --reader stdlib|torch"""
 import json
 import math
+import os
 import struct
 import sys
 
@@ -45,6 +46,9 @@ def main(path, reader):
     try:
         import torch
     except ImportError:
+        if os.environ.get("DTENSOR_REQUIRE_TORCH") == "1":
+            print("FAIL: torch is not installed for " + sys.executable + " and DTENSOR_REQUIRE_TORCH=1 needs it")
+            return 1
         print("torch is not installed for " + sys.executable + ": skipped")
         return 77
     torch_dtypes = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64}

@@ -1,16 +1,20 @@
 """DLPack against PyTorch: dtensor tensors go to torch and torch tensors come to dtensor without a copy.
 
 usage: test_dlpack.py <path to dlpack_peer's shared library>
-Exits 77 (skipped) when torch cannot be imported.
+Exits 77 (skipped) when torch cannot be imported, or 1 when DTENSOR_REQUIRE_TORCH=1 (the test command).
 """
 import ctypes
 import gc
+import os
 import sys
 
 try:
     import torch
     import torch.utils.dlpack
 except ImportError as e:
+    if os.environ.get("DTENSOR_REQUIRE_TORCH") == "1":
+        print(f"FAIL: {e} ({sys.executable}); DTENSOR_REQUIRE_TORCH=1 needs torch (Debian: python3-torch)")
+        sys.exit(1)
     print(f"note: {e}; skipping the DLPack consumer test")
     sys.exit(77)
 

@@ -8,7 +8,8 @@
 //                                                      TimeoutError within seconds, not a hang
 //   dtensor-run --nproc-per-node 2 nccl_suite mismatch rank 0 reduces 16 floats, rank 1 a million: each
 //                                                      gets a TimeoutError listing what each member ran
-//   mpirun -np 2 nccl_suite_over_mpi                   the suite, the ranks meeting through MPI (MpiStore)
+//   mpirun -np 2 nccl_suite                            the suite, the ranks meeting through MPI (MpiStore;
+//                                                      built with the MPI backend where it is found)
 // Exits 77 (ctest's skip code) when no CUDA device is visible.
 #include "collective_suite.hpp"
 
