@@ -16,44 +16,52 @@ void control(const X& x, const DTensor<float, 2, Mesh, Partial<>, Replicate>& dy
   (void)back.to<Shard<0>, Partial<>>(dy);
 }
 
-//! CASE partial_max Partial<max/min/product> has no linear backward
+//! CASE partial_max backward: Partial<max/min/product> has no linear backward
 #ifdef CASE_partial_max
 void f(const PMax& p) {
   (void)redistribute_with_backward<Replicate, Replicate>(p);
 }
 #endif
 
-//! CASE gradient_max a gradient cannot be Partial<max/min/product>: gradients add up
+//! CASE gradient_max backward: a gradient cannot be Partial<max/min/product>: gradients add up
 #ifdef CASE_gradient_max
 void f(const Back& back, const PMax& dy) {
   (void)back(dy);
 }
 #endif
 
-//! CASE gradient_rank the gradient must have the forward.s element type, rank and mesh shape
+//! CASE gradient_rank backward: the gradient must have the forward.s element type, rank and mesh shape
 #ifdef CASE_gradient_rank
 void f(const Back& back, const DTensor<float, 3, Mesh, Replicate, Replicate>& dy) {
   (void)back(dy);
 }
 #endif
 
-//! CASE gradient_dtype the gradient must have the forward.s element type, rank and mesh shape
+//! CASE gradient_dtype backward: the gradient must have the forward.s element type, rank and mesh shape
 #ifdef CASE_gradient_dtype
 void f(const Back& back, const DTensor<double, 2, Mesh, Replicate, Replicate>& dy) {
   (void)back(dy);
 }
 #endif
 
-//! CASE gradient_out Out must be the gradient placements of Src
+//! CASE gradient_out backward_plan_of: Out must be the gradient placements of Src
 #ifdef CASE_gradient_out
 void f(const Back& back, const DTensor<float, 2, Mesh, Replicate, Replicate>& dy) {
   (void)back.to<Replicate, Replicate>(dy);
 }
 #endif
 
-//! CASE shard_gradient_to_partial a Shard gradient cannot become Partial<sum>
+//! CASE shard_gradient_to_partial backward_plan_of: a Shard gradient cannot become Partial<sum>
 #ifdef CASE_shard_gradient_to_partial
 void f(const Back& back, const DTensor<float, 2, Mesh, Replicate, Shard<1>>& dy) {
   (void)back.to<Shard<0>, Partial<>>(dy);
+}
+#endif
+
+//! CASE forward_shard_to_partial redistribute: Shard -> Partial is not a transition
+#ifdef CASE_forward_shard_to_partial
+void f(const X& x) {
+  auto [y, back] = redistribute_with_backward<Partial<>, Replicate>(x);
+  (void)back(y);
 }
 #endif

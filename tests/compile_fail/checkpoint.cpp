@@ -10,14 +10,14 @@ void control(const DTensor<float, 2, Mesh, Shard<0>, Replicate>& x, const Device
   (void)checkpoint::load<DTensor<float, 2, Mesh, Replicate, Shard<1>>>("ckpt", "x", mesh);
 }
 
-//! CASE save_partial a Partial DTensor holds partial values, not the tensor; redistribute it to Replicate
+//! CASE save_partial checkpoint::save: a Partial DTensor holds partial values, not the tensor; redistribute
 #ifdef CASE_save_partial
 void bad(const DTensor<float, 2, Mesh, Partial<>, Replicate>& x) {
   checkpoint::save("ckpt", {{"x", x}});
 }
 #endif
 
-//! CASE load_partial a checkpoint holds tensors, not partial values; load into Replicate or Shard
+//! CASE load_partial checkpoint::load: a checkpoint holds tensors, not partial values; load into Replicate
 #ifdef CASE_load_partial
 void bad(const DeviceMesh<Mesh>& mesh) {
   (void)checkpoint::load<DTensor<float, 2, Mesh, Replicate, Partial<>>>("ckpt", "x", mesh);

@@ -11,7 +11,7 @@ void control(Group& g, const DTensor<float, 2, Mesh, Partial<>, Shard<0>>& dw,
   g.reduce_gradients(dw, db);
 }
 
-//! CASE sharded_param a parameter's placements .* must be Replicate on the FSDP axes
+//! CASE sharded_param FlatParamGroup: a parameter.s placements describe it unsharded, so they must be
 #ifdef CASE_sharded_param
 FlatParamGroup<float, Mesh, Fsdp<"dp">, Params<Param<2, Shard<0>, Replicate>>>* g;
 void f() {
@@ -19,7 +19,7 @@ void f() {
 }
 #endif
 
-//! CASE partial_param a parameter cannot be Partial
+//! CASE partial_param FlatParamGroup: a parameter cannot be Partial
 #ifdef CASE_partial_param
 FlatParamGroup<float, Mesh, Fsdp<"dp">, Params<Param<2, Replicate, Partial<>>>>* g;
 void f() {
@@ -27,7 +27,7 @@ void f() {
 }
 #endif
 
-//! CASE sharded_gradient a gradient must be Partial<sum> .* or Replicate on the FSDP axes
+//! CASE sharded_gradient FlatParamGroup::reduce_gradients: a gradient must be Partial<sum>
 #ifdef CASE_sharded_gradient
 void f(Group& g, const DTensor<float, 2, Mesh, Shard<0>, Shard<0>>& dw,
        const DTensor<float, 1, Mesh, Replicate, Replicate>& db) {
@@ -35,7 +35,7 @@ void f(Group& g, const DTensor<float, 2, Mesh, Shard<0>, Shard<0>>& dw,
 }
 #endif
 
-//! CASE gradient_count pass one gradient per parameter
+//! CASE gradient_count FlatParamGroup::reduce_gradients: pass one gradient per parameter
 #ifdef CASE_gradient_count
 void f(Group& g, const DTensor<float, 2, Mesh, Partial<>, Shard<0>>& dw) {
   g.reduce_gradients(dw);

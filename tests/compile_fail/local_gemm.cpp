@@ -13,14 +13,14 @@ void f(const Tensor<float, 2>& a, const Tensor<float, 2>& b, const Tensor<float,
 }
 #endif
 
-//! CASE integer_type T must be float, double, dtensor::bfloat16 or dtensor::half .no integer or float8 GEMM.
+//! CASE integer_type dtensor::local::matmul: T must be float, double, dtensor::bfloat16 or dtensor::half
 #ifdef CASE_integer_type
 void f(const Tensor<std::int32_t, 2>& a, const Tensor<std::int32_t, 2>& b) {
   local::matmul(a, b);
 }
 #endif
 
-//! CASE rank_mismatch a .m, k. x b .k, n., or a batched a .batch, m, k. x b .batch, k, n. or .k, n.
+//! CASE rank_mismatch dtensor::local::matmul: a .m, k. x b .k, n., or a batched a .batch, m, k. x b .batch
 #ifdef CASE_rank_mismatch
 void f(const Tensor<float, 2>& a, const Tensor<float, 3>& b) {
   local::matmul(a, b);

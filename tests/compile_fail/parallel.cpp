@@ -22,15 +22,14 @@ void control(W& w, const PW& dw) {
   init::normal_(w, 0, 0.02, {1, 0});
 }
 
-//! CASE optim_partial_grad the gradient is Partial on a mesh axis .a sum still pending over ranks.: reduce it
-//! first
+//! CASE optim_partial_grad optimizer step: the gradient is Partial on a mesh axis .a sum still pending over
 #ifdef CASE_optim_partial_grad
 void f(W& w, const PW& dw) {
   optim::SGD({}).step(0, w, dw);
 }
 #endif
 
-//! CASE optim_placements the gradient.s placements differ from the parameter.s: redistribute the gradient
+//! CASE optim_placements optimizer step: the gradient.s placements differ from the parameter.s: redistribute
 #ifdef CASE_optim_placements
 void f(W& w, const DTensor<float, 2, Mesh, Replicate, Shard<0>>& dw) {
   optim::AdamW({}).step(0, w, dw);
@@ -45,14 +44,13 @@ double f(const W& g, const PW& dw) {
 #endif
 
 //! CASE ddp_not_partial DDPReducer::ready: the gradient must be Partial<sum> .or Partial<avg>. over the
-//! reducer.s
 #ifdef CASE_ddp_not_partial
 void f(DDPReducer<"dp", float, Mesh>& reducer, const W& g) {
   (void)reducer.ready(0, g);
 }
 #endif
 
-//! CASE ddp_sharded_param DDP.s parameters are replicated over its axis .shard them with FSDP instead.
+//! CASE ddp_sharded_param ddp_reducer: DDP.s parameters are replicated over its axis .shard them with FSDP
 #ifdef CASE_ddp_sharded_param
 void f(const DTensor<float, 2, Mesh, Shard<0>, Replicate>& w) {
   (void)ddp_reducer<"dp">({}, w);

@@ -11,21 +11,21 @@
 using namespace dtensor;
 using Mesh = MeshShape<Axis<"dp">, Axis<"tp", 2>>;
 
-//! CASE no_random123 need Random123's headers: install Debian's librandom123-dev
+//! CASE no_random123 dtensor random numbers .rand, randn, dropout. need Random123.s headers: install
 #ifdef CASE_no_random123
 void f(const Tensor<float, 2>& t) {
   local::rand_into(t, 1, 0, GlobalBlock<2>{{0, 0}, t.shape()});
 }
 #endif
 
-//! CASE integer_type the element type must be float, double, bfloat16 or half
+//! CASE integer_type dtensor random numbers: the element type must be float, double, bfloat16 or half
 #ifdef CASE_integer_type
 void f(const Tensor<std::int32_t, 2>& t) {
   local::randn_into(t, 1, 0, GlobalBlock<2>{{0, 0}, t.shape()});
 }
 #endif
 
-//! CASE dropout_partial_max only Partial<sum/avg> pass through ops
+//! CASE dropout_partial_max dtensor op: a Partial<max/min/product> input: only Partial<sum/avg> pass through
 #ifdef CASE_dropout_partial_max
 void f(const DTensor<float, 2, Mesh, Partial<ReduceOp::max>, Replicate>& x) {
   (void)dropout(x, 0.1, 1);

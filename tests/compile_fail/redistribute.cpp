@@ -12,18 +12,24 @@ void control(const X& x, const P& p) {
   (void)p.redistribute<Replicate, Partial<ReduceOp::max>>();
 }
 
-//! CASE shard_to_partial Shard -> Partial is not a transition: a shard is a piece of the tensor
+//! CASE shard_to_partial redistribute: Shard -> Partial is not a transition: a shard is a piece of the tensor
 #ifdef CASE_shard_to_partial
 void f(const X& x) {
   (void)x.redistribute<Partial<>, Replicate>();
 }
 #endif
 
-//! CASE partial_op_change Partial<a> -> Partial<b> with a different op is not a transition: reduce the
-//! pending op first
+//! CASE partial_op_change redistribute: Partial<a> -> Partial<b> with a different op is not a transition
 #ifdef CASE_partial_op_change
 void f(const P& p) {
   (void)p.redistribute<Partial<ReduceOp::sum>, Replicate>();
+}
+#endif
+
+//! CASE target_not_a_placement placements must be Shard<D>, Replicate or Partial<ReduceOp>
+#ifdef CASE_target_not_a_placement
+void f(const X& x) {
+  (void)x.redistribute<int, Replicate>();
 }
 #endif
 
@@ -41,7 +47,7 @@ void f(const X& x) {
 }
 #endif
 
-//! CASE target_mixed_partial only Partial<sum> and Partial<avg> may be mixed
+//! CASE target_mixed_partial Partial placements with different ops on different mesh axes: only Partial<sum>
 #ifdef CASE_target_mixed_partial
 void f(const X& x) {
   (void)x.redistribute<Partial<ReduceOp::max>, Partial<ReduceOp::min>>();
@@ -56,12 +62,12 @@ void f() {
 }
 #endif
 
-//! CASE plan_of_shard_to_partial Shard -> Partial is not a transition
+//! CASE plan_of_shard_to_partial redistribute: Shard -> Partial is not a transition
 #ifdef CASE_plan_of_shard_to_partial
 constexpr auto plan = plan_of<Mesh, 2, Placements<Shard<0>, Replicate>, Placements<Partial<>, Replicate>>();
 #endif
 
-//! CASE unsupported_element_type Tensor<T, Rank>: T must be float, double, dtensor::bfloat16
+//! CASE unsupported_element_type dtensor::Tensor<T, Rank>: T must be float, double, dtensor::bfloat16
 #ifdef CASE_unsupported_element_type
 Tensor<char, 1> t;
 #endif

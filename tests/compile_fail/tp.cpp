@@ -31,15 +31,13 @@ void f(const ColumnParallelLinear<float, Mesh>& up, const X<R, Shard<1>>& x) {
 #endif
 
 //! CASE column_sp_wants_sequence ColumnParallelLinear: the input must be Replicate on the tp axis
-//! .Shard<SeqDim>
 #ifdef CASE_column_sp_wants_sequence
 void f(const ColumnParallelLinear<float, Mesh, "tp", true>& up, const X<Shard<0>, R>& x) {
   (void)up.forward(x);
 }
 #endif
 
-//! CASE two_columns RowParallelLinear: the input must be Shard<last>|ColumnParallelLinear: the input must be
-//! Replicate
+//! CASE two_columns ColumnParallelLinear: the input must be Replicate on the tp axis
 #ifdef CASE_two_columns
 void f(const ColumnParallelLinear<float, Mesh>& a, const ColumnParallelLinear<float, Mesh>& b,
        const X<Shard<0>, R>& x) {

@@ -39,6 +39,19 @@ inline constexpr bool is_axis = requires {
   typename A::dtensor_axis_tag;
 };
 
+/// A MeshShape argument as an Axis: the axis itself, or for anything else (which MeshShape's static_assert
+/// rejects) a nameless static axis of size 1, so that MeshShape's members add no error of their own.
+template <class A>
+struct axis_of {
+  static constexpr std::string_view name{};
+  static constexpr int size = 1;
+  static constexpr bool is_static = true;
+};
+template <class A>
+requires is_axis<A>
+struct axis_of<A> : A {
+};
+
 template <std::size_t N>
 constexpr bool names_unique(const std::array<std::string_view, N>& names) noexcept {
   for (std::size_t i = 0; i < N; ++i) {
@@ -71,19 +84,20 @@ struct MeshShape {
   static_assert(sizeof...(Axes) <= max_mesh_rank, "MeshShape: at most 8 axes are supported");
 
   static constexpr int rank = static_cast<int>(sizeof...(Axes));
-  static constexpr std::array<std::string_view, sizeof...(Axes)> names{Axes::name...};
+  static constexpr std::array<std::string_view, sizeof...(Axes)> names{detail::axis_of<Axes>::name...};
   /// Axis sizes; dynamic_size (-1) where the size is known only at run time.
-  static constexpr std::array<int, sizeof...(Axes)> static_sizes{Axes::size...};
+  static constexpr std::array<int, sizeof...(Axes)> static_sizes{detail::axis_of<Axes>::size...};
 
-  static_assert(detail::names_unique(names),
+  static_assert(!(detail::is_axis<Axes> && ...) || detail::names_unique(names),
                 "MeshShape: two axes have the same name; give every axis a unique name");
 
   /// Number of axes whose size is dynamic.
-  static constexpr int num_dynamic = ((Axes::is_static ? 0 : 1) + ...);
+  static constexpr int num_dynamic = ((detail::axis_of<Axes>::is_static ? 0 : 1) + ...);
   /// True when every axis size is in the type.
   static constexpr bool is_static = num_dynamic == 0;
   /// Product of the static axis sizes (dynamic axes count as 1).
-  static constexpr std::int64_t static_product = (std::int64_t{1} * ... * (Axes::is_static ? Axes::size : 1));
+  static constexpr std::int64_t static_product =
+      (std::int64_t{1} * ... * (detail::axis_of<Axes>::is_static ? detail::axis_of<Axes>::size : 1));
 
   /// True when an axis is called `Name`.
   template <fixed_string Name>

@@ -6,8 +6,10 @@
 
 namespace dtensor {
 
-/// True when `P...` is a valid placement list for a tensor of `TensorRank` dims on `Shape`; otherwise
-/// the instantiation fails with a message that says what to change.
+/// Checks that `P...` is a valid placement list for a tensor of `TensorRank` dims on `Shape`: otherwise the
+/// instantiation fails with one message that says what to change.
+/// @post true: a failed check is its own static_assert, never a false for the caller's static_assert to
+/// report a second time (so `static_assert(validate_placements<...>())` gives one error).
 template <class Shape, int TensorRank, class... P>
 consteval bool validate_placements() {
   static_assert((PlacementType<P> && ...),
@@ -23,10 +25,8 @@ consteval bool validate_placements() {
     static_assert(e != PlacementError::mixed_partial_ops,
                   "Partial placements with different ops on different mesh axes: only Partial<sum> and "
                   "Partial<avg> may be mixed; reduce one axis first (redistribute it to Replicate or Shard)");
-    return e == PlacementError::none;
-  } else {
-    return false;
   }
+  return true;
 }
 
 } // namespace dtensor

@@ -76,11 +76,6 @@ constexpr RuleResult custom_rule() {
   }
 }
 
-template <class Op, class... X>
-struct CustomOut {
-  static constexpr PlacementList list() { return custom_rule<Op, X...>().out; }
-};
-
 /// Whether the labels describe the operands (one label per dim) and every output label is an input's.
 template <class... X>
 constexpr bool labels_fit(const OpSpec& s) {
@@ -112,7 +107,6 @@ auto apply_labelled(const Op& op, std::index_sequence<K...>, const X&... xs) {
                 "apply_op: the op's OpSpec does not fit its operands: one label per dim of "
                 "each operand, and every output label must be some input's (an op that "
                 "creates dims needs a `rule` instead)");
-  static_assert(check_rule<custom_rule<Op, X...>().error>());
   using First = std::tuple_element_t<0, std::tuple<X...>>;
   constexpr int rank = s.out.size();
   const auto& mesh = std::get<0>(std::tie(xs...)).mesh();
@@ -136,8 +130,8 @@ auto apply_labelled(const Op& op, std::index_sequence<K...>, const X&... xs) {
   };
   (take(xs, s.in[K]), ...);
   using Result = std::invoke_result_t<const Op&, const typename X::local_type&...>;
-  using Y = dtensor_from_t<typename Result::value_type, rank, typename dtensor_traits<First>::shape_type,
-                           &CustomOut<Op, X...>::list>;
+  using Y = rule_result_t<typename Result::value_type, rank, typename dtensor_traits<First>::shape_type,
+                          &custom_rule<Op, X...>>;
   static_assert(Result::rank == rank,
                 "apply_op: the local function must return a tensor of the output labels' rank");
   const Block out = spec_block(to_extents(global), Y::spec, mesh.sizes(), mesh.coordinate());
@@ -166,14 +160,13 @@ auto apply_op(const Op& op, const X&... xs) {
                 "specialize dtensor::op_sharding<Op>");
   if constexpr (detail::LabelledOp<Op>) {
     return detail::apply_labelled(op, std::index_sequence_for<X...>{}, xs...);
-  } else {
-    static_assert(detail::check_rule<detail::custom_rule<Op, X...>().error>());
+  } else if constexpr (detail::RuledOp<Op>) {
     using First = std::tuple_element_t<0, std::tuple<X...>>;
     using Result = std::invoke_result_t<const Op&, const typename X::local_type&...>;
     using Local = typename detail::local_result_traits<Result>::tensor;
-    using Y = dtensor_from_t<typename Local::value_type, Local::rank,
-                             typename detail::dtensor_traits<First>::shape_type,
-                             &detail::CustomOut<Op, X...>::list>;
+    using Y =
+        rule_result_t<typename Local::value_type, Local::rank,
+                      typename detail::dtensor_traits<First>::shape_type, &detail::custom_rule<Op, X...>>;
     const auto& mesh = std::get<0>(std::tie(xs...)).mesh();
     Result r = op(xs.local()...);
     if constexpr (std::is_same_v<Result, Local>) {
@@ -181,6 +174,8 @@ auto apply_op(const Op& op, const X&... xs) {
     } else {
       return Y::from_local(mesh, std::move(r.local), r.global);
     }
+  } else { // no rule (the static_assert above): the first operand stands in, adding no error of its own
+    return std::get<0>(std::tie(xs...));
   }
 }
 

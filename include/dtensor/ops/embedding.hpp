@@ -114,21 +114,21 @@ struct EmbeddingOut {
   static constexpr RuleResult rule() {
     return apply_rule(embedding_spec<Ids::rank>(), {Ids::placements, W::placements});
   }
-  static constexpr PlacementList list() { return rule().out; }
 };
 
+/// Whether ids and weight are embedding's operands; where not, a static_assert here says why (the one
+/// error). The rule's checks are the output type's (embedding_result_t).
 template <class Ids, class W>
-consteval bool check_embedding() {
-  static_assert(std::is_same_v<typename Ids::value_type, std::int32_t> ||
-                    std::is_same_v<typename Ids::value_type, std::int64_t>,
-                "embedding: the ids are a DTensor of int32 or int64");
+consteval bool embedding_operands() {
+  constexpr bool ids = std::is_same_v<typename Ids::value_type, std::int32_t> ||
+                       std::is_same_v<typename Ids::value_type, std::int64_t>;
+  static_assert(ids, "embedding: the ids are a DTensor of int32 or int64");
   static_assert(W::rank == 2, "embedding: the weight is (vocab, hidden)");
   static_assert(!any_partial(Ids::placements),
                 "embedding: the ids cannot be Partial: redistribute<Replicate> them");
   static_assert(!any_partial(W::placements),
                 "embedding: the weight cannot be Partial: redistribute<Replicate> it");
-  static_assert(check_rule<EmbeddingOut<Ids, W>::rule().error>());
-  return true;
+  return ids && W::rank == 2 && !any_partial(Ids::placements) && !any_partial(W::placements);
 }
 
 /// The weight gradient's placements: the weight's Shard where it is sharded; Partial<sum> where the ids
@@ -176,13 +176,11 @@ struct EmbeddingGeometry {
 };
 
 template <class Ids, class W>
-using embedding_result_t =
-    dtensor_from_t<typename W::value_type, Ids::rank + 1, typename dtensor_traits<W>::shape_type,
-                   &EmbeddingOut<Ids, W>::list>;
+using embedding_result_t = rule_result_t<typename W::value_type, Ids::rank + 1,
+                                         typename dtensor_traits<W>::shape_type, &EmbeddingOut<Ids, W>::rule>;
 
 template <class Ids, class W>
-auto embedding_forward(const Ids& ids, const W& w) {
-  static_assert(check_embedding<Ids, W>());
+auto embedding_local(const Ids& ids, const W& w) {
   using T = typename W::value_type;
   using Y = embedding_result_t<Ids, W>;
   const std::int64_t vocab = w.global_shape()[0];
@@ -214,6 +212,15 @@ auto embedding_forward(const Ids& ids, const W& w) {
   return Y(w.mesh(), std::move(out), global);
 }
 
+template <class Ids, class W>
+auto embedding_forward(const Ids& ids, const W& w) {
+  if constexpr (!embedding_operands<Ids, W>()) {
+    return w; // after embedding_operands' error, w stands in for the result: no second error
+  } else {
+    return embedding_local(ids, w);
+  }
+}
+
 } // namespace detail
 
 /// The backward of embedding: the weight's gradient (the ids have none).
@@ -224,6 +231,16 @@ public:
 
   template <AnyDTensor G>
   auto operator()(const G& g) const {
+    if constexpr (!detail::embedding_operands<Ids, W>()) {
+      return w_; // the forward's error; no second one here
+    } else {
+      return backward(g);
+    }
+  }
+
+private:
+  template <class G>
+  auto backward(const G& g) const {
     using namespace detail;
     using T = typename W::value_type;
     using Shape = typename dtensor_traits<W>::shape_type;
@@ -245,7 +262,6 @@ public:
     return DW(w_.mesh(), std::move(dw), w_.global_shape());
   }
 
-private:
   Ids ids_;
   W w_;
 };

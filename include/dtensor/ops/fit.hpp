@@ -222,9 +222,13 @@ struct Fit {
       Spec::spec(), {X::placements...}, {static_cast<std::int8_t>(X::rank)...},
       static_cast<std::int64_t>(sizeof(typename First::value_type)));
   static_assert(choice.found(), "fewest_bytes: no placements of the inputs match any rule of this op");
+  /// Operand K's target; Replicate on every axis where there is none (a stand-in after the static_assert).
   template <int K>
   struct To {
-    static constexpr PlacementList list() { return choice.to[K]; }
+    static constexpr PlacementList list() {
+      return choice.found() ? choice.to[K]
+                            : PlacementList(dtensor_traits<First>::shape_type::rank, Placement::replicate());
+    }
   };
   template <int K, class Xk>
   using target_t = dtensor_from_t<typename Xk::value_type, Xk::rank, typename dtensor_traits<Xk>::shape_type,

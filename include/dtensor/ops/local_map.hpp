@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -90,6 +91,16 @@ public:
   template <AnyDTensor... X>
   auto operator()(const X&... xs) const {
     static_assert(sizeof...(X) == sizeof...(I), "local_map: In<...> declares a different number of inputs");
+    if constexpr (sizeof...(X) != sizeof...(I)) {
+      return std::get<0>(std::tie(xs...)); // after the error above, a stand-in: no second error
+    } else {
+      return run(xs...);
+    }
+  }
+
+private:
+  template <class... X>
+  auto run(const X&... xs) const {
     static_assert((detail::check_local_map_input<X, typename detail::as_placements<I>::type>() && ...));
     const auto& first = std::get<0>(std::tie(xs...));
     using Result = std::invoke_result_t<const F&, const typename X::local_type&...>;
@@ -107,7 +118,6 @@ public:
     }
   }
 
-private:
   F f_;
 };
 

@@ -172,6 +172,7 @@ constexpr LossError loss_check() {
   return LossError::none;
 }
 
+/// @post true: a failed check is its own static_assert (as check_rule).
 template <LossError E>
 consteval bool check_loss() {
   static_assert(E != LossError::types, "cross_entropy: logits (rows, vocab) and an integer target (rows)");
@@ -181,7 +182,7 @@ consteval bool check_loss() {
   static_assert(E != LossError::target_placement,
                 "cross_entropy: the target must be placed like the logits' rows: Shard<0> on the axes where "
                 "the logits are Shard<0>, Replicate on the others");
-  return E == LossError::none;
+  return true;
 }
 
 /// Placements of per-row statistics (rows, 2): Shard<0> where the logits shard the rows; Partial<Op> where

@@ -67,8 +67,8 @@ constexpr RuleResult product_rule(const Product& p) {
 /// The products of C = A op(B) (op: transposed for linear, whose weight is (n, k)) and of its backward.
 template <int RA, int RB, bool Linear>
 struct Products {
-  static_assert((RA == 2 && RB == 2) || (RA == 3 && (RB == 2 || RB == 3)),
-                "matmul / linear: A is (m, k) or (b, m, k); B is rank 2 or, with a batched A, rank 3");
+  static constexpr bool valid = (RA == 2 && RB == 2) || (RA == 3 && (RB == 2 || RB == 3));
+  static_assert(valid, "matmul / linear: A is (m, k) or (b, m, k); B is rank 2 or, with a batched A, rank 3");
   static constexpr Labels a = mm_labels(RA, 'm', 'k');
   static constexpr Labels b = Linear ? mm_labels(RB, 'n', 'k') : mm_labels(RB, 'k', 'n');
   static constexpr Labels c = mm_labels(RA, 'm', 'n');
@@ -80,21 +80,20 @@ struct Products {
   static constexpr Product grad_b = Linear ? Product{c, a, b, true, false} : Product{a, c, b, true, false};
 };
 
-/// The output placements of product P (a pointer to a Products member) on operands X, Y.
+/// The rule of product P (a pointer to a Products member) on operands X, Y.
 template <const Product* P, class X, class Y>
 struct ProductOut {
   static constexpr RuleResult rule() { return product_rule<X, Y>(*P); }
-  static constexpr PlacementList list() { return rule().out; }
 };
 
+/// The output type of product P on X, Y (naming it reports inputs the rule rejects).
 template <const Product* P, class X, class Y, int Rank>
-using product_result_t = dtensor_from_t<typename X::value_type, Rank, typename dtensor_traits<X>::shape_type,
-                                        &ProductOut<P, X, Y>::list>;
+using product_result_t = rule_result_t<typename X::value_type, Rank, typename dtensor_traits<X>::shape_type,
+                                       &ProductOut<P, X, Y>::rule>;
 
 /// Product P of x and y on their blocks of the output's block, as the DTensor Out of global shape `global`.
 template <class Out, const Product* P, class X, class Y>
 Out run_product(const X& x, const Y& y, const typename Out::shape_type& global) {
-  static_assert(check_rule<ProductOut<P, X, Y>::rule().error>());
   const Block out = spec_block(to_extents(global), Out::spec, x.mesh().sizes(), x.mesh().coordinate());
   const auto vx = operand_view(x, P->x, P->out, out);
   const auto vy = operand_view(y, P->y, P->out, out);
@@ -112,10 +111,6 @@ Out run_product(const X& x, const Y& y, const typename Out::shape_type& global) 
 /// The global shape of C = A op(B).
 template <bool Linear, class A, class B>
 typename A::shape_type product_shape(const A& a, const B& b) {
-  static_assert(
-      std::is_same_v<typename A::value_type, typename B::value_type> &&
-          std::is_same_v<typename dtensor_traits<A>::shape_type, typename dtensor_traits<B>::shape_type>,
-      "matmul / linear: both operands must have one element type and one mesh");
   const auto& sa = a.global_shape();
   const auto& sb = b.global_shape();
   const std::int64_t k = Linear ? sb[B::rank - 1] : sb[B::rank - 2];
@@ -127,6 +122,22 @@ typename A::shape_type product_shape(const A& a, const B& b) {
   typename A::shape_type c = sa;
   c[A::rank - 1] = n;
   return c;
+}
+
+/// C = A op(B): the operands' checks, then the rule's output type (see matmul and linear).
+template <bool Linear, class A, class B>
+auto product(const A& a, const B& b) {
+  using Ps = Products<A::rank, B::rank, Linear>;
+  constexpr bool same =
+      std::is_same_v<typename A::value_type, typename B::value_type> &&
+      std::is_same_v<typename dtensor_traits<A>::shape_type, typename dtensor_traits<B>::shape_type>;
+  static_assert(same, "matmul / linear: both operands must have one element type and one mesh");
+  if constexpr (!same || !Ps::valid) {
+    return a; // after the error above (or Products'), a stands in for the result: no second error
+  } else {
+    using C = product_result_t<&Ps::forward, A, B, A::rank>;
+    return run_product<C, &Ps::forward>(a, b, product_shape<Linear>(a, b));
+  }
 }
 
 } // namespace detail
@@ -142,6 +153,16 @@ public:
   /// {dA, dB} from dC (any placements); each in placements that describe its primal's gradient.
   template <AnyDTensor G>
   auto operator()(const G& g) const {
+    if constexpr (!detail::ProductOut<&Ps::forward, A, B>::rule().ok()) {
+      return std::pair{a_, b_}; // the forward's rule rejected A, B (that is the error): no second one here
+    } else {
+      return backward(g);
+    }
+  }
+
+private:
+  template <class G>
+  auto backward(const G& g) const {
     using C = detail::product_result_t<&Ps::forward, A, B, A::rank>;
     static_assert(std::is_same_v<typename G::value_type, typename A::value_type> && G::rank == A::rank,
                   "backward: the gradient must have the forward output's element type and rank");
@@ -168,7 +189,6 @@ public:
     return std::pair{detail::as_gradient_of<A>(std::move(da)), detail::as_gradient_of<B>(std::move(db))};
   }
 
-private:
   A a_;
   B b_;
 };
@@ -207,9 +227,7 @@ struct ProductSpec {
 /// A B: A (m, k) or (b, m, k), B (k, n) or (b, k, n).
 template <AnyDTensor A, AnyDTensor B>
 auto matmul(const A& a, const B& b) {
-  using Ps = detail::Products<A::rank, B::rank, false>;
-  using C = detail::product_result_t<&Ps::forward, A, B, A::rank>;
-  return detail::run_product<C, &Ps::forward>(a, b, detail::product_shape<false>(a, b));
+  return detail::product<false>(a, b);
 }
 /// matmul after bringing a and b to the placements of a rule with the fewest bytes (ops/fit.hpp).
 template <AnyDTensor A, AnyDTensor B>
@@ -228,9 +246,11 @@ auto matmul(const A& a, const B& b, WithBackwardTag) {
 template <AnyDTensor X, AnyDTensor W>
 auto linear(const X& x, const W& w) {
   static_assert(W::rank == 2, "linear: the weight is (out, in)");
-  using Ps = detail::Products<X::rank, 2, true>;
-  using Y = detail::product_result_t<&Ps::forward, X, W, X::rank>;
-  return detail::run_product<Y, &Ps::forward>(x, w, detail::product_shape<true>(x, w));
+  if constexpr (W::rank != 2) {
+    return x; // after the error above, x stands in for the result: no second error
+  } else {
+    return detail::product<true>(x, w);
+  }
 }
 /// linear after bringing x and w to the placements of a rule with the fewest bytes (ops/fit.hpp).
 template <AnyDTensor X, AnyDTensor W>

@@ -99,6 +99,7 @@ constexpr NormError norm_check() {
   return NormError::none;
 }
 
+/// @post true: a failed check is its own static_assert (as check_rule).
 template <NormError E>
 consteval bool check_norm() {
   static_assert(E != NormError::normalized_sharded,
@@ -109,7 +110,7 @@ consteval bool check_norm() {
                 "redistribute<Replicate> it first");
   static_assert(E != NormError::parameter_not_replicate,
                 "layer_norm / rms_norm: the weight and bias must be Replicate on every mesh axis");
-  return E == NormError::none;
+  return true;
 }
 
 /// The placements of a weight's gradient: Partial<sum> where x shards a leading dim (each rank summed its

@@ -61,15 +61,11 @@ constexpr RuleResult pointwise_rule() {
   return apply_rule(PointwiseSpec<L, X...>::spec(), {X::placements...});
 }
 
-template <Linearity L, class... X>
-struct PointwiseOut {
-  static constexpr PlacementList list() { return pointwise_rule<L, X...>().out; }
-};
-
+/// The output type of a pointwise op over X... with A's element type and rank (naming it reports inputs the
+/// rule rejects).
 template <class A, Linearity L, class... X>
-using pointwise_result_t =
-    dtensor_from_t<typename A::value_type, A::rank, typename dtensor_traits<A>::shape_type,
-                   &PointwiseOut<L, X...>::list>;
+using pointwise_result_t = rule_result_t<typename A::value_type, A::rank,
+                                         typename dtensor_traits<A>::shape_type, &pointwise_rule<L, X...>>;
 
 /// f over the operands' blocks of the output block: the output DTensor (of type Y).
 template <class Y, class F, class A, class... B>
@@ -102,7 +98,6 @@ public:
     DTENSOR_CHECK(g.global_shape() == x_.global_shape(),
                   "backward of a pointwise op: the gradient's global shape differs from the output's");
     const Target gt = detail::redistribute_as<Target, G>::run(g);
-    static_assert(detail::check_rule<detail::pointwise_rule<Linearity::multiplicative, X, Target>().error>());
     using Result = detail::pointwise_result_t<X, Linearity::multiplicative, X, Target>;
     return detail::run_pointwise<Result>(local::BackwardOf<F>{f_}, x_, gt);
   }
@@ -116,7 +111,6 @@ namespace detail {
 
 template <Linearity L, class F, class X>
 auto unary(F f, const X& x) {
-  static_assert(check_rule<pointwise_rule<L, X>().error>());
   return run_pointwise<pointwise_result_t<X, L, X>>(f, x);
 }
 
@@ -128,26 +122,29 @@ auto unary(F f, const X& x, WithBackwardTag) {
 
 template <Linearity L, class F, class A, class B>
 auto binary(F f, const A& a, const B& b) {
+  constexpr bool same =
+      std::is_same_v<typename A::value_type, typename B::value_type> &&
+      std::is_same_v<typename dtensor_traits<A>::shape_type, typename dtensor_traits<B>::shape_type>;
   static_assert(A::rank >= B::rank, "dtensor op: the second operand is broadcast over the first's leading "
                                     "dims, so its rank must not be higher: swap them (or transpose the op)");
-  static_assert(
-      std::is_same_v<typename A::value_type, typename B::value_type> &&
-          std::is_same_v<typename dtensor_traits<A>::shape_type, typename dtensor_traits<B>::shape_type>,
-      "dtensor op: both operands must have one element type and one mesh");
-  static_assert(check_rule<pointwise_rule<L, A, B>().error>());
-  for (int d = 0; d < B::rank; ++d) {
-    DTENSOR_CHECK(b.global_shape()[d] == a.global_shape()[A::rank - B::rank + d],
-                  "dtensor op: global shapes " + shape_string(to_extents(a.global_shape())) + " and " +
-                      shape_string(to_extents(b.global_shape())) +
-                      " do not broadcast (trailing dims must match)");
+  static_assert(same, "dtensor op: both operands must have one element type and one mesh");
+  if constexpr (A::rank < B::rank || !same) {
+    return a; // after the error above, a stands in for the result: no second error
+  } else {
+    using Y = pointwise_result_t<A, L, A, B>;
+    for (int d = 0; d < B::rank; ++d) {
+      DTENSOR_CHECK(b.global_shape()[d] == a.global_shape()[A::rank - B::rank + d],
+                    "dtensor op: global shapes " + shape_string(to_extents(a.global_shape())) + " and " +
+                        shape_string(to_extents(b.global_shape())) +
+                        " do not broadcast (trailing dims must match)");
+    }
+    return run_pointwise<Y>(f, a, b);
   }
-  return run_pointwise<pointwise_result_t<A, L, A, B>>(f, a, b);
 }
 
 /// f over operands whose rule (linearity L) holds, as the rule's DTensor.
 template <Linearity L, class F, class A, class... B>
 auto apply_pointwise(F f, const A& a, const B&... b) {
-  static_assert(check_rule<pointwise_rule<L, A, B...>().error>());
   return run_pointwise<pointwise_result_t<A, L, A, B...>>(f, a, b...);
 }
 
@@ -161,7 +158,6 @@ struct SumLeading {
     s.linearity = Linearity::linear;
     return apply_rule(s, {X::placements});
   }
-  static constexpr PlacementList list() { return rule().out; }
 };
 
 /// x summed over its leading dims down to rank Rb (the gradient of an operand broadcast over them): a
@@ -171,9 +167,8 @@ auto sum_leading(const X& x) {
   if constexpr (Rb == X::rank) {
     return x;
   } else {
-    static_assert(check_rule<SumLeading<Rb, X>::rule().error>());
-    using Y = dtensor_from_t<typename X::value_type, Rb, typename dtensor_traits<X>::shape_type,
-                             &SumLeading<Rb, X>::list>;
+    using Y = rule_result_t<typename X::value_type, Rb, typename dtensor_traits<X>::shape_type,
+                            &SumLeading<Rb, X>::rule>;
     typename Y::shape_type global{};
     for (int d = 0; d < Rb; ++d) {
       global[d] = x.global_shape()[X::rank - Rb + d];

@@ -37,10 +37,10 @@ constexpr RuleResult reduce_rule() {
   return apply_rule(s, {X::placements});
 }
 
+/// The output type of the reduction by Op over dim Dim of X (naming it reports inputs the rule rejects).
 template <ReduceOp Op, int Dim, class X>
-struct ReduceOut {
-  static constexpr PlacementList list() { return reduce_rule<Op, Dim, X>().out; }
-};
+using reduce_result_t = rule_result_t<typename X::value_type, X::rank - 1,
+                                      typename dtensor_traits<X>::shape_type, &reduce_rule<Op, Dim, X>>;
 
 template <ReduceOp Op, int Dim, class X>
 auto reduce_dim(const X& x) {
@@ -48,10 +48,7 @@ auto reduce_dim(const X& x) {
   static_assert(Dim >= -X::rank && Dim < X::rank,
                 "dtensor reduction: dim out of range for the tensor's rank");
   constexpr int dim = Dim < 0 ? Dim + X::rank : Dim;
-  static_assert(check_rule<reduce_rule<Op, dim, X>().error>());
-  using T = typename X::value_type;
-  using Y =
-      dtensor_from_t<T, X::rank - 1, typename dtensor_traits<X>::shape_type, &ReduceOut<Op, dim, X>::list>;
+  using Y = reduce_result_t<Op, dim, X>;
   std::array<std::int64_t, X::rank - 1> global{};
   for (int d = 0, o = 0; d < X::rank; ++d) {
     if (d != dim) {
@@ -95,7 +92,6 @@ struct ExpandOut {
     s.linearity = Linearity::multiplicative;
     return apply_rule(s, {BlocksOf<X>::list(), G::placements});
   }
-  static constexpr PlacementList list() { return rule().out; }
 };
 
 } // namespace detail
@@ -113,13 +109,12 @@ public:
     using namespace detail;
     using T = typename X::value_type;
     using Shape = typename dtensor_traits<X>::shape_type;
-    using Y = dtensor_from_t<T, X::rank - 1, Shape, &ReduceOut<Op, Dim, X>::list>;
+    using Y = reduce_result_t<Op, Dim, X>;
     static_assert(std::is_same_v<typename G::value_type, T> && G::rank == X::rank - 1,
                   "backward: the gradient must have the forward output's element type and rank");
     using Target = dtensor_from_t<T, X::rank - 1, Shape, &GradTarget<Y, G>::list>;
     const Target gt = redistribute_as<Target, G>::run(g);
-    static_assert(check_rule<ExpandOut<Dim, X, Target>::rule().error>());
-    using DX = dtensor_from_t<T, X::rank, Shape, &ExpandOut<Dim, X, Target>::list>;
+    using DX = rule_result_t<T, X::rank, Shape, &ExpandOut<Dim, X, Target>::rule>;
     const Labels full = trailing_labels(X::rank, X::rank);
     const Labels less = labels_without(X::rank, Dim);
     const Block out = spec_block(to_extents(global_), DX::spec, mesh_.sizes(), mesh_.coordinate());
@@ -176,8 +171,7 @@ public:
                   "backward: the gradient must have the forward output's element type and rank");
     using Target = dtensor_from_t<T, X::rank - 1, Shape, &GradTarget<Y, G>::list>;
     const Target gt = redistribute_as<Target, G>::run(g);
-    static_assert(check_rule<ExpandOut<Dim, X, Target>::rule().error>());
-    using DX = dtensor_from_t<T, X::rank, Shape, &ExpandOut<Dim, X, Target>::list>;
+    using DX = rule_result_t<T, X::rank, Shape, &ExpandOut<Dim, X, Target>::rule>;
     using YB = typename BlocksOf<Y>::type;
     using YC = typename CountOf<Y>::type;
     const Labels full = trailing_labels(X::rank, X::rank);

@@ -73,16 +73,18 @@ struct PermuteOut {
     s.linearity = Linearity::linear;
     return apply_rule(s, {X::placements});
   }
-  static constexpr PlacementList list() { return rule().out; }
 };
+/// The output type of permute_dims<Perm> on X (naming it reports inputs the rule rejects).
+template <auto Perm, class X>
+using permute_result_t = rule_result_t<typename X::value_type, X::rank,
+                                       typename dtensor_traits<X>::shape_type, &PermuteOut<Perm, X>::rule>;
 
 template <auto Perm, class X>
 auto permute_dims(const X& x) {
   static_assert(Perm.size() == static_cast<std::size_t>(X::rank) && is_permutation(Perm),
                 "permute: the dims must be a permutation of 0 .. rank-1");
-  static_assert(check_rule<PermuteOut<Perm, X>::rule().error>());
   using T = typename X::value_type;
-  using Y = dtensor_from_t<T, X::rank, typename dtensor_traits<X>::shape_type, &PermuteOut<Perm, X>::list>;
+  using Y = permute_result_t<Perm, X>;
   auto move = [](const auto& a) {
     auto b = a;
     for (int i = 0; i < X::rank; ++i) {
@@ -144,20 +146,28 @@ constexpr ReshapeRule regroup_rule(PlacementList in, int rank, int start, int co
   return r;
 }
 
-template <int Start, int Count, bool Merge, class X>
-struct RegroupOut {
-  static constexpr ReshapeRule rule() { return regroup_rule(X::placements, X::rank, Start, Count, Merge); }
-  static constexpr PlacementList list() { return rule().out; }
-};
-
+/// @post true: a failed check is its own static_assert (as check_rule).
 template <ReshapeError E>
 consteval bool check_reshape() {
   static_assert(E != ReshapeError::merged_shard,
                 "flatten: a Shard on a merged dim other than the first cannot survive the merge (its chunks "
                 "are not contiguous in the merged dim): redistribute it to Shard the group's first dim, or "
                 "to Replicate, first");
-  return E == ReshapeError::none;
+  return true;
 }
+
+/// The placements after the regroup; where regroup_rule fails, after check_reshape reported why, Replicate
+/// on every axis (a stand-in, as RuleOut's).
+template <int Start, int Count, bool Merge, class X>
+struct RegroupOut {
+  static constexpr ReshapeRule rule() { return regroup_rule(X::placements, X::rank, Start, Count, Merge); }
+  static constexpr bool checked = check_reshape<rule().error>();
+  static constexpr PlacementList list() {
+    return checked && rule().error == ReshapeError::none
+               ? rule().out
+               : PlacementList(X::placements.size(), Placement::replicate());
+  }
+};
 
 /// Throws unless, on every coordinate, the block of the split layout (dims [start, start + count) of
 /// `split_global` under `split`) is the block of the merged layout (`merged`) with those dims merged: then
@@ -201,7 +211,6 @@ auto flatten_dims(const X& x) {
   static_assert(Start >= 0 && Start <= End && End < X::rank, "flatten: need 0 <= Start <= End < rank");
   constexpr int count = End - Start + 1;
   constexpr int rank = X::rank - count + 1;
-  static_assert(check_reshape<RegroupOut<Start, count, true, X>::rule().error>());
   using T = typename X::value_type;
   using Y = dtensor_from_t<T, rank, typename dtensor_traits<X>::shape_type,
                            &RegroupOut<Start, count, true, X>::list>;
@@ -286,7 +295,7 @@ public:
     using namespace detail;
     using T = typename X::value_type;
     using Shape = typename dtensor_traits<X>::shape_type;
-    using Y = dtensor_from_t<T, X::rank, Shape, &PermuteOut<Perm, X>::list>;
+    using Y = permute_result_t<Perm, X>;
     using Target = dtensor_from_t<T, X::rank, Shape, &GradTarget<Y, G>::list>;
     return as_gradient_of<X>(permute_dims<inverse(Perm)>(redistribute_as<Target, G>::run(g)));
   }

@@ -2,6 +2,13 @@
 // The typed side of the sharding rules: a rule's placement values become a DTensor type, its errors
 // become static_asserts, and one helper runs a local function on the operands' blocks of the output's block.
 // The ops (ops/pointwise.hpp, ops/reduce.hpp, ...) are thin on top of it.
+//
+// Inputs a rule rejects give one compile error, the rule's message, and it comes first: an op names its
+// output type through rule_result_t, which reports the rule's error before any DTensor type is formed and
+// then stands in a well-formed type (Replicate on every mesh axis), so nothing after it adds an error about
+// a malformed placement list. Every check_* of the library follows the same contract: it returns true,
+// and a failed check is its own static_assert with the message, never a false for the caller's
+// static_assert to report a second time.
 
 #include <array>
 #include <cstdint>
@@ -74,7 +81,8 @@ inline constexpr PlacementList placements_of = detail::dtensor_traits<std::remov
 
 namespace detail {
 
-/// static_asserts naming what to redistribute; true when `e` is none.
+/// static_asserts naming what to redistribute when `E` is not none (the rule's message, the only error).
+/// @post true (see the top of this file).
 template <RuleError E>
 consteval bool check_rule() {
   static_assert(
@@ -108,7 +116,36 @@ consteval bool check_rule() {
                 "dtensor op: an operand shards a dim over mesh axes that are not the first of those the "
                 "output shards it over: redistribute it to match, or to Replicate");
   static_assert(E != RuleError::shape, "dtensor op: internal error: dim labels do not fit the operands");
-  return E == RuleError::none;
+  return true;
+}
+
+/// The output placements of an op on a mesh of shape `Shape`, from its rule `Rule()` (a constexpr callable
+/// returning a RuleResult): the rule's, or where it rejects the inputs, after check_rule reported why,
+/// Replicate on every axis (a stand-in that keeps the rest of the compile quiet).
+template <class Shape, auto Rule>
+struct RuleOut {
+  static constexpr RuleResult result = Rule();
+  static constexpr bool checked = check_rule<result.error>();
+  static constexpr PlacementList list() {
+    return checked && result.ok() ? result.out : PlacementList(Shape::rank, Placement::replicate());
+  }
+};
+
+} // namespace detail
+
+/// The DTensor type an op with rule `Rule` returns (see detail::RuleOut): the first place that names it
+/// reports a rejected input, with the rule's message.
+template <class T, int Rank, class Shape, auto Rule>
+using rule_result_t = dtensor_from_t<T, Rank, Shape, &detail::RuleOut<Shape, Rule>::list>;
+
+namespace detail {
+
+/// x's data as the DTensor type D (x's element type, rank and mesh; other placements), unchecked: for the
+/// branch after a failed static_assert on x's placements, which goes on with the placements the check
+/// wanted so that it adds no error of its own (it never runs: the program does not compile).
+template <class D, class X>
+D stand_in(const X& x) {
+  return D(x.mesh(), x.local(), x.global_shape());
 }
 
 /// The local tensor of `x` cut to `need` (a block within x's own block).

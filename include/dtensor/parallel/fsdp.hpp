@@ -98,9 +98,10 @@ struct Fsdp {
 /// HSDP: sharded over `ShardAxis`, replicated over `ReplicateAxis` (torch's 2-D mesh (replicate, shard)).
 template <fixed_string ReplicateAxis, fixed_string ShardAxis>
 struct Hsdp {
+  static_assert(!(ReplicateAxis == ShardAxis), "Hsdp<replicate, shard>: the two axes must differ");
   static constexpr auto replicate_axis = ReplicateAxis;
   static constexpr auto shard_axis = ShardAxis;
-  static constexpr bool hybrid = true;
+  static constexpr bool hybrid = !(ReplicateAxis == ShardAxis); // else (the error above) as Fsdp: no more
 };
 
 /// A parameter of rank `Rank` whose unsharded placements on the mesh are P... (Replicate on the FSDP axes,
@@ -170,8 +171,6 @@ struct FsdpAxes<Layout, Mesh, false> {
 
 template <class Layout, class Mesh>
 struct FsdpAxes<Layout, Mesh, true> {
-  static_assert(!(Layout::replicate_axis == Layout::shard_axis),
-                "Hsdp<replicate, shard>: the two axes must differ");
   static constexpr int shard = Mesh::template index_of<Layout::shard_axis>();
   static constexpr int replicate = Mesh::template index_of<Layout::replicate_axis>();
   static auto flat_mesh(const DeviceMesh<Mesh>& m) {
@@ -234,6 +233,7 @@ constexpr bool has_partial(const PlacementList& p) {
   return false;
 }
 
+/// @post true: a failed check is its own static_assert (see ops/typed.hpp).
 template <class Axes, class D>
 consteval bool check_param() {
   constexpr PlacementList p = D::placements;
@@ -247,7 +247,7 @@ consteval bool check_param() {
   constexpr bool no_partial = !has_partial(p);
   static_assert(no_partial, "FlatParamGroup: a parameter cannot be Partial: give its placements on the "
                             "non-FSDP axes as Shard or Replicate");
-  return replicated && no_partial;
+  return true;
 }
 
 /// The placements a gradient of parameter D is brought to before packing: Partial<sum> on the FSDP axes,
@@ -264,6 +264,7 @@ struct GradPackTarget {
   }
 };
 
+/// @post true: a failed check is its own static_assert (see ops/typed.hpp).
 template <class Axes, class G>
 consteval bool check_gradient() {
   constexpr PlacementList g = G::placements;
@@ -272,7 +273,7 @@ consteval bool check_gradient() {
   static_assert(fits, "FlatParamGroup::reduce_gradients: a gradient must be Partial<sum> (each rank's "
                       "contribution, as the ops' backward gives it for a parameter used on a dp-sharded "
                       "batch) or Replicate on the FSDP axes");
-  return fits;
+  return true;
 }
 
 } // namespace detail

@@ -132,20 +132,25 @@ public:
   template <AnyDTensor X>
   auto forward(const X& x, WithBackwardTag) const {
     constexpr Placement on_tp = normalize(placements_of<X>[tp], X::rank);
+    constexpr bool wired = SequenceParallel ? on_tp == Placement::shard(SeqDim) : on_tp.is_replicate();
     static_assert(
-        SequenceParallel ? on_tp == Placement::shard(SeqDim) : on_tp.is_replicate(),
-        "ColumnParallelLinear: the input must be Replicate on the tp axis (Shard<SeqDim> there with "
-        "sequence parallelism): redistribute it first, or choose the matching SequenceParallel");
-    auto [xg, gather_back] = detail::with_backward_to<detail::replace_on_t<X, tp, -1>>::run(x);
-    auto [y, linear_back] = linear(xg, weight, with_backward);
-    auto [out, bias_back] = add(y, bias, with_backward);
-    auto back = [gather_back = std::move(gather_back), linear_back = std::move(linear_back),
-                 bias_back = std::move(bias_back)](const auto& dy) {
-      auto [dyy, db] = bias_back(dy);
-      auto [dxg, dw] = linear_back(dyy);
-      return std::tuple{redistribute_as_type<X>(gather_back(dxg)), std::move(dw), std::move(db)};
-    };
-    return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
+        wired, "ColumnParallelLinear: the input must be Replicate on the tp axis (Shard<SeqDim> there with "
+               "sequence parallelism): redistribute it first, or choose the matching SequenceParallel");
+    if constexpr (!wired) { // after that error, x as the layer wants it: no second error
+      return forward(detail::stand_in<detail::replace_on_t<X, tp, SequenceParallel ? SeqDim : -1>>(x),
+                     with_backward);
+    } else {
+      auto [xg, gather_back] = detail::with_backward_to<detail::replace_on_t<X, tp, -1>>::run(x);
+      auto [y, linear_back] = linear(xg, weight, with_backward);
+      auto [out, bias_back] = add(y, bias, with_backward);
+      auto back = [gather_back = std::move(gather_back), linear_back = std::move(linear_back),
+                   bias_back = std::move(bias_back)](const auto& dy) {
+        auto [dyy, db] = bias_back(dy);
+        auto [dxg, dw] = linear_back(dyy);
+        return std::tuple{redistribute_as_type<X>(gather_back(dxg)), std::move(dw), std::move(db)};
+      };
+      return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
+    }
   }
 
 private:
@@ -182,22 +187,26 @@ public:
 
   template <AnyDTensor X>
   auto forward(const X& x, WithBackwardTag) const {
+    constexpr bool wired = normalize(placements_of<X>[tp], X::rank) == Placement::shard(X::rank - 1);
     static_assert(
-        normalize(placements_of<X>[tp], X::rank) == Placement::shard(X::rank - 1),
-        "RowParallelLinear: the input must be Shard<last> on the tp axis, as a ColumnParallelLinear's "
-        "output is: wire a column-parallel layer (or redistribute) before it");
-    auto [y, linear_back] = linear(x, weight, with_backward);
-    using Y = decltype(y);
-    auto [yr, reduce_back] =
-        detail::with_backward_to<detail::replace_on_t<Y, tp, SequenceParallel ? SeqDim : -1>>::run(y);
-    auto [out, bias_back] = add(yr, bias, with_backward);
-    auto back = [reduce_back = std::move(reduce_back), linear_back = std::move(linear_back),
-                 bias_back = std::move(bias_back)](const auto& dy) {
-      auto [dyr, db] = bias_back(dy);
-      auto [dx, dw] = linear_back(reduce_back(dyr));
-      return std::tuple{std::move(dx), std::move(dw), std::move(db)};
-    };
-    return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
+        wired, "RowParallelLinear: the input must be Shard<last> on the tp axis, as a ColumnParallelLinear's "
+               "output is: wire a column-parallel layer (or redistribute) before it");
+    if constexpr (!wired) { // after that error, x as the layer wants it: no second error
+      return forward(detail::stand_in<detail::replace_on_t<X, tp, X::rank - 1>>(x), with_backward);
+    } else {
+      auto [y, linear_back] = linear(x, weight, with_backward);
+      using Y = decltype(y);
+      auto [yr, reduce_back] =
+          detail::with_backward_to<detail::replace_on_t<Y, tp, SequenceParallel ? SeqDim : -1>>::run(y);
+      auto [out, bias_back] = add(yr, bias, with_backward);
+      auto back = [reduce_back = std::move(reduce_back), linear_back = std::move(linear_back),
+                   bias_back = std::move(bias_back)](const auto& dy) {
+        auto [dyr, db] = bias_back(dy);
+        auto [dx, dw] = linear_back(reduce_back(dyr));
+        return std::tuple{std::move(dx), std::move(dw), std::move(db)};
+      };
+      return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
+    }
   }
 };
 

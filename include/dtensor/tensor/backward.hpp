@@ -113,7 +113,7 @@ constexpr auto backward_plan_of() {
       b.error != BackwardError::gradient_transition,
       "backward_plan_of: a Shard gradient cannot become Partial<sum> (no such redistribution): ask for "
       "Replicate there");
-  static_assert(b.error == BackwardError::none, "backward_plan_of: invalid gradient placements");
+  static_assert(b.error != BackwardError::invalid_gradient, "backward_plan_of: invalid gradient placements");
   return MeshBackwardPlan<Shape>{b};
 }
 
@@ -155,8 +155,12 @@ public:
   DTensor<T, Rank, Shape, Out...> to(const DTensor<U, R2, Shape2, G...>& grad) const {
     static_assert(same_tensor_type<U, R2, Shape2>,
                   "backward: the gradient must have the forward's element type, rank and mesh shape");
-    if constexpr (same_tensor_type<U, R2, Shape2>) {
-      check<Placements<Out...>>(grad);
+    if constexpr (!same_tensor_type<U, R2, Shape2>) {
+      throw Error("unreachable"); // the static_assert above failed: nothing more to compile
+    } else if constexpr (!gradient_fits<Placements<Out...>, G...>()) {
+      throw Error("unreachable"); // gradient_fits said why: nothing more to compile
+    } else {
+      check(grad);
       auto dx = grad.template redistribute<Out...>();
       if constexpr (scaling.scales()) {
         if (detail::may_alias(dx.local(), grad.local())) {
@@ -165,8 +169,6 @@ public:
         local_ops::scale(dx.local(), factor(dx.mesh()));
       }
       return dx;
-    } else {
-      throw Error("unreachable");
     }
   }
 
@@ -174,9 +176,13 @@ public:
   template <class... G>
   PendingBackward<T, Rank, Shape, dual_t<S>...> operator()(const DTensor<T, Rank, Shape, G...>& grad,
                                                            AsyncOp) const {
-    check<Placements<dual_t<S>...>>(grad);
-    return PendingBackward<T, Rank, Shape, dual_t<S>...>(grad.template redistribute<dual_t<S>...>(async_op),
-                                                         factor(grad.mesh()), grad.local());
+    if constexpr (!gradient_fits<Placements<dual_t<S>...>, G...>()) {
+      throw Error("unreachable"); // gradient_fits said why: nothing more to compile
+    } else {
+      check(grad);
+      return PendingBackward<T, Rank, Shape, dual_t<S>...>(grad.template redistribute<dual_t<S>...>(async_op),
+                                                           factor(grad.mesh()), grad.local());
+    }
   }
 
   /// The plan the gradient G... takes (printable, with bytes per rank).
@@ -192,10 +198,27 @@ private:
   static constexpr bool same_tensor_type = (std::is_same_v<U, T> && R2 == Rank &&
                                             std::is_same_v<Shape2, Shape>);
 
+  /// Whether a gradient with placements G... becomes x's gradient with placements OutList; where not, one
+  /// static_assert (here, in backward_plan_of, or the forward's in x.redistribute<D...>()) says why, and the
+  /// caller compiles nothing more.
   template <class OutList, class... G>
+  static consteval bool gradient_fits() {
+    if constexpr (detail::plan_v<Shape, Rank, Placements<S...>, Placements<D...>>.error != PlanError::none) {
+      return false;
+    } else {
+      static_assert((detail::linear_gradient_placement<G>() && ...));
+      if constexpr ((is_linear(G::value) && ...)) {
+        return backward_plan_of<Shape, Rank, Placements<S...>, Placements<D...>, Placements<G...>, OutList>()
+                   .backward.error == BackwardError::none;
+      } else {
+        return false;
+      }
+    }
+  }
+
+  /// The run-time checks of a gradient: x's global shape, the forward's mesh.
+  template <class... G>
   void check(const DTensor<T, Rank, Shape, G...>& grad) const {
-    static_assert((detail::linear_gradient_placement<G>() && ...));
-    (void)backward_plan_of<Shape, Rank, Placements<S...>, Placements<D...>, Placements<G...>, OutList>();
     if (grad.global_shape() != global_) {
       throw Error("backward of redistribute " + dtensor::to_string(placement_list_v<S...>) + " -> " +
                   dtensor::to_string(placement_list_v<D...>) + " on mesh rank " +
@@ -253,9 +276,7 @@ template <class... Q, class T, int Rank, class Shape, class... P>
 WithBackward<DTensor<T, Rank, Shape, Q...>,
              RedistributeBackward<T, Rank, Shape, Placements<P...>, Placements<Q...>>>
 redistribute_with_backward(const DTensor<T, Rank, Shape, P...>& x) {
-  static_assert((is_linear(P::value) && ...),
-                "backward: Partial<max/min/product> has no linear backward; redistribute it to Replicate "
-                "before the part you differentiate");
+  // A Partial<max/min/product> in P... or Q... fails once, in the return type (RedistributeBackward).
   return {x.template redistribute<Q...>(), {x.mesh(), x.global_shape()}};
 }
 

@@ -200,7 +200,7 @@ void matmul_into(const Tensor<T, R>& a, const Tensor<T, R2>& b, const Tensor<T, 
                         "Toolkit's cuBLAS, CUDA::cublas)");
 #endif
   }
-  static_assert(detail::host_blas_linked_v<T>,
+  static_assert(!detail::gemm_element_v<T> || detail::host_blas_linked_v<T>, // (T's error is above)
                 "dtensor ops need a BLAS: link the dtensor::blas target (Debian: libopenblas-dev)");
 #if DTENSOR_HAS_BLAS
   if constexpr (detail::is_reduced_float_v<T>) { // fp32 accumulation: one rounding, at the end
