@@ -377,3 +377,23 @@ TEST_CASE("host maps of every element function against references written here, 
       "attained", [](const T2& x, const T2& g) { return local::map(local::Attained{}, x, g); },
       [](double x, double g) { return x == g ? 1.0 : 0.0; }, 0);
 }
+
+TEST_CASE("host products over the innermost dim: the 16 lanes and the tail against a plain loop",
+          "[ops][math]") {
+  // Values +-1 and a few +-2, so that every order of multiplication is exact.
+  for (std::int64_t cols : {std::int64_t(31), std::int64_t(67), std::int64_t(257)}) {
+    Tensor<float, 2> x({3, cols});
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      x.data()[i] = (i % 3 == 0 ? -1.0f : 1.0f) * (i % 29 == 0 ? 2.0f : 1.0f);
+    }
+    const auto prod = local::reduce(ReduceOp::product, x, 1);
+    for (std::int64_t r = 0; r < 3; ++r) {
+      double p = 1;
+      for (std::int64_t c = 0; c < cols; ++c) {
+        p *= x.data()[r * cols + c];
+      }
+      INFO("cols " << cols << " row " << r);
+      CHECK(prod.data()[r] == float(p));
+    }
+  }
+}
