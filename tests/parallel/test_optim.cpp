@@ -214,8 +214,8 @@ TEST_CASE("SGD and AdamW on sharded parameters equal torch's formulas over sever
   });
 }
 
-TEST_CASE("SGD and AdamW on shards of 32+ contiguous elements plus a tail (the vectorised host update) equal "
-          "torch's formulas: double and float, 1-D meshes of 1-4 ranks and (2,2)",
+TEST_CASE("SGD and AdamW on shards of 32+ elements and a tail: the vectorised host update equals torch's "
+          "formulas, double and float, on 1-D meshes of 1-4 ranks and (2,2)",
           "[parallel]") {
   // 201 elements: shards of 201; 101, 100; 67 x 3; 51 x 3 and 48. (3, 134) on dim 1: (3, 134), (3, 67),
   // (3, 45) / (3, 44), (3, 34) / (3, 32), each contiguous. Every shard is whole blocks of 32 and a tail.
