@@ -16,6 +16,10 @@
 // come from randn (the same on any mesh and placements), so the one-rank model starts from the same
 // numbers; its loss and the full gradients of all five weights must agree to 1e-12 (double precision; the
 // orders of summation differ). 10 tokens over 4 ranks give uneven shards (3, 2, 3, 2).
+//
+// The forward and backward run under a CommDebugMode, and what it records must be exactly what the
+// structure above implies (expected_comm): per op, mesh axis and reduce op, the count and the bytes this
+// rank received; on the (1, 1) mesh of the reference the same ops, moving nothing.
 
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
@@ -23,10 +27,13 @@
 #include <dtensor/ops.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <vector>
 
 using namespace dtensor;
 
@@ -45,8 +52,67 @@ struct Result {
   double loss = 0;
   Tensor<double, 2> emb, w1, w2, out;
   Tensor<double, 1> norm1, norm2;
-  std::string comm; ///< the communication of the forward and backward
+  std::string comm;      ///< the communication of the forward and backward
+  std::string comm_diff; ///< how it differs from expected_comm (empty: not at all)
 };
+
+/// One line of a rank's expected communication: `count` ops `op` over mesh axis `axes` (reducing by
+/// `reduce`, for those that reduce) in which this rank received `bytes`.
+struct CommPin {
+  std::string op, axes;
+  std::optional<ReduceOp> reduce;
+  std::int64_t count = 0, bytes = 0;
+};
+
+/// torch.chunk's share of rank r when n items are split k ways.
+std::int64_t chunk(std::int64_t n, std::int64_t k, std::int64_t r) {
+  const std::int64_t c = (n + k - 1) / k;
+  return std::max<std::int64_t>(0, std::min(n, (r + 1) * c) - r * c);
+}
+/// What an all_reduce of `count` doubles over n ranks is counted as receiving: a ring's 2(n - 1)/n.
+std::int64_t ring_bytes(std::int64_t n, std::int64_t count) {
+  return n > 1 ? (2 * (n - 1) * count + n - 1) / n * 8 : 0;
+}
+
+/// The forward and backward communication of rank (d, t) on a (dp, tp) mesh, from the block's structure:
+/// two tensor-parallel regions (the MLP and the head), each entered by an all_gather over tp of the
+/// sequence-parallel activations (backward: reduce_scatter) and two left by a reduce_scatter over tp (the
+/// embedding's and the MLP's Partial outputs; backward: all_gather); the loss on logits [S(0),S(1)]: an
+/// all_reduce(max) and an all_reduce(sum) of two values per row over tp (the vocab), one of two values
+/// over dp (the rows). Nothing else: no gather of the logits, no gradient reduction (the gains' gradients
+/// stay Partial here).
+std::vector<CommPin> expected_comm(std::int64_t dp, std::int64_t tp, std::int64_t d, std::int64_t t) {
+  const std::int64_t rows = chunk(kTokens, dp, d); // tokens of this dp coordinate: the logits' rows
+  const std::int64_t own = chunk(rows, tp, t);     // of those, this rank's between the TP regions
+  const std::int64_t act = kHidden * 8;            // bytes of one token's activation
+  return {{"all_gather", "tp", std::nullopt, 4, 4 * (rows - own) * act},
+          {"reduce_scatter", "tp", ReduceOp::sum, 4, 4 * (tp - 1) * own * act},
+          {"all_reduce", "tp", ReduceOp::max, 1, ring_bytes(tp, rows)},
+          {"all_reduce", "tp", ReduceOp::sum, 1, ring_bytes(tp, 2 * rows)},
+          {"all_reduce", "dp", ReduceOp::sum, 1, ring_bytes(dp, 2)}};
+}
+
+/// Empty when `comm` recorded exactly `want` and nothing else; otherwise the differences.
+std::string compare_comm(const CommDebugMode& comm, const std::vector<CommPin>& want) {
+  std::string diff;
+  std::int64_t total = 0;
+  for (const CommPin& w : want) {
+    const std::int64_t count = w.reduce ? comm.count(w.op, w.axes, *w.reduce) : comm.count(w.op, w.axes);
+    const std::int64_t bytes = w.reduce ? comm.bytes(w.op, w.axes, *w.reduce) : comm.bytes(w.op, w.axes);
+    const std::string name =
+        w.op + (w.reduce ? "(" + std::string(to_string(*w.reduce)) + ")" : "") + " over " + w.axes;
+    if (count != w.count || bytes != w.bytes) {
+      diff += " " + name + ": " + std::to_string(count) + " ops, " + std::to_string(bytes) + " bytes where " +
+              std::to_string(w.count) + " ops, " + std::to_string(w.bytes) + " bytes expected;";
+    }
+    total += w.count;
+  }
+  if (comm.total_count() != total) {
+    diff += " " + std::to_string(comm.total_count()) + " ops in all where " + std::to_string(total) +
+            " expected;";
+  }
+  return diff;
+}
 
 /// ids and targets: small integers, the same on every rank (each rank keeps its block).
 template <class DT>
@@ -97,9 +163,19 @@ Result run_block(const DeviceMesh<Mesh>& mesh) {
   const auto dh = add(dh_res, dh_norm);
   const auto dw_emb = emb_back(rs0_back(dh));
   const std::string traffic = comm.to_string();
+  const std::string diff =
+      compare_comm(comm, expected_comm(mesh.size<"dp">(), mesh.size<"tp">(), mesh.local_rank<"dp">(),
+                                       mesh.local_rank<"tp">()));
 
-  return {loss.full_tensor()(), dw_emb.full_tensor(), dw1.full_tensor(), dw2.full_tensor(),
-          dw_out.full_tensor(), dg1.full_tensor(),    dg2.full_tensor(), traffic};
+  return {loss.full_tensor()(),
+          dw_emb.full_tensor(),
+          dw1.full_tensor(),
+          dw2.full_tensor(),
+          dw_out.full_tensor(),
+          dg1.full_tensor(),
+          dg2.full_tensor(),
+          traffic,
+          diff};
 }
 
 template <class T, int R>
@@ -128,6 +204,16 @@ int main() {
   for (double d : diffs) {
     ok = ok && d <= tol;
   }
+  // Every rank's communication as the structure implies, and the reference's (nothing moved).
+  const bool comm_ok = got.comm_diff.empty() && want.comm_diff.empty();
+  if (!got.comm_diff.empty()) {
+    std::printf("rank %d: collectives differ from the block's structure:%s\n%s", world.rank(),
+                got.comm_diff.c_str(), got.comm.c_str());
+  }
+  if (!want.comm_diff.empty()) {
+    std::printf("rank %d: the one-rank reference's collectives differ:%s\n%s", world.rank(),
+                want.comm_diff.c_str(), want.comm.c_str());
+  }
   if (world.rank() == 0) {
     std::printf("one transformer block on (dp=2, tp=2): loss %.12f (one rank: %.12f)\n", got.loss, want.loss);
     std::printf(
@@ -137,6 +223,9 @@ int main() {
                 got.comm.c_str());
     std::printf("%s\n", ok ? "OK: the loss and every gradient equal the one-rank model's"
                            : "MISMATCH with the one-rank model");
+    std::printf("%s\n", comm_ok ? "OK: every rank's collectives (op, axis, reduce op, count, bytes) are the "
+                                  "block's"
+                                : "MISMATCH in the collectives");
   }
-  return ok ? 0 : 1;
+  return ok && comm_ok ? 0 : 1;
 }

@@ -459,8 +459,22 @@ TEST_CASE("CommDebugMode counts every plain collective and point-to-point op wit
     all_reduce(six, ReduceOp::max, g, async_op).wait();
     (void)functional::all_reduce(six, ReduceOp::sum, g);
     expect("all_reduce", 3, 3 * 4 * ((2 * (n - 1) * 6 + n - 1) / n));
-    reduce(six, 1, ReduceOp::sum, g);
+    // The reduce op of each: count(op, axes, ReduceOp) and bytes(...) select by it.
+    auto expect_reduce = [&](const char* op, ReduceOp reduce, std::int64_t count, std::int64_t bytes) {
+      DTENSOR_CHECK(comm.count(op, {}, reduce) == count && comm.bytes(op, {}, reduce) == bytes,
+                    tag(g, std::string(op) + "(" + std::string(to_string(reduce)) +
+                               "): CommDebugMode counted " + std::to_string(comm.count(op, {}, reduce)) +
+                               " ops and " + std::to_string(comm.bytes(op, {}, reduce)) +
+                               " bytes, expected " + std::to_string(count) + " and " + std::to_string(bytes) +
+                               "\n" + comm.to_string()));
+    };
+    expect_reduce("all_reduce", ReduceOp::sum, 2, 2 * 4 * ((2 * (n - 1) * 6 + n - 1) / n));
+    expect_reduce("all_reduce", ReduceOp::max, 1, 4 * ((2 * (n - 1) * 6 + n - 1) / n));
+    expect_reduce("all_reduce", ReduceOp::min, 0, 0);
+    reduce(six, 1, ReduceOp::min, g);
     expect("reduce", 1, r == 1 ? 4 * (n - 1) * 6 : 0);
+    expect_reduce("reduce", ReduceOp::min, 1, r == 1 ? 4 * (n - 1) * 6 : 0);
+    expect_reduce("reduce", ReduceOp::sum, 0, 0);
     broadcast(six, 2, g);
     (void)functional::broadcast(six, 2, g);
     expect("broadcast", 2, r == 2 ? 0 : 2 * 4 * 6);
@@ -475,9 +489,13 @@ TEST_CASE("CommDebugMode counts every plain collective and point-to-point op wit
     (void)functional::all_gather_into_tensor(three, g);
     expect("all_gather", 3, 3 * 4 * (n - 1) * 3);
     reduce_scatter_tensor(three, whole, ReduceOp::sum, g);
-    reduce_scatter(three, parts, ReduceOp::sum, g, async_op).wait();
-    (void)functional::reduce_scatter_tensor(whole, ReduceOp::sum, g);
+    reduce_scatter(three, parts, ReduceOp::product, g, async_op).wait();
+    (void)functional::reduce_scatter_tensor(whole, ReduceOp::avg, g);
     expect("reduce_scatter", 3, 3 * 4 * (n - 1) * 3);
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::product, ReduceOp::avg}) {
+      expect_reduce("reduce_scatter", op, 1, 4 * (n - 1) * 3);
+    }
+    expect_reduce("all_gather", ReduceOp::sum, 0, 0); // ops that do not reduce record no reduce op
     all_to_all_single(whole, Tensor<float, 1>::full({3 * n}, 2.0f), g);
     std::vector<Tensor<float, 1>> outs, ins;
     for (int m = 0; m < n; ++m) {
@@ -521,5 +539,10 @@ TEST_CASE("CommDebugMode counts every plain collective and point-to-point op wit
     expect("batch_isend_irecv", 1, 4 * 6);
     DTENSOR_CHECK(comm.total_count() == 3 + 1 + 2 + 3 + 3 + 2 + 1 + 1 + 1 + 1 + 2 + 2 + 1,
                   tag(g, "total count " + std::to_string(comm.total_count()) + "\n" + comm.to_string()));
+    // The table lists each reducing op's reduce ops.
+    const std::string table = comm.to_string();
+    DTENSOR_CHECK(table.find("sum 2, max 1") != std::string::npos &&
+                      table.find("sum 1, avg 1, product 1") != std::string::npos,
+                  tag(g, "the table's reduce column:\n" + table));
   });
 }

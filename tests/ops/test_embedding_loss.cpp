@@ -2,7 +2,10 @@
 // single-process computation, forward and backward (the loss's gradient also by central finite
 // differences), on 1-D meshes of 1-4 ranks and on (2,2): ids and weights replicated, sharded on the
 // positions, vocab parallel (uneven and empty vocab shards: 7 rows over 4 ranks), hidden sharded; logits
-// sharded on the vocab and on the rows, a row with ignore_index. loss_parallel never gathers the logits.
+// sharded on the vocab and on the rows, a row with ignore_index. loss_parallel never gathers the logits:
+// its collectives are pinned exactly (CommDebugMode: op, axis, reduce op, count and bytes), and logits
+// near +-700 in double with an empty vocab shard (vocab 5 over 4 ranks) and rows of 67-268 columns per
+// shard (the host row kernels' lane and block paths and their tails) are checked against the formula.
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/comm_debug.hpp>
@@ -98,7 +101,8 @@ void embedding_case(int ranks, Sizes... sizes) {
 }
 
 // Mean cross-entropy of logits x (rows, vocab) against targets t (ignore_index rows skipped).
-double loss_ref(const std::vector<double>& x, const std::vector<std::int64_t>& t) {
+double loss_ref(const std::vector<double>& x, const std::vector<std::int64_t>& t,
+                std::int64_t vocab = ::vocab) {
   const std::int64_t rows = static_cast<std::int64_t>(t.size());
   double total = 0;
   double count = 0;
@@ -124,6 +128,49 @@ std::int64_t target_at(std::int64_t r) {
   return r == 2 ? ignore_index : (r * 3 + 1) % vocab;
 }
 
+// The bytes CommDebugMode counts for an all_reduce of `count` elements of `size` bytes over n ranks: a
+// ring's 2(n-1)/n of the buffer, rounded up (comm/comm_debug.hpp).
+std::int64_t ring_bytes(int n, std::int64_t count, std::int64_t size) {
+  return n > 1 ? (2 * (n - 1) * count + n - 1) / n * size : 0;
+}
+
+// cross_entropy's collectives on logits of type X, from its contract (ops/loss.hpp): per mesh axis that
+// shards the vocab, one all_reduce(max) of one value per local row and one all_reduce(sum) of two; per
+// axis that shards the rows, one all_reduce(sum) of two doubles (the loss's sum and count); nothing else,
+// and nothing in the backward. `rows` is this rank's row count.
+template <class X, class Mesh>
+void expect_loss_comm(const CommDebugMode& debug, const Mesh& mesh, std::int64_t rows,
+                      const std::string& name) {
+  using T = typename X::value_type;
+  std::int64_t ops = 0;
+  for (int a = 0; a < X::placements.size(); ++a) {
+    const Placement p = X::placements[a];
+    const std::string axis(mesh.names()[a]);
+    const int n = mesh.size(a);
+    const bool vocab_axis = p == Placement::shard(1) || p == Placement::shard(-1);
+    const bool row_axis = p == Placement::shard(0);
+    const std::int64_t max_count = debug.count("all_reduce", axis, ReduceOp::max);
+    const std::int64_t max_bytes = debug.bytes("all_reduce", axis, ReduceOp::max);
+    const std::int64_t sum_count = debug.count("all_reduce", axis, ReduceOp::sum);
+    const std::int64_t sum_bytes = debug.bytes("all_reduce", axis, ReduceOp::sum);
+    const std::int64_t want_max = vocab_axis ? 1 : 0;
+    const std::int64_t want_sum = vocab_axis || row_axis ? 1 : 0;
+    const std::int64_t want_max_bytes = vocab_axis ? ring_bytes(n, rows, sizeof(T)) : 0;
+    const std::int64_t want_sum_bytes = vocab_axis ? ring_bytes(n, 2 * rows, sizeof(T))
+                                        : row_axis ? ring_bytes(n, 2, sizeof(double))
+                                                   : 0;
+    expect(max_count == want_max && max_bytes == want_max_bytes && sum_count == want_sum &&
+               sum_bytes == want_sum_bytes,
+           name + ": over axis " + axis + " want " + std::to_string(want_max) + " all_reduce(max) of " +
+               std::to_string(want_max_bytes) + " bytes and " + std::to_string(want_sum) +
+               " all_reduce(sum) of " + std::to_string(want_sum_bytes) + " bytes, got\n" + debug.to_string());
+    ops += want_max + want_sum;
+  }
+  expect(debug.total_count() == ops && debug.count("all_reduce") == ops,
+         name + ": want " + std::to_string(ops) + " collectives, all of them all_reduces, got\n" +
+             debug.to_string());
+}
+
 template <class Mesh, class XPL, class TPL, class... Sizes>
 void loss_case(int ranks, Sizes... sizes) {
   testing::run_ranks(ranks, [&](ProcessGroup& world) {
@@ -145,12 +192,16 @@ void loss_case(int ranks, Sizes... sizes) {
     CommDebugMode debug;
     auto [loss, back] = cross_entropy(x, t, with_backward);
     expect(debug.count("all_gather") == 0, name + ": loss_parallel gathered:\n" + debug.to_string());
+    expect_loss_comm<X>(debug, mesh, x.local().shape()[0], name);
     const double got = loss.full_tensor().data()[0];
     const double want = loss_ref(xv, tv);
     expect(std::abs(got - want) <= 1e-13 * std::abs(want),
            name + ": loss " + std::to_string(got) + ", want " + std::to_string(want));
-    // The gradient of 0.5 * loss, against central differences of the reference.
+    // The gradient of 0.5 * loss, against central differences of the reference; the backward does not
+    // communicate.
+    debug.reset();
     const X dx = back(0.5);
+    expect(debug.total_count() == 0, name + ": the backward communicated\n" + debug.to_string());
     check_full(
         dx,
         [&](std::int64_t e) {
@@ -162,6 +213,70 @@ void loss_case(int ranks, Sizes... sizes) {
           return 0.5 * (up - loss_ref(v, tv)) / (2 * h);
         },
         1e-8, name + ": dlogits");
+  });
+}
+
+// Logits near +-700 (even rows about +700, odd rows about -700, integer offsets in [-3, 3]): exp of them
+// overflows or underflows double unless shifted by the true row max; a row max completed by anything but
+// a max (a sum of the shards' maxima, or -inf from an empty shard) gives inf or NaN here.
+double far_logit(std::int64_t flat, std::int64_t vocab) {
+  return (flat / vocab % 2 == 0 ? 700.0 : -700.0) + value(4, flat);
+}
+std::int64_t far_target(std::int64_t r, std::int64_t vocab) {
+  return r == 3 ? ignore_index : (r * 5 + 2) % vocab;
+}
+
+// cross_entropy on logits (rows, vocab) of far_logit against the formula: the loss, the gradient
+// (softmax(x) - onehot(target)) g / count written out in double, and the collectives.
+template <class Mesh, class XPL, class TPL, class... Sizes>
+void far_loss_case(int ranks, std::int64_t rows, std::int64_t vocab, Sizes... sizes) {
+  testing::run_ranks(ranks, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh>(world, sizes...);
+    using X = typename dt<Mesh, 2, XPL>::type;
+    using Target = typename ids_of<typename dt<Mesh, 1, TPL>::type>::type;
+    const X x = make_ids<X>(mesh, {rows, vocab}, [&](std::int64_t e) { return far_logit(e, vocab); });
+    const Target t = make_ids<Target>(mesh, {rows}, [&](std::int64_t r) { return far_target(r, vocab); });
+    std::vector<double> xv(static_cast<std::size_t>(rows * vocab));
+    for (std::size_t e = 0; e < xv.size(); ++e) {
+      xv[e] = far_logit(static_cast<std::int64_t>(e), vocab);
+    }
+    std::vector<std::int64_t> tv(static_cast<std::size_t>(rows));
+    double count = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      tv[static_cast<std::size_t>(r)] = far_target(r, vocab);
+      count += tv[static_cast<std::size_t>(r)] == ignore_index ? 0 : 1;
+    }
+    const std::string name = "logits near +-700 " + to_string(X::placements) + " (" + std::to_string(rows) +
+                             ", " + std::to_string(vocab) + ") on " + std::to_string(ranks) + " ranks";
+    CommDebugMode debug;
+    auto [loss, back] = cross_entropy(x, t, with_backward);
+    expect_loss_comm<X>(debug, mesh, x.local().shape()[0], name);
+    const double got = loss.full_tensor().data()[0];
+    const double want = loss_ref(xv, tv, vocab);
+    expect(std::isfinite(want) && std::abs(got - want) <= 1e-12 * std::abs(want),
+           name + ": loss " + std::to_string(got) + ", want " + std::to_string(want));
+    const double g = 0.5;
+    check_full(
+        back(g),
+        [&](std::int64_t e) {
+          const std::int64_t r = e / vocab;
+          const std::int64_t target = tv[static_cast<std::size_t>(r)];
+          if (target == ignore_index) {
+            return 0.0;
+          }
+          const double* row = xv.data() + r * vocab;
+          double m = row[0];
+          for (std::int64_t k = 1; k < vocab; ++k) {
+            m = std::max(m, row[k]);
+          }
+          double s = 0;
+          for (std::int64_t k = 0; k < vocab; ++k) {
+            s += std::exp(row[k] - m);
+          }
+          const double p = std::exp(row[e % vocab] - m) / s;
+          return (p - (e % vocab == target ? 1.0 : 0.0)) * g / count;
+        },
+        1e-12, name + ": dlogits");
   });
 }
 
@@ -196,4 +311,22 @@ TEST_CASE("cross_entropy on logits sharded on the vocab and the rows: loss and g
   loss_case<Mesh2, Placements<S<0>, S<1>>, Placements<S<0>, R>>(4, 2, 2);
   loss_case<Mesh2, Placements<R, S<1>>, Placements<R, R>>(4, 2, 2);
   loss_case<Mesh2, Placements<S<1>, S<1>>, Placements<R, R>>(4, 2, 2);
+}
+
+TEST_CASE(
+    "cross_entropy on logits near +-700 in double: an empty vocab shard (vocab 5 over 4 ranks), rows of "
+    "67-268 columns per shard, one all_reduce(max) over the vocab axis, on 1-4 ranks and (2,2)",
+    "[ops]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    for (std::int64_t v : {std::int64_t(5), std::int64_t(268)}) { // 268: 67 columns a shard at 4 ranks
+      far_loss_case<Mesh1, Placements<S<1>>, Placements<R>>(n, 6, v);
+      far_loss_case<Mesh1, Placements<S<0>>, Placements<S<0>>>(n, 6, v);
+    }
+    far_loss_case<Mesh1, Placements<R>, Placements<R>>(n, 6, 67);
+  }
+  far_loss_case<Mesh2, Placements<S<0>, S<1>>, Placements<S<0>, R>>(4, 6, 5, 2, 2);
+  far_loss_case<Mesh2, Placements<S<1>, S<1>>, Placements<R, R>>(4, 6, 5, 2, 2);
+  far_loss_case<Mesh2, Placements<S<0>, S<1>>, Placements<S<0>, R>>(4, 6, 134, 2, 2);
+  far_loss_case<Mesh2, Placements<S<1>, S<1>>, Placements<R, R>>(4, 3, 268, 2, 2);
 }

@@ -272,3 +272,128 @@ TEST_CASE("host reductions: lanes over the innermost dim, left to right over out
     CHECK(std::isnan(local::reduce(ReduceOp::min, z, 1).data()[0]));
   }
 }
+
+TEST_CASE("host maps of every element function against references written here, in the block path and the "
+          "tail (float)",
+          "[ops][math]") {
+  // Rows of 67 (two blocks of 32 and a tail of 3) as the runs of a view into rows of 70, and the same
+  // values contiguous (9 x 67 = 603: eighteen blocks and a tail of 27). Finite inputs over [-6, 6].
+  Tensor<float, 2> wide_x({9, 70});
+  Tensor<float, 2> wide_g({9, 70});
+  for (std::int64_t i = 0; i < wide_x.numel(); ++i) {
+    wide_x.data()[i] = float((i * 7919) % 2401) / 200.0f - 6.0f;
+    wide_g.data()[i] = i % 5 == 0 ? wide_x.data()[i] : float((i * 104729) % 1201) / 100.0f - 6.0f;
+  }
+  const auto xv = wide_x.narrow(1, 2, 67);
+  const auto gv = wide_g.narrow(1, 2, 67);
+  const auto xc = xv.contiguous();
+  const auto gc = gv.contiguous();
+  // |got - want| <= ulps float ulps of want, or abs where a formula cancels (relative to the operands).
+  auto check = [&](const char* what, const auto& map, auto&& want, double ulps, double abs = 0) {
+    for (int form = 0; form < 2; ++form) {
+      const Tensor<float, 2> y = form == 0 ? map(xv, gv) : map(xc, gc);
+      for (std::int64_t r = 0; r < 9; ++r) {
+        for (std::int64_t c = 0; c < 67; ++c) {
+          const double x = xc.data()[r * 67 + c];
+          const double g = gc.data()[r * 67 + c];
+          const double w = want(x, g);
+          const double got = y.data()[r * 67 + c];
+          const double bound = std::max(ulps * ulp_of(w), abs * std::max({1.0, std::fabs(x), std::fabs(g)}));
+          INFO(what << (form == 0 ? " (runs of 67)" : " (contiguous)") << " at (" << r << ", " << c
+                    << "): x = " << x << ", g = " << g << ": " << got << " vs " << w);
+          CHECK(std::fabs(got - w) <= bound);
+        }
+      }
+    }
+  };
+  using T2 = Tensor<float, 2>;
+  const double pi = 3.14159265358979323846;
+  auto phi = [&](double x) { return std::exp(-0.5 * x * x) / std::sqrt(2 * pi); };
+  auto cdf = [](double x) { return 0.5 * (1 + std::erf(x / std::sqrt(2.0))); };
+  auto sigmoid = [](double x) { return 1 / (1 + std::exp(-x)); };
+  check(
+      "relu", [](const T2& x, const T2&) { return local::map(local::Relu{}, x); },
+      [](double x, double) { return x > 0 ? x : 0.0; }, 0);
+  check(
+      "relu backward",
+      [](const T2& x, const T2& g) { return local::map(local::BackwardOf<local::Relu>{}, x, g); },
+      [](double x, double g) { return x > 0 ? g : 0.0; }, 0);
+  check(
+      "exp", [](const T2& x, const T2&) { return local::map(local::Exp{}, x); },
+      [](double x, double) { return std::exp(x); }, 1);
+  check(
+      "exp backward",
+      [](const T2& x, const T2& g) { return local::map(local::BackwardOf<local::Exp>{}, x, g); },
+      [](double x, double g) { return g * std::exp(x); }, 2);
+  // For x < 0, 1 + erf(x / sqrt 2) cancels in float whatever erf rounds to (torch too): absolute bounds.
+  check(
+      "gelu", [](const T2& x, const T2&) { return local::map(local::Gelu{}, x); },
+      [&](double x, double) { return x * cdf(x); }, 4, 4e-7);
+  check(
+      "gelu backward",
+      [](const T2& x, const T2& g) { return local::map(local::BackwardOf<local::Gelu>{}, x, g); },
+      [&](double x, double g) { return g * (cdf(x) + x * phi(x)); }, 4, 4e-6);
+  check(
+      "silu", [](const T2& x, const T2&) { return local::map(local::Silu{}, x); },
+      [&](double x, double) { return x * sigmoid(x); }, 4, 4e-7);
+  // silu' = s + x s (1 - s) crosses 0 near x = -1.28, where the float form cancels: absolute bounds.
+  check(
+      "silu backward",
+      [](const T2& x, const T2& g) { return local::map(local::BackwardOf<local::Silu>{}, x, g); },
+      [&](double x, double g) { return g * (sigmoid(x) + x * sigmoid(x) * (1 - sigmoid(x))); }, 4, 4e-6);
+  check(
+      "scale", [](const T2& x, const T2&) { return local::map(local::Scale{-2.5}, x); },
+      [](double x, double) { return -2.5 * x; }, 0.5);
+  check(
+      "scale backward",
+      [](const T2& x, const T2& g) { return local::map(local::BackwardOf<local::Scale>{{-2.5}}, x, g); },
+      [](double, double g) { return -2.5 * g; }, 0.5);
+  check(
+      "x + 1.25", [](const T2& x, const T2&) { return local::map(local::AddScalar{1.25}, x); },
+      [](double x, double) { return x + 1.25; }, 0.5);
+  check(
+      "add", [](const T2& x, const T2& g) { return local::map(local::Add{}, x, g); },
+      [](double x, double g) { return x + g; }, 0.5);
+  check(
+      "sub", [](const T2& x, const T2& g) { return local::map(local::Sub{}, x, g); },
+      [](double x, double g) { return x - g; }, 0.5);
+  check(
+      "mul", [](const T2& x, const T2& g) { return local::map(local::Mul{}, x, g); },
+      [](double x, double g) { return x * g; }, 0.5);
+  // Divisors g + 7 in [1, 13]. (Every fifth g equals x: "attained" finds both answers.)
+  auto shifted = [](const T2& g) { return local::map(local::AddScalar{7}, g); };
+  check(
+      "div", [&](const T2& x, const T2& g) { return local::map(local::Div{}, x, shifted(g)); },
+      [](double x, double g) { return x / double(float(g + 7)); }, 0.51);
+  check(
+      "divisor gradient",
+      [&](const T2& x, const T2& g) { return local::map(local::DivisorGrad{}, g, x, shifted(g)); },
+      [](double x, double g) {
+        const double b = double(float(g + 7));
+        return -g * x / (b * b);
+      },
+      3);
+  check(
+      "attained", [](const T2& x, const T2& g) { return local::map(local::Attained{}, x, g); },
+      [](double x, double g) { return x == g ? 1.0 : 0.0; }, 0);
+}
+
+TEST_CASE("host products over the innermost dim: the 16 lanes and the tail against a plain loop",
+          "[ops][math]") {
+  // Values +-1 and a few +-2, so that every order of multiplication is exact.
+  for (std::int64_t cols : {std::int64_t(31), std::int64_t(67), std::int64_t(257)}) {
+    Tensor<float, 2> x({3, cols});
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      x.data()[i] = (i % 3 == 0 ? -1.0f : 1.0f) * (i % 29 == 0 ? 2.0f : 1.0f);
+    }
+    const auto prod = local::reduce(ReduceOp::product, x, 1);
+    for (std::int64_t r = 0; r < 3; ++r) {
+      double p = 1;
+      for (std::int64_t c = 0; c < cols; ++c) {
+        p *= x.data()[r * cols + c];
+      }
+      INFO("cols " << cols << " row " << r);
+      CHECK(prod.data()[r] == float(p));
+    }
+  }
+}

@@ -3,7 +3,9 @@
 // of the single-process forward (every element: the tensors are small), on 1-D meshes of 1-4 ranks and
 // on (2,2) and (3,2), uneven and empty shards (5 x 3 and 5 x 6 over 4 ranks), gradients of several
 // placements (a Partial gradient on Replicate axes stays Partial). The distributed softmax over a sharded
-// dim moves one value per row, never the rows (CommDebugMode).
+// dim moves one value per row, never the rows (CommDebugMode). Rows of 67-268 columns per shard reach the
+// host row kernels' 16-lane sums and blocks of 32 with their tails: softmax forward and backward against
+// the formulas written out, layer_norm and rms_norm against the formula and finite differences.
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/comm_debug.hpp>
@@ -159,11 +161,10 @@ Vec norm_ref(const Vec& x, const Vec& w, const Vec* b, std::int64_t n, bool rms,
 }
 
 template <class Mesh, class Opts, class... Sizes>
-void norm_cases(int ranks, Opts opts, Sizes... sizes) {
+void norm_cases(int ranks, Opts opts, std::int64_t n, Sizes... sizes) {
   testing::run_ranks(ranks, [&](ProcessGroup& world) {
     auto mesh = init_device_mesh<Mesh>(world, sizes...);
     const std::int64_t rows = 5;
-    const std::int64_t n = 6;
     const double eps = 1e-5;
     using Rep = std::conditional_t<Mesh::rank == 2, Placements<R, R>, Placements<R>>;
     using W = typename dt<Mesh, 1, Rep>::type;
@@ -175,7 +176,8 @@ void norm_cases(int ranks, Opts opts, Sizes... sizes) {
       using X = typename dt<Mesh, 2, PL>::type;
       const X x = scaled<X>(mesh, {rows, n}, 1, 0.5);
       const Vec xv = values(1, rows * n, 0.5);
-      const std::string name = to_string(X::placements);
+      const std::string name =
+          to_string(X::placements) + " (" + std::to_string(rows) + ", " + std::to_string(n) + ")";
       check_vec(layer_norm<1>(x, w, b, eps), norm_ref(xv, wv, &bv, n, false, eps), 1e-12,
                 "layer_norm " + name);
       check_vec(rms_norm<1>(x, w, eps), norm_ref(xv, wv, nullptr, n, true, eps), 1e-12, "rms_norm " + name);
@@ -225,6 +227,42 @@ void norm_cases(int ranks, Opts opts, Sizes... sizes) {
   });
 }
 
+// softmax and log_softmax along dim D of x (rows, cols) holding 0.5 value(1, .), on rows wide enough for
+// the host kernels' lanes and blocks; the backward against y (g - sum(g y)) and g - softmax(x) sum(g)
+// along the dim, written out here.
+template <class Mesh, class PL, int D>
+void wide_softmax_case(const DeviceMesh<Mesh>& mesh, std::int64_t rows, std::int64_t cols) {
+  using X = typename dt<Mesh, 2, PL>::type;
+  const X x = scaled<X>(mesh, {rows, cols}, 1, 0.5);
+  const Vec xv = values(1, rows * cols, 0.5);
+  const X g = make<X>(mesh, {rows, cols}, 7);
+  const Vec gv = values(7, rows * cols, 1);
+  const std::string what = to_string(X::placements) + " (" + std::to_string(rows) + ", " +
+                           std::to_string(cols) + ") along dim " + std::to_string(D);
+  const Vec y = softmax_ref<D>(xv, rows, cols, false);
+  check_vec(softmax<D>(x), y, 1e-13, "softmax " + what);
+  check_vec(log_softmax<D>(x), softmax_ref<D>(xv, rows, cols, true), 1e-13, "log_softmax " + what);
+  const std::int64_t len = D == 0 ? rows : cols;
+  const std::int64_t other = D == 0 ? cols : rows;
+  Vec dsoft(xv.size()), dlog(xv.size());
+  for (std::int64_t o = 0; o < other; ++o) {
+    auto at = [&](std::int64_t k) { return static_cast<std::size_t>(D == 0 ? k * cols + o : o * cols + k); };
+    double gy = 0, gs = 0;
+    for (std::int64_t k = 0; k < len; ++k) {
+      gy += gv[at(k)] * y[at(k)];
+      gs += gv[at(k)];
+    }
+    for (std::int64_t k = 0; k < len; ++k) {
+      dsoft[at(k)] = y[at(k)] * (gv[at(k)] - gy);
+      dlog[at(k)] = gv[at(k)] - y[at(k)] * gs;
+    }
+  }
+  auto [s, back] = softmax<D>(x, with_backward);
+  check_vec(back(g), dsoft, 1e-12, "softmax backward " + what);
+  auto [l, lback] = log_softmax<D>(x, with_backward);
+  check_vec(lback(g), dlog, 1e-12, "log_softmax backward " + what);
+}
+
 using One = TypeList<Placements<R>, Placements<S<0>>, Placements<S<1>>>;
 using Two = TypeList<Placements<R, R>, Placements<S<0>, R>, Placements<R, S<1>>, Placements<S<0>, S<1>>,
                      Placements<S<1>, S<0>>, Placements<S<0>, S<0>>>;
@@ -267,8 +305,32 @@ TEST_CASE("layer_norm and rms_norm with weight and bias, forward and backward: r
           "[ops]") {
   for (int n = 1; n <= 4; ++n) {
     INFO("ranks " << n);
-    norm_cases<Mesh1>(n, OneRows{});
+    norm_cases<Mesh1>(n, OneRows{}, 6);
   }
-  norm_cases<Mesh2>(4, TwoRows{}, 2, 2);
-  norm_cases<Mesh2>(6, TwoRows{}, 3, 2);
+  norm_cases<Mesh2>(4, TwoRows{}, 6, 2, 2);
+  norm_cases<Mesh2>(6, TwoRows{}, 6, 3, 2);
+}
+
+TEST_CASE("softmax, log_softmax, layer_norm and rms_norm on rows of 67-268 columns (the host row kernels' "
+          "16-lane sums, blocks of 32 and their tails), forward and backward, on 1-4 ranks and (2,2)",
+          "[ops]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    // 268 columns: shards of 268, 134, 90 / 90 / 88 and 67 on dim 1.
+    testing::run_ranks(n, [&](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh1>(world);
+      wide_softmax_case<Mesh1, Placements<S<1>>, 1>(mesh, 3, 268);
+      wide_softmax_case<Mesh1, Placements<S<0>>, 1>(mesh, 5, 67);
+      wide_softmax_case<Mesh1, Placements<R>, 1>(mesh, 3, 67);
+      wide_softmax_case<Mesh1, Placements<S<1>>, 0>(mesh, 3, 268);
+    });
+    // Rows of 67: 4 lanes of 16 and 3, 2 blocks of 32 and 3.
+    norm_cases<Mesh1>(n, OneRows{}, 67);
+  }
+  testing::run_ranks(4, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world, 2, 2);
+    wide_softmax_case<Mesh2, Placements<S<0>, S<1>>, 1>(mesh, 5, 134);
+    wide_softmax_case<Mesh2, Placements<S<1>, S<1>>, 1>(mesh, 3, 268);
+  });
+  norm_cases<Mesh2>(4, TwoRows{}, 67, 2, 2);
 }

@@ -1,10 +1,12 @@
 // Training utilities on sharded parameters (parallel/optim.hpp, clip.hpp, init.hpp) against single-process
 // references written out from torch's documented formulas: SGD (momentum, dampening, nesterov, weight
 // decay, maximize) and AdamW (decoupled weight decay, bias correction, amsgrad) over several steps on
-// 1-D meshes of 1-4 ranks and on (2,2), uneven shards, raw flat shards, bf16 parameters with fp32 state
-// and master weights; clip_grad_norm against the norm of the full gradients (replicas counted once, a mix
-// of Shard and Replicate gradients on a 2-D mesh, one all_reduce), applied and not applied, the inf norm;
-// parameter init equal to the one-rank fill bit for bit for several placements.
+// 1-D meshes of 1-4 ranks and on (2,2), uneven shards, shards of 32+ contiguous elements with a tail (the
+// host update's vectorised blocks of 32 and the elements after them; double and float), raw flat
+// shards, bf16 parameters with fp32 state and master weights; clip_grad_norm against the norm of the full
+// gradients (replicas counted once, a mix of Shard and Replicate gradients on a 2-D mesh, one all_reduce),
+// applied and not applied, the inf norm; parameter init equal to the one-rank fill bit for bit for several
+// placements.
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/collectives.hpp>
@@ -141,7 +143,8 @@ struct ReplicatedVector<Mesh2> {
 
 template <class DT, class Mesh>
 void optimizer_case(const DeviceMesh<Mesh>& mesh, const typename DT::shape_type& shape,
-                    const std::string& what) {
+                    const std::string& what, const std::vector<optim::SGDOptions>& sgd = sgd_options,
+                    const std::vector<optim::AdamWOptions>& adamw = adamw_options, double tol = 1e-12) {
   using V = typename ReplicatedVector<Mesh>::type;
   std::int64_t n = 1;
   for (auto s : shape) {
@@ -162,15 +165,30 @@ void optimizer_case(const DeviceMesh<Mesh>& mesh, const typename DT::shape_type&
         rb.step(b_ref, values(20 + step, 5));
         const std::string at =
             what + " " + name + " options " + std::to_string(c) + " step " + std::to_string(step);
-        check_vec(w, w_ref, 1e-12, at + " (weight)");
-        check_vec(b, b_ref, 1e-12, at + " (bias)");
+        check_vec(w, w_ref, tol, at + " (weight)");
+        check_vec(b, b_ref, tol, at + " (bias)");
       }
       expect(opt.state(0).step == 4 && opt.state(1).step == 4, what + ": step counts");
     }
   };
-  run.template operator()<optim::SGD, SgdRef>(sgd_options, "SGD");
-  run.template operator()<optim::AdamW, AdamWRef>(adamw_options, "AdamW");
+  run.template operator()<optim::SGD, SgdRef>(sgd, "SGD");
+  run.template operator()<optim::AdamW, AdamWRef>(adamw, "AdamW");
 }
+
+// Configurations for the shards that reach the vectorised host update: maximize with weight decay and
+// momentum (maximize negates the gradient before the decay is added), nesterov, no momentum; AdamW with
+// maximize and weight decay, both forms of its lerp (1 - beta1 below and above 0.5), amsgrad.
+const std::vector<optim::SGDOptions> sgd_block_options = {
+    {.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.1, .maximize = true},
+    {.lr = 0.05, .momentum = 0.8, .weight_decay = 0.05, .nesterov = true, .maximize = true},
+    {.lr = 0.1, .weight_decay = 0.2, .maximize = true},
+    {.lr = 0.1, .momentum = 0.5},
+};
+const std::vector<optim::AdamWOptions> adamw_block_options = {
+    {.lr = 0.05, .weight_decay = 0.1, .maximize = true},
+    {.lr = 0.1, .beta1 = 0.3, .beta2 = 0.9, .eps = 1e-6, .weight_decay = 0.05},
+    {.lr = 0.05, .weight_decay = 0.02, .amsgrad = true},
+};
 
 } // namespace
 
@@ -193,6 +211,33 @@ TEST_CASE("SGD and AdamW on sharded parameters equal torch's formulas over sever
     optimizer_case<DTensor<double, 2, Mesh2, R, S<0>>>(mesh, {5, 3}, "[R,S(0)] (5, 3)");
     optimizer_case<DTensor<double, 2, Mesh2, S<1>, R>>(mesh, {2, 5}, "[S(1),R] (2, 5)");
     optimizer_case<DTensor<double, 2, Mesh2, S<0>, S<0>>>(mesh, {7, 2}, "[S(0),S(0)] (7, 2)");
+  });
+}
+
+TEST_CASE("SGD and AdamW on shards of 32+ elements and a tail: the vectorised host update equals torch's "
+          "formulas, double and float, on 1-D meshes of 1-4 ranks and (2,2)",
+          "[parallel]") {
+  // 201 elements: shards of 201; 101, 100; 67 x 3; 51 x 3 and 48. (3, 134) on dim 1: (3, 134), (3, 67),
+  // (3, 45) / (3, 44), (3, 34) / (3, 32), each contiguous. Every shard is whole blocks of 32 and a tail.
+  for (int ranks = 1; ranks <= 4; ++ranks) {
+    INFO("ranks " << ranks);
+    testing::run_ranks(ranks, [&](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh1>(world);
+      optimizer_case<DTensor<double, 1, Mesh1, S<0>>>(mesh, {201}, "[S(0)] (201)", sgd_block_options,
+                                                      adamw_block_options);
+      optimizer_case<DTensor<double, 2, Mesh1, S<1>>>(mesh, {3, 134}, "[S(1)] (3, 134)", sgd_block_options,
+                                                      adamw_block_options);
+      optimizer_case<DTensor<double, 1, Mesh1, R>>(mesh, {67}, "[R] (67)", sgd_block_options,
+                                                   adamw_block_options);
+      // float: state and arithmetic in float, against the double reference.
+      optimizer_case<DTensor<float, 1, Mesh1, S<0>>>(mesh, {201}, "float [S(0)] (201)", sgd_block_options,
+                                                     adamw_block_options, 2e-6);
+    });
+  }
+  testing::run_ranks(4, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh2>(world, 2, 2);
+    optimizer_case<DTensor<double, 2, Mesh2, S<0>, S<1>>>(mesh, {5, 134}, "[S(0),S(1)] (5, 134)",
+                                                          sgd_block_options, adamw_block_options);
   });
 }
 
@@ -246,23 +291,27 @@ TEST_CASE("optimizers step raw local shards: parameters in a flat buffer (FSDP-l
 TEST_CASE("bfloat16 parameters: AdamW and SGD state in fp32, with master weights the parameter is the fp32 "
           "copy rounded",
           "[parallel]") {
+  // (5, 27) over 2 ranks: shards of 81 and 54 elements, whole blocks of 32 and a tail (the host update
+  // without master weights runs in blocks).
+  constexpr std::int64_t cols = 27;
+  constexpr std::int64_t numel = 5 * cols;
   testing::run_ranks(2, [&](ProcessGroup& world) {
     auto mesh = init_device_mesh<Mesh1>(world);
     using B = DTensor<bfloat16, 2, Mesh1, S<0>>;
     auto make_b = [&](int seed, double scale) {
-      return from_global_index<bfloat16, S<0>>(mesh, {5, 3}, [&](const auto& idx) {
-        return bfloat16(static_cast<float>(scale * value(seed, idx[0] * 3 + idx[1])));
+      return from_global_index<bfloat16, S<0>>(mesh, {5, cols}, [&](const auto& idx) {
+        return bfloat16(static_cast<float>(scale * value(seed, idx[0] * cols + idx[1])));
       });
     };
     for (bool master : {true, false}) {
       B w = make_b(1, 0.5);
-      Vec ref = values(1, 15, 0.5);
+      Vec ref = values(1, numel, 0.5);
       optim::AdamW opt({.lr = 0.01, .weight_decay = 0.1, .master_weights = master});
       AdamWRef r{opt.options()};
       for (int step = 0; step < 5; ++step) {
         const B g = make_b(10 + step, 0.25);
         opt.step(0, w, g);
-        r.step(ref, values(10 + step, 15, 0.25));
+        r.step(ref, values(10 + step, numel, 0.25));
       }
       const optim::ParamState& st = opt.state(0);
       expect(st.exp_avg.dtype() == DType::float32 && st.exp_avg_sq.dtype() == DType::float32,
@@ -275,16 +324,16 @@ TEST_CASE("bfloat16 parameters: AdamW and SGD state in fp32, with master weights
         const auto m = st.master.as<float, 2>();
         const auto off = w.local_offset();
         for (std::int64_t i = 0; i < m.shape()[0]; ++i) {
-          for (std::int64_t j = 0; j < 3; ++j) {
+          for (std::int64_t j = 0; j < cols; ++j) {
             const float mv = m(i, j);
-            expect(std::abs(mv - ref[static_cast<std::size_t>((off[0] + i) * 3 + j)]) < 1e-5,
+            expect(std::abs(mv - ref[static_cast<std::size_t>((off[0] + i) * cols + j)]) < 1e-5,
                    "bf16 AdamW master: far from the reference");
             expect(float(w.local()(i, j)) == float(bfloat16(mv)), "bf16 AdamW: parameter != master rounded");
           }
         }
       } else {
         expect(!st.master.defined(), "bf16 AdamW without master weights keeps no copy");
-        for (std::int64_t e = 0; e < 15; ++e) {
+        for (std::int64_t e = 0; e < numel; ++e) {
           expect(std::abs(float(full.data()[e]) - ref[static_cast<std::size_t>(e)]) < 2e-2,
                  "bf16 AdamW: far from the reference");
         }

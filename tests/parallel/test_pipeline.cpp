@@ -1,6 +1,10 @@
 // Pipeline parallelism (parallel/pipeline.hpp): a chain of gelu(x W_s) stages trained one step with 1F1B and
 // GPipe on 2 and 4 stages with 1-8 micro-batches; every micro-batch's loss and every stage's weight gradient
-// equal the unpipelined model run on one rank; composed with data parallelism on a (dp, pp) = (2, 2) mesh;
+// equal the unpipelined model run on one rank; the order of each stage's forward and backward steps, as
+// its stage functions record them, is exactly the schedule's (1F1B: warm-up forwards, one forward one
+// backward, the remaining backwards; GPipe: every forward, then every backward in reverse) on 1-4 stages
+// with 1-6 micro-batches, and so is the peak number of micro-batches held (min(p - s, m) against m);
+// composed with data parallelism on a (dp, pp) = (2, 2) mesh;
 // and the ordering that would deadlock with blocking sends (send, then receive, on both sides of a pair)
 // does deadlock, which the group's timeout reports, while the schedule's batched exchanges do not.
 #include <catch2/catch.hpp>
@@ -13,6 +17,7 @@
 #include <dtensor/parallel/pipeline.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -117,6 +122,90 @@ PipelineStage<double> as_stage(Stage& st) {
   return p;
 }
 
+// The stage's functions, each call appended to `log` as "F<mb>" or "B<mb>" before it runs.
+PipelineStage<double> recording(Stage& st, std::vector<std::string>& log) {
+  PipelineStage<double> p = as_stage(st);
+  p.forward = [&st, &log](int mb, const M& in) {
+    log.push_back("F" + std::to_string(mb));
+    return st.forward(mb, in);
+  };
+  p.backward = [&st, &log](int mb, const M& g) {
+    log.push_back("B" + std::to_string(mb));
+    return st.backward(mb, g);
+  };
+  return p;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& e : v) {
+    s += (s.empty() ? "" : " ") + e;
+  }
+  return s;
+}
+
+// Stage s of p with m micro-batches, written from the schedules' definitions (Megatron's 1F1B: p - s - 1
+// warm-up forwards, at most m; then a forward and a backward in turn; then the backwards left. GPipe: the
+// m forwards, then the m backwards last to first).
+std::string schedule_order(Schedule schedule, int p, int s, int m) {
+  std::vector<std::string> v;
+  if (schedule == Schedule::gpipe) {
+    for (int i = 0; i < m; ++i) {
+      v.push_back("F" + std::to_string(i));
+    }
+    for (int i = m - 1; i >= 0; --i) {
+      v.push_back("B" + std::to_string(i));
+    }
+    return joined(v);
+  }
+  const int warmup = std::min(p - s - 1, m);
+  for (int i = 0; i < warmup; ++i) {
+    v.push_back("F" + std::to_string(i));
+  }
+  for (int i = 0; i < m - warmup; ++i) {
+    v.push_back("F" + std::to_string(warmup + i));
+    v.push_back("B" + std::to_string(i));
+  }
+  for (int i = m - warmup; i < m; ++i) {
+    v.push_back("B" + std::to_string(i));
+  }
+  return joined(v);
+}
+
+// The most micro-batches a stage held at once (forwards run whose backward has not).
+int peak_in_flight(const std::vector<std::string>& log) {
+  int held = 0;
+  int peak = 0;
+  for (const auto& e : log) {
+    held += e[0] == 'F' ? 1 : -1;
+    peak = std::max(peak, held);
+  }
+  return peak;
+}
+
+// Runs `schedule` on p stages with m micro-batches; each stage's recorded order must be want(s).
+template <class Want>
+void order_case(Schedule schedule, int p, int m, Want want) {
+  const std::string name = std::string(schedule == Schedule::gpipe ? "GPipe" : "1F1B") + " " +
+                           std::to_string(p) + " stages, " + std::to_string(m) + " micro-batches";
+  testing::run_ranks(p, [&](ProcessGroup& pp) {
+    Stage st;
+    st.s = pp.rank();
+    st.last = st.s == p - 1;
+    st.w = weight(st.s);
+    std::vector<std::string> log;
+    PipelineStage<double> stage = recording(st, log);
+    run_pipeline(pp, stage, m, {schedule});
+    const std::string got = joined(log);
+    const std::string w = want(st.s);
+    expect(got == w, name + ": stage " + std::to_string(st.s) + " ran " + got + ", want " + w);
+    const int peak = schedule == Schedule::gpipe ? m : std::min(p - st.s, m);
+    expect(peak_in_flight(log) == peak, name + ": stage " + std::to_string(st.s) + " held " +
+                                            std::to_string(peak_in_flight(log)) +
+                                            " micro-batches at once, want " + std::to_string(peak));
+  });
+}
+
 void close(const M& got, const M& want, const std::string& what) {
   for (std::int64_t e = 0; e < want.numel(); ++e) {
     expect(std::abs(got.data()[e] - want.data()[e]) <= 1e-12 * (1 + std::abs(want.data()[e])),
@@ -154,6 +243,30 @@ TEST_CASE(
     for (int m = 1; m <= 8; ++m) {
       pipeline_case(stages, m, Schedule::one_f_one_b);
       pipeline_case(stages, m, Schedule::gpipe);
+    }
+  }
+}
+
+TEST_CASE("1F1B and GPipe: each stage runs its forwards and backwards in the schedule's exact order, on 1-4 "
+          "stages with 1-6 micro-batches",
+          "[parallel]") {
+  // Written out: 4 stages, 6 micro-batches (1F1B's warm-up, steady state and cool-down on every stage).
+  const std::vector<std::string> one_f_one_b_4_6 = {
+      "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5", // stage 0: 3 warm-up forwards
+      "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5", "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5",
+      "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5", // the last stage: no warm-up
+  };
+  order_case(Schedule::one_f_one_b, 4, 6, [&](int s) { return one_f_one_b_4_6[s]; });
+  order_case(Schedule::gpipe, 4, 6, [](int) { return std::string("F0 F1 F2 F3 F4 F5 B5 B4 B3 B2 B1 B0"); });
+  // 3 stages, 2 micro-batches: fewer micro-batches than warm-up slots on stage 0.
+  const std::vector<std::string> one_f_one_b_3_2 = {"F0 F1 B0 B1", "F0 F1 B0 B1", "F0 B0 F1 B1"};
+  order_case(Schedule::one_f_one_b, 3, 2, [&](int s) { return one_f_one_b_3_2[s]; });
+  // Every size, from the definitions (one stage: 1F1B alternates from the start).
+  for (int p = 1; p <= 4; ++p) {
+    for (int m = 1; m <= 6; ++m) {
+      for (Schedule schedule : {Schedule::one_f_one_b, Schedule::gpipe}) {
+        order_case(schedule, p, m, [&](int s) { return schedule_order(schedule, p, s, m); });
+      }
     }
   }
 }

@@ -13,7 +13,9 @@
 // Dead and missing peers, with fault_program as the program (DTENSOR_TIMEOUT=2, three ranks): every
 // survivor gets an Error naming the cause within 2 timeouts, never an abort.
 //   kill_store_host  rank 0 hosts the store (--rank0-store) and is SIGKILLed mid-collective
-//   kill_rank        rank 2 is SIGKILLed mid-collective (the launcher hosts the store)
+//   kill_rank        rank 2 is SIGKILLed mid-collective (the launcher hosts the store); here
+//                    DTENSOR_TIMEOUT=10 and the survivors' errors must come within 1.5 s (the README
+//                    promises about 1 s: detection does not wait for the timeout)
 //   stop_rank        rank 2 gets SIGTERM mid-collective
 //   never_joins      rank 2 never calls init_process_group
 //   port_in_use      --master-port held by another program: a clear error at once, no hang
@@ -427,10 +429,10 @@ void launcherless() {
   }
 }
 
-/// Checks that rank `r` printed fault_program's Error line within two timeouts, containing each of `causes`.
+/// Checks that rank `r` printed fault_program's Error line within `max_ms` of the op's start, containing
+/// each of `causes`.
 void expect_error(const std::string& output, const std::string& what, int r,
-                  const std::vector<std::string>& causes) {
-  constexpr long timeout_ms = 2000; // DTENSOR_TIMEOUT=2
+                  const std::vector<std::string>& causes, long max_ms) {
   const std::string rank = std::to_string(r);
   const std::string head = "[rank" + rank + "]: fault error on rank " + rank + " after ";
   const auto at = output.find(head);
@@ -440,24 +442,25 @@ void expect_error(const std::string& output, const std::string& what, int r,
   }
   const std::string line = output.substr(at, output.find('\n', at) - at);
   const long ms = std::atol(line.c_str() + head.size());
-  EXPECT(ms < 2 * timeout_ms,
-         what + ": rank " + rank + "'s error came within two timeouts (" + std::to_string(ms) + " ms)");
+  EXPECT(ms <= max_ms, what + ": rank " + rank + "'s error came within " + std::to_string(max_ms) + " ms (" +
+                           std::to_string(ms) + " ms)");
   for (const auto& cause : causes) {
     EXPECT(contains(line, cause), what + ": rank " + rank + "'s error says '" + cause + "'");
   }
 }
 
-/// Runs fault_program `what` as three ranks; every rank in `survivors` must print an Error that contains
-/// each of `causes` within two timeouts of the op (or init) it was in.
+/// Runs fault_program `what` as three ranks with DTENSOR_TIMEOUT=`timeout_s`; every rank in `survivors`
+/// must print an Error that contains each of `causes` within `max_ms` of the op (or init) it was in (by
+/// default two timeouts).
 void dead_peer(const std::string& what, const std::vector<int>& survivors,
-               const std::vector<std::string>& causes) {
+               const std::vector<std::string>& causes, int timeout_s = 2, long max_ms = 0) {
   std::vector<std::string> argv = {g_launcher, "--standalone",   "--nproc-per-node",
                                    "3",        "--stop-timeout", "20"};
   if (what == "kill_store_host") {
     argv.insert(argv.end(), {"--rank0-store", "--master-port", std::to_string(free_port())});
   }
   argv.insert(argv.end(), {g_program, what});
-  Proc p(argv, {{"DTENSOR_TIMEOUT", "2"}});
+  Proc p(argv, {{"DTENSOR_TIMEOUT", std::to_string(timeout_s)}});
   if (what == "stop_rank") {
     const bool stopped = p.read_until([](const std::string& s) { return contains(s, "]: stopped "); }, 30s);
     EXPECT(stopped, "rank 2 reached the loop");
@@ -469,7 +472,7 @@ void dead_peer(const std::string& what, const std::vector<int>& survivors,
   const auto took = p.wait(60s);
   show(p);
   for (int r : survivors) {
-    expect_error(p.output, what, r, causes);
+    expect_error(p.output, what, r, causes, max_ms > 0 ? max_ms : 2 * 1000L * timeout_s);
   }
   EXPECT(!contains(p.output, "terminate called") && !contains(p.output, "SIGABRT"),
          what + ": nothing aborts");
@@ -480,7 +483,8 @@ void kill_store_host() {
   dead_peer("kill_store_host", {1, 2}, {"the store is gone", "its host, rank 0"});
 }
 void kill_rank() {
-  dead_peer("kill_rank", {0, 1}, {"no report from rank 2"});
+  // Detected from the closed connection, not by the timeout: within 1.5 s of a 10 s timeout.
+  dead_peer("kill_rank", {0, 1}, {"no report from rank 2"}, 10, 1500);
 }
 void stop_rank() {
   dead_peer("stop_rank", {0, 1}, {"no report from rank 2"});
@@ -514,10 +518,11 @@ void port_in_use() {
          env);
   took = r.wait(60s);
   show(r);
+  // Within two timeouts (DTENSOR_TIMEOUT=2).
   expect_error(r.output, "port_in_use", 0,
-               {"cannot listen on 127.0.0.1:" + port, "another program holds this port"});
+               {"cannot listen on 127.0.0.1:" + port, "another program holds this port"}, 4000);
   for (int rank : {1, 2}) {
-    expect_error(r.output, "port_in_use", rank, {"did not answer the store handshake"});
+    expect_error(r.output, "port_in_use", rank, {"did not answer the store handshake"}, 4000);
   }
   EXPECT(took < 30s, "the job ends (" + std::to_string(took.count()) + " ms)");
   ::close(fd);

@@ -6,7 +6,8 @@
 //   auto y = x.redistribute<Replicate, Shard<1>>();
 //   comm.count("all_gather");                    // 1
 //   comm.count("all_gather", "dp");              // 1
-//   std::puts(comm.to_string().c_str());         // a table: op, group, count, bytes
+//   comm.count("all_reduce", "tp", ReduceOp::max);   // all_reduce(max) over tp only
+//   std::puts(comm.to_string().c_str());         // a table: op, group, count, bytes, reduce ops
 //
 // Every op passes the ProcessGroup front end (comm/process_group.hpp), which records it here: the op's
 // name (a redistribution's point-to-point exchange is "permute") and the group's label (a mesh axis group
@@ -14,11 +15,16 @@
 // (each in-process rank of run_ranks counts its own); modes nest, and every active one records. Bytes are
 // what this rank receives from other ranks in the op, from the sizes passed to the backend (all_reduce
 // counts the 2(n-1)/n of a ring, the least any all_reduce moves; reduce and reduce_scatter the n-1
-// partial copies of the result).
+// partial copies of the result). The ops that reduce (all_reduce, reduce, reduce_scatter) also record
+// their ReduceOp: count(op, axes, ReduceOp::max) and bytes(...) of the same form select by it.
 
+#include "dtensor/core/reduce_op.hpp"
+
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -27,9 +33,16 @@ namespace dtensor {
 
 class CommDebugMode {
 public:
+  /// The ops recorded under one (op, axes): how many, their bytes, and the same split by the reduce op of
+  /// those that reduce (by_reduce[static_cast<int>(ReduceOp::max)], ...).
   struct Entry {
+    struct Counts {
+      std::int64_t count = 0;
+      std::int64_t bytes = 0;
+    };
     std::int64_t count = 0;
     std::int64_t bytes = 0;
+    std::array<Counts, 5> by_reduce{};
   };
 
   CommDebugMode() : parent_(active()) { active() = this; }
@@ -41,32 +54,58 @@ public:
   std::int64_t count(std::string_view op, std::string_view axes = {}) const { return sum(op, axes).count; }
   /// Bytes this rank received in ops called `op` (all axes or `axes`).
   std::int64_t bytes(std::string_view op, std::string_view axes = {}) const { return sum(op, axes).bytes; }
+  /// Number of ops called `op` that reduced by `reduce` (axes as above; {} for all).
+  std::int64_t count(std::string_view op, std::string_view axes, ReduceOp reduce) const {
+    return sum(op, axes, reduce).count;
+  }
+  /// Bytes this rank received in ops called `op` that reduced by `reduce`.
+  std::int64_t bytes(std::string_view op, std::string_view axes, ReduceOp reduce) const {
+    return sum(op, axes, reduce).bytes;
+  }
   /// Every communicating op.
   std::int64_t total_count() const { return sum({}, {}).count; }
   std::int64_t total_bytes() const { return sum({}, {}).bytes; }
   const std::map<std::pair<std::string, std::string>, Entry>& entries() const noexcept { return entries_; }
   void reset() { entries_.clear(); }
 
-  /// One row per (op, axes): "op  axes  count  bytes".
+  /// One row per (op, axes): "op  axes  count  bytes  reduce", the last the counts per reduce op of the
+  /// ops that reduce ("max 1, sum 2").
   std::string to_string() const {
     std::string s;
-    char line[160];
-    std::snprintf(line, sizeof line, "%-16s %-10s %6s %12s\n", "op", "axes", "count", "bytes");
+    char line[200];
+    std::snprintf(line, sizeof line, "%-16s %-10s %6s %12s  %s\n", "op", "axes", "count", "bytes", "reduce");
     s += line;
     for (const auto& [key, e] : entries_) {
-      std::snprintf(line, sizeof line, "%-16s %-10s %6lld %12lld\n", key.first.c_str(), key.second.c_str(),
-                    static_cast<long long>(e.count), static_cast<long long>(e.bytes));
-      s += line;
+      std::string reduce;
+      for (int r = 0; r < static_cast<int>(e.by_reduce.size()); ++r) {
+        if (e.by_reduce[r].count > 0) {
+          reduce += (reduce.empty() ? "" : ", ") + std::string(dtensor::to_string(static_cast<ReduceOp>(r))) +
+                    " " + std::to_string(e.by_reduce[r].count);
+        }
+      }
+      std::snprintf(line, sizeof line, "%-16s %-10s %6lld %12lld  %s", key.first.c_str(), key.second.c_str(),
+                    static_cast<long long>(e.count), static_cast<long long>(e.bytes), reduce.c_str());
+      // No trailing blanks on rows without reduce ops.
+      std::string row = line;
+      row.erase(row.find_last_not_of(' ') + 1);
+      s += row + "\n";
     }
     return s;
   }
 
-  /// Records one op in every mode active on this thread.
-  static void record(std::string_view op, std::string_view axes, std::int64_t bytes) {
+  /// Records one op in every mode active on this thread (`reduce`: the op's reduction, for those that
+  /// reduce).
+  static void record(std::string_view op, std::string_view axes, std::int64_t bytes,
+                     std::optional<ReduceOp> reduce = std::nullopt) {
     for (CommDebugMode* m = active(); m != nullptr; m = m->parent_) {
       Entry& e = m->entries_[{std::string(op), std::string(axes)}];
       ++e.count;
       e.bytes += bytes;
+      if (reduce) {
+        Entry::Counts& c = e.by_reduce[static_cast<std::size_t>(*reduce)];
+        ++c.count;
+        c.bytes += bytes;
+      }
     }
   }
   /// True when some mode is active on this thread (callers skip computing what they would record).
@@ -77,12 +116,15 @@ private:
     thread_local CommDebugMode* mode = nullptr;
     return mode;
   }
-  Entry sum(std::string_view op, std::string_view axes) const {
-    Entry total;
+  Entry::Counts sum(std::string_view op, std::string_view axes,
+                    std::optional<ReduceOp> reduce = std::nullopt) const {
+    Entry::Counts total;
     for (const auto& [key, e] : entries_) {
       if ((op.empty() || key.first == op) && (axes.empty() || key.second == axes)) {
-        total.count += e.count;
-        total.bytes += e.bytes;
+        const Entry::Counts& c =
+            reduce ? e.by_reduce[static_cast<std::size_t>(*reduce)] : Entry::Counts{e.count, e.bytes};
+        total.count += c.count;
+        total.bytes += c.bytes;
       }
     }
     return total;

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -140,13 +141,13 @@ public:
                      std::string_view what = "all_reduce") const {
     auto& b = impl(what);
     const std::int64_t n = b.size();
-    record(what, n > 1 ? (2 * (n - 1) * buf.count + n - 1) / n : 0, buf.dtype);
+    record(what, n > 1 ? (2 * (n - 1) * buf.count + n - 1) / n : 0, buf.dtype, op);
     return on_stream(opts, detail::each_buffer(buf),
                      [&](const CommOptions& o) { return b.all_reduce(buf, op, o); });
   }
   WorkPtr reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) const {
     auto& b = impl("reduce");
-    record("reduce", b.rank() == root ? (b.size() - 1) * buf.count : 0, buf.dtype);
+    record("reduce", b.rank() == root ? (b.size() - 1) * buf.count : 0, buf.dtype, op);
     return on_stream(opts, detail::each_buffer(buf),
                      [&](const CommOptions& o) { return b.reduce(buf, root, op, o); });
   }
@@ -168,7 +169,7 @@ public:
                          std::span<const std::int64_t> displs, ReduceOp op, const CommOptions& opts,
                          std::string_view what = "reduce_scatter") const {
     auto& b = impl(what);
-    record(what, (b.size() - 1) * out.count, out.dtype);
+    record(what, (b.size() - 1) * out.count, out.dtype, op);
     return on_stream(opts, detail::each_buffer(in, out),
                      [&](const CommOptions& o) { return b.reduce_scatter(in, out, counts, displs, op, o); });
   }
@@ -251,9 +252,10 @@ private:
     return w;
   }
 
-  void record(std::string_view op, std::int64_t elements, DType dtype) const {
+  void record(std::string_view op, std::int64_t elements, DType dtype,
+              std::optional<ReduceOp> reduce = std::nullopt) const {
     if (CommDebugMode::any_active()) {
-      CommDebugMode::record(op, label_, elements * static_cast<std::int64_t>(dtype_size(dtype)));
+      CommDebugMode::record(op, label_, elements * static_cast<std::int64_t>(dtype_size(dtype)), reduce);
     }
   }
   static std::int64_t sum_except(std::span<const std::int64_t> counts, int me) {
