@@ -273,6 +273,36 @@ TEST_CASE("a failure during a call leaves the abort to the calling thread, which
   CHECK(g.aborted());
 }
 
+TEST_CASE("a submission waiting behind a stuck one gives up with the failure", "[nccl][guard]") {
+  FakeEngine e;
+  CommGuard g("g", e);
+  StuckCall stuck;
+  std::thread first([&] {
+    const auto order = g.lock_order(); // a whole submission: its enqueue is stuck in NCCL
+    try {
+      g.call("all_reduce", far, [&] { return stuck(e); });
+    } catch (const Error&) {
+    }
+  });
+  stuck.wait_inside();
+  std::atomic<bool> gave_up{false};
+  std::thread second([&] {
+    try {
+      const auto order = g.lock_order();
+    } catch (const TimeoutError&) {
+      gave_up = true;
+    }
+  });
+  std::this_thread::sleep_for(30ms);
+  CHECK(!gave_up); // waits its turn while the communicator is healthy
+  g.fail("g: all_reduce is still inside NCCL after its timeout", true);
+  CHECK(eventually([&] { return gave_up.load(); }, 2s));
+  second.join();
+  stuck.release = true;
+  first.join();
+  CHECK(e.aborts == 1);
+}
+
 TEST_CASE("the watchdog fails a blocking call stuck past its deadline and aborts when it returns",
           "[nccl][watchdog]") {
   FakeEngine e;

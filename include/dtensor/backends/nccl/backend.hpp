@@ -487,7 +487,7 @@ private:
     DTENSOR_CHECK(!(captured && host), describe() + ": " + what +
                                            " blocks the host until it is done, which a CUDA graph capture "
                                            "cannot record (barrier, or DTENSOR_NCCL_BLOCKING_WAIT=1)");
-    std::lock_guard order(state_->submit_mutex());
+    const auto order = state_->lock_submissions();
     // Numbered like the members' matching ops: collectives in group order, messages per peer and direction.
     std::uint32_t seq = 0;
     if (op.peers.empty()) {
@@ -562,7 +562,7 @@ private:
     state_->rethrow_if_failed();
     CudaDeviceGuard guard(state_->device());
     const auto deadline = CommClock::now() + timeout();
-    std::lock_guard order(state_->submit_mutex());
+    const auto order = state_->lock_submissions();
     // Pending ops on the parent finish first (ncclCommSplit is collective on the parent).
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = options_.nonblocking ? 0 : 1;

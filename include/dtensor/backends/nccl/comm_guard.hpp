@@ -5,7 +5,7 @@
 //
 //  - Calls. Every call into the communicator (an enqueue, ncclCommGetAsyncError, ncclCommSplit, ...) runs
 //    through call(), one at a time, and the guard knows while one is in flight, what it is and until when it
-//    may take (its deadline).
+//    may take (its deadline). lock_order() orders whole submissions (an enqueue and its polls).
 //  - Failure. fail() records the first failure (a TimeoutError or an Error; later, different ones are
 //    appended to its message) and aborts the communicator. Every later call, and every wait on one of its
 //    ops, rethrows it: once a communicator failed, no op of it reports success (as in PyTorch, where every
@@ -15,8 +15,8 @@
 //    call (the watchdog finding a blocking call stuck in NCCL's connection set-up past its deadline) leaves
 //    the abort pending; the thread in the call performs it when the call returns and then throws the
 //    failure, so it learns that the communicator was aborted under it. No thread ever waits for another
-//    thread's call to end before it can record a failure, and threads waiting to make a call give up at
-//    once with the failure. The abort runs once.
+//    thread's call to end before it can record a failure, and threads waiting to make a call or for their
+//    turn to submit give up at once with the failure. The abort runs once.
 //  - Deadlines. wait_ready() polls an asynchronous call (a nonblocking communicator's init, enqueue or split:
 //    NCCL returns ncclInProgress and completes it on its own thread) until it is done, and fails the
 //    communicator with a TimeoutError at the deadline; check_call() is the watchdog's check of a call still
@@ -135,6 +135,37 @@ public:
     }
   }
 
+  /// One thread's turn to submit (lock_order); ends when destroyed.
+  class Turn {
+  public:
+    Turn(Turn&& o) noexcept : g_(std::exchange(o.g_, nullptr)) {}
+    Turn& operator=(Turn&&) = delete;
+    ~Turn() {
+      if (g_ != nullptr) {
+        g_->end_turn();
+      }
+    }
+
+  private:
+    friend class CommGuard;
+    explicit Turn(CommGuard* g) : g_(g) {}
+    CommGuard* g_;
+  };
+
+  /// Orders whole submissions, each several calls (a nonblocking communicator must finish one op -- its
+  /// enqueue, then the polls until NCCL enqueued it -- before the next is issued). A thread waiting for its
+  /// turn gives up with the failure as soon as there is one, instead of queueing behind a call stuck in NCCL.
+  Turn lock_order() {
+    std::unique_lock lock(m_);
+    cv_.wait(lock, [&] { return !ordered_ || failed(); });
+    if (failed()) {
+      lock.unlock();
+      rethrow_if_failed();
+    }
+    ordered_ = true;
+    return Turn(this);
+  }
+
   /// The engine's status, when no call is in flight and the communicator is neither failed nor closed;
   /// nullopt otherwise. Never waits (the watchdog's poll).
   std::optional<CommStatus> try_status() {
@@ -176,6 +207,7 @@ public:
       call_what_ = "the abort";
       call_deadline_ = CommClock::time_point::max();
     }
+    cv_.notify_all(); // threads waiting for a call or a turn give up now, not after the abort
     engine_->abort();
     {
       std::lock_guard lock(m_);
@@ -265,6 +297,14 @@ private:
     call_deadline_ = deadline;
   }
 
+  void end_turn() noexcept {
+    {
+      std::lock_guard lock(m_);
+      ordered_ = false;
+    }
+    cv_.notify_all();
+  }
+
   void leave() noexcept {
     std::unique_lock lock(m_);
     if (abort_pending_) {
@@ -303,6 +343,7 @@ private:
   CommEngine* const engine_;
   mutable std::mutex m_;
   std::condition_variable cv_;
+  bool ordered_ = false;  // a submission holds its turn (lock_order)
   bool busy_ = false;     // a call (or the abort) is in flight
   std::string call_what_; // what it is
   CommClock::time_point call_deadline_{};

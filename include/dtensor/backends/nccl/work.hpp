@@ -104,7 +104,8 @@ public:
   int device() const noexcept { return device_; }
   cudaStream_t stream() const noexcept { return stream_; }
   bool nonblocking() const noexcept { return nonblocking_; }
-  std::mutex& submit_mutex() noexcept { return submit_m_; }
+  /// Orders whole submissions (CommGuard::lock_order).
+  CommGuard::Turn lock_submissions() { return guard_->lock_order(); }
 
   /// The guard: failure, calls, abort (what the works and the watchdog hold).
   const std::shared_ptr<CommGuard>& guard() const noexcept { return guard_; }
@@ -149,7 +150,6 @@ private:
   int device_;
   cudaStream_t stream_;
   bool nonblocking_;
-  std::mutex submit_m_;
   std::shared_ptr<CommGuard> guard_;
 };
 
