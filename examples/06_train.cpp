@@ -112,6 +112,7 @@
 #if DTENSOR_LOCAL_OPS_CUDA && DTENSOR_HAS_NCCL
 #define DTENSOR_TRAIN_CUDA 1
 #include <cuda_runtime_api.h>
+#include <dtensor/core/cuda_devices.hpp>
 #else
 #define DTENSOR_TRAIN_CUDA 0
 #endif
@@ -1004,8 +1005,12 @@ int main(int argc, char** argv) {
   if (device_name != "cuda") {
     usage("--device cpu: this is the CUDA build (example_06_train_cuda); the host build is example_06_train");
   }
-  if (nccl_device_count() == 0) {
-    std::printf("06_train: no CUDA device visible: skipped\n");
+  if (const CudaDevices visible = probe_cuda_devices(); visible.count == 0) {
+    if (visible.unusable()) { // a GPU CUDA cannot use (an old driver) is an error, never a skip
+      std::fprintf(stderr, "06_train: CUDA cannot use this machine's GPU: %s\n", visible.reason().c_str());
+      return 1;
+    }
+    std::printf("06_train: no CUDA device visible (%s): skipped\n", visible.reason().c_str());
     return 77; // ctest's skip code
   }
   if (std::getenv("DTENSOR_TEST_HOSTID_PER_RANK") != nullptr) {

@@ -7,9 +7,11 @@
 #      the driver supports the toolkit's CUDA major version; otherwise stop at once, saying which;
 #   1. the NCCL suite and the launcher built first (nothing else), then, while the CUDA tests, the
 #      training example and the benchmarks build in the background:
-#   2. the NCCL suite on one-rank communicators, then as 2 processes (NCCL_DEBUG=INFO: the log shows the
-#      transport) and 4 processes on the one GPU, the watchdog's timeout, the named count mismatch, and
-#      the same suite and timeout on nonblocking communicators;
+#   2. the NCCL suite on one-rank communicators (and the watchdog beside a graph capture), then as 2
+#      processes (NCCL_DEBUG=INFO: the log shows the transport) and 4 processes on the one GPU, the
+#      watchdog's timeout, the count mismatch, a member missing at connection set-up and at
+#      ncclCommInitRankConfig, the mismatch under DTENSOR_DEBUG=detail, and the suite and timeout on
+#      blocking communicators;
 #   3. every CUDA test binary (tests/*/test_*.cu), one process each;
 #   4. examples/06_train.cpp on device tensors (example_06_train_cuda) in each of its five layouts as 2
 #      processes, 3 steps in float, each checked against one rank with its collectives pinned;
@@ -30,7 +32,7 @@
 #
 # Environment: DTENSOR_GPU_DEPS (the deps folder, default build-gpu-deps), DTENSOR_GPU_BUILD (build folder,
 # default build-gpu), NCCL_ROOT (NCCL's prefix; default: the nvidia.nccl Python package, else
-# /usr/local/cuda), CUDACXX (nvcc), DTENSOR_GPU_BUDGET_S (default 540), DTENSOR_GPU_PYTHON (the Python with
+# /usr/local/cuda), CUDACXX (nvcc), DTENSOR_GPU_BUDGET_S (default 570), DTENSOR_GPU_PYTHON (the Python with
 # torch, default python3). Every NCCL step runs with the single-node environment below (sockets over
 # loopback, no network plugin, no NVLS/MNNVL) and DTENSOR_TIMEOUT=20, so a hang costs seconds. When $OUT
 # is set (the device tool), the table (gpu_check_table.txt), a tarball of the logs (gpu_check_logs.tar.gz)
@@ -52,7 +54,7 @@ case "${1:-}" in
   --dry-run) mode=dry; shift ;;
 esac
 
-budget=${DTENSOR_GPU_BUDGET_S:-540}
+budget=${DTENSOR_GPU_BUDGET_S:-570}
 deps=${1:-${DTENSOR_GPU_DEPS:-build-gpu-deps}}
 case "$deps" in /*) ;; *) deps="$root/$deps" ;; esac
 build=${DTENSOR_GPU_BUILD:-build-gpu}
@@ -522,16 +524,25 @@ nccl_step() { # NAME TIMEOUT NEEDED PROCS ARGS... (PROCS 1: the suite alone)
   fi
 }
 nccl_step "nccl_suite, one-rank communicators" 60 15 1
+nccl_step "nccl watchdog beside a global-mode graph capture" 30 5 1 capture_watchdog
 nccl_step "nccl_suite, 2 processes" 60 20 2 env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV
 if [ "$mode" = run ] && [ -f "$step_log" ]; then
   transport=$(grep -m1 -oE 'NET/(Socket|IB|Plugin)[^ ]*( : [^ ]+)?' "$step_log" || true)
   echo "gpu_check: the 2-process suite's network: ${transport:-not reported} (NCCL_DEBUG=INFO in ${step_log#$root/})"
 fi
 nccl_step "nccl_suite, 4 processes" 90 30 4
-nccl_step "nccl watchdog timeout, 2 processes" 45 15 2 timeout
-nccl_step "nccl count mismatch named, 2 processes" 45 15 2 mismatch
-nccl_step "nccl_suite, 2 processes, nonblocking" 60 20 2 env DTENSOR_NCCL_NONBLOCKING=1
-nccl_step "nccl watchdog timeout, nonblocking" 45 15 2 env DTENSOR_NCCL_NONBLOCKING=1 timeout
+# Failures: a member missing in an op (then every wait and the next op raise), in the first op's
+# connection set-up, in ncclCommInitRankConfig; mismatched ops (every rank errs, none passes by NCCL
+# completing them), and under DTENSOR_DEBUG=detail before anything is sent.
+nccl_step "nccl watchdog timeout, 2 processes" 60 15 2 timeout
+nccl_step "nccl count mismatch named, 2 processes" 90 20 2 mismatch
+nccl_step "nccl member missing at connection set-up" 60 15 2 connect_timeout
+nccl_step "nccl member missing at ncclCommInitRankConfig" 60 15 2 init_timeout
+nccl_step "nccl mismatch caught by detail before sending" 60 10 2 mismatch_detail
+# Blocking communicators (DTENSOR_NCCL_NONBLOCKING=0; nonblocking is the default). Not the set-up timeouts:
+# a blocking call stuck in NCCL cannot be interrupted, by design.
+nccl_step "nccl_suite, 2 processes, blocking" 60 20 2 env DTENSOR_NCCL_NONBLOCKING=0
+nccl_step "nccl watchdog timeout, blocking" 60 15 2 env DTENSOR_NCCL_NONBLOCKING=0 timeout
 
 # ---- 4. the CUDA tests, one process each ----------------------------------------------------------------
 wait_build "build: CUDA tests, training example" "$tests_log" 30
@@ -567,15 +578,15 @@ built "$bred" "$name" && step "$name" 60 15 "$bred" --device cuda --out "$result
 # ~4 ms per collective over sockets between processes on one GPU; rows are written as they finish, so a
 # cut run keeps what it measured.
 name="bench_nccl, 2 processes (4 B..64 KiB)"
-built "$bnccl" "$name" && step "$name" 90 30 "${multi[@]}" 2 "$bnccl" --out "$results" --max-bytes 65536 --scale 0.2
+built "$bnccl" "$name" && step "$name" 90 25 "${multi[@]}" 2 "$bnccl" --out "$results" --max-bytes 65536 --scale 0.2
 name="redistribution on CUDA, 2 processes"
-built "$bred" "$name" && step "$name" 90 30 "${multi[@]}" 2 "$bred" --device cuda --out "$results" --scale 0.34
+built "$bred" "$name" && step "$name" 90 25 "${multi[@]}" 2 "$bred" --device cuda --out "$results" --scale 0.34
 step --may-skip "torch DTensor available" 45 10 "$py" "$torch_bench" --check
 torch_rc=$?
 for procs in 1 2; do
   name="torch DTensor redistribution, $procs process(es)"
   case $torch_rc in
-    0) step "$name" 120 30 "${torchrun[@]}" --nproc-per-node "$procs" "$torch_bench" --out "$results" --scale 0.34 ;;
+    0) step "$name" 120 25 "${torchrun[@]}" --nproc-per-node "$procs" "$torch_bench" --out "$results" --scale 0.34 ;;
     77) record "$name" SKIP 0 "no torch DTensor on CUDA here (the step above says why)" ;;
     *) record "$name" "NOT RUN" 0 "the torch check did not pass" ;;
   esac

@@ -22,15 +22,17 @@ phase "sanitize: install missing packages" scripts/deps.sh
 # dtensor-run (launcher, store rendezvous, gloo suite, faults) and under mpirun (the MPI backend, its
 # store and faults; ASan + UBSan only: Open MPI's own threads are not instrumented, so TSan cannot see
 # their synchronisation, and tests/sanitizers/lsan.supp names the memory Open MPI keeps past exit).
-asan_targets=(core_test_tensor core_test_local_ops rendezvous_test_store comm_test_collectives comm_test_p2p
+asan_targets=(core_test_tensor core_test_local_ops rendezvous_test_store backends_test_nccl_watchdog comm_test_collectives comm_test_p2p
               comm_test_errors comm_test_mismatch comm_test_groups comm_test_backend_front comm_test_object tensor_test_dtensor
               parallel_test_ddp run_test_init run_rank_program run_launcher_test run_gloo_suite
               run_fault_program dtensor-run run_mpi_suite run_test_mpi_store run_mpi_fault_program)
-asan_tests='^(core|rendezvous|comm|tensor|parallel|run)/'
-# The threaded tests: store server, backend executors and completers, async work, DDP's bucket hooks.
-tsan_targets=(rendezvous_test_store comm_test_collectives comm_test_p2p comm_test_errors comm_test_mismatch comm_test_object
+asan_tests='^(core|rendezvous|backends|comm|tensor|parallel|run)/'
+# The threaded tests: store server, the NCCL watchdog's policy (against fakes), backend executors and
+# completers, async work, DDP's bucket hooks.
+tsan_targets=(rendezvous_test_store backends_test_nccl_watchdog comm_test_collectives comm_test_p2p comm_test_errors
+              comm_test_mismatch comm_test_object
               comm_test_groups comm_test_backend_front parallel_test_ddp)
-tsan_tests='^(rendezvous/|comm/|parallel/)'
+tsan_tests='^(rendezvous/|backends/|comm/|parallel/)'
 
 # The tests under mpirun (Open MPI's stacks need the slow unwinder for lsan.supp to match them).
 mpi_tests='^run/(mpi_|gloo_suite_over_mpi)'

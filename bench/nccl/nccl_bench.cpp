@@ -17,6 +17,7 @@
 #if DTENSOR_HAS_NCCL
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/init.hpp>
+#include <dtensor/core/cuda_devices.hpp>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -48,11 +49,16 @@ void check_nccl(ncclResult_t r, const char* what) {
 } // namespace
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("bench_nccl: no CUDA device visible, skipping\n");
+  const CudaDevices visible = probe_cuda_devices();
+  if (visible.unusable()) { // a GPU CUDA cannot use (an old driver) is an error, never a skip
+    std::fprintf(stderr, "bench_nccl: CUDA cannot use this machine's GPU: %s\n", visible.reason().c_str());
+    return 1;
+  }
+  if (visible.count == 0) {
+    std::printf("bench_nccl: no CUDA device visible (%s), skipping\n", visible.reason().c_str());
     return 77;
   }
+  const int devices = visible.count;
   const bench::Options opt = bench::parse_options(argc, argv);
   const DistEnv env = read_dist_env();
   if (const char* h = std::getenv("DTENSOR_TEST_HOSTID_PER_RANK"); h && std::string(h) == "1") {

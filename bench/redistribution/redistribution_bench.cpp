@@ -55,6 +55,7 @@
 #if DTENSOR_HAS_NCCL && DTENSOR_HAS_CUDA
 #define BENCH_HAS_DEVICE 1
 #include <cuda_runtime_api.h>
+#include <dtensor/core/cuda_devices.hpp>
 #else
 #define BENCH_HAS_DEVICE 0
 #endif
@@ -649,12 +650,17 @@ int setup(Ctx& c, InitOptions& io) {
     return 0;
   }
 #if BENCH_HAS_DEVICE
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();
-    std::printf("bench_redistribution: no CUDA device visible, skipping\n");
+  const CudaDevices visible = probe_cuda_devices();
+  if (visible.unusable()) { // a GPU CUDA cannot use (an old driver) is an error, never a skip
+    std::fprintf(stderr, "bench_redistribution: CUDA cannot use this machine's GPU: %s\n",
+                 visible.reason().c_str());
+    return 1;
+  }
+  if (visible.count == 0) {
+    std::printf("bench_redistribution: no CUDA device visible (%s), skipping\n", visible.reason().c_str());
     return 77;
   }
+  const int devices = visible.count;
   const DistEnv env = read_dist_env();
   if (const char* h = std::getenv("DTENSOR_TEST_HOSTID_PER_RANK"); h && std::string(h) == "1") {
     // Several ranks on one GPU: NCCL must see them as different hosts (socket transport over loopback).

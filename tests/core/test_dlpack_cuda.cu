@@ -16,6 +16,8 @@
 #include "dtensor/core/dlpack.hpp"
 #include "dtensor/core/tensor.hpp"
 
+#include "../support/cuda_device.hpp"
+
 using dtensor::bfloat16;
 using dtensor::Device;
 using dtensor::Tensor;
@@ -24,15 +26,10 @@ static_assert(DTENSOR_HAS_CUDA == 1, "this test is compiled by nvcc");
 
 namespace {
 
+/// Skips the whole program (ctest SKIP) without a CUDA device; fails on any other CUDA error
+/// (tests/support/cuda_device.hpp).
 void require_cuda_device() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("note: no CUDA device visible (%s); skipping the CUDA DLPack tests\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    std::fflush(stdout);
-    std::exit(DTENSOR_SKIP_CODE);
-  }
+  dtensor::test_support::require_cuda_device("the CUDA DLPack tests");
 }
 
 Tensor<float, 2> device_iota(std::int64_t rows, std::int64_t cols) {

@@ -20,6 +20,7 @@
 #include "dtensor/core/tensor_io.hpp"
 #include "dtensor/tensor/local_ops.hpp"
 
+#include "../support/cuda_device.hpp"
 #include "../support/random_bytes.hpp"
 
 // Thrust includes CUDA's cuda_fp16.h, which declares a global ::half: name dtensor's types in full here.
@@ -35,15 +36,10 @@ namespace {
 
 using dtensor::test_support::random_bytes;
 
+/// Skips the whole program (ctest SKIP) without a CUDA device; fails on any other CUDA error
+/// (tests/support/cuda_device.hpp).
 void require_cuda_device() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("note: no CUDA device visible (%s); skipping the CUDA local_ops tests\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    std::fflush(stdout);
-    std::exit(DTENSOR_SKIP_CODE);
-  }
+  dtensor::test_support::require_cuda_device("the CUDA local_ops tests");
 }
 
 /// True when the two host tensors hold the same bytes (contiguous, same shape).

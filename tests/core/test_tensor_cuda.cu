@@ -1,6 +1,7 @@
 // Local tensors on Device::cuda(0): allocation (default and explicit streams), host <-> device copies,
 // strided (narrowed) copies in every direction, fills, every element type, and the 16-bit float
-// conversions in device code. Every test case exits with DTENSOR_SKIP_CODE when no GPU is visible.
+// conversions in device code. Every test case exits with DTENSOR_SKIP_CODE when no GPU is visible (and
+// fails on a GPU that CUDA cannot use), except the last, which checks that policy on any machine.
 
 #include <catch2/catch.hpp>
 
@@ -18,6 +19,8 @@
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/core/tensor_io.hpp"
 
+#include "../support/cuda_device.hpp"
+
 using Catch::Contains;
 using dtensor::bfloat16;
 using dtensor::Device;
@@ -28,17 +31,10 @@ static_assert(DTENSOR_HAS_CUDA == 1, "this test is compiled by nvcc");
 
 namespace {
 
-/// Ends the whole test program with the skip code when no CUDA device is visible (ctest then reports
-/// the test as skipped, not failed).
+/// Skips the whole program (ctest SKIP) without a CUDA device; fails on any other CUDA error
+/// (tests/support/cuda_device.hpp).
 void require_cuda_device() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("note: no CUDA device visible (%s); skipping the CUDA tensor tests\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    std::fflush(stdout);
-    std::exit(DTENSOR_SKIP_CODE);
-  }
+  dtensor::test_support::require_cuda_device("the CUDA tensor tests");
 }
 
 template <class F>
@@ -276,4 +272,28 @@ TEST_CASE("16-bit float conversions agree between host and device", "[cuda]") {
     }
   }
   CHECK(mismatches == 0);
+}
+
+// Runs without a GPU too: the skip policy of every GPU test (tests/support/cuda_device.hpp).
+TEST_CASE("GPU tests skip only without a device or a driver and fail on an old driver", "[cuda][skip]") {
+  using dtensor::CudaDevices;
+  const CudaDevices two{2, cudaSuccess, 13000};
+  CHECK(!two.none());
+  CHECK(!two.unusable());
+  CHECK(two.reason() == "2 devices");
+  CHECK(CudaDevices{0, cudaSuccess, 13000}.none());
+  CHECK(CudaDevices{0, cudaErrorNoDevice, 13000}.none());
+  const CudaDevices no_driver{0, cudaErrorInsufficientDriver, 0};
+  CHECK(no_driver.none());
+  CHECK(no_driver.reason() == "no CUDA driver is installed");
+  const CudaDevices old_driver{0, cudaErrorInsufficientDriver, 12040};
+  CHECK(!old_driver.none());
+  CHECK(old_driver.unusable());
+  CHECK_THAT(old_driver.reason(), Contains("cudaErrorInsufficientDriver") && Contains("supports CUDA 12.4"));
+  CHECK(CudaDevices{0, cudaErrorSystemDriverMismatch, 13000}.unusable());
+  CHECK(CudaDevices{0, cudaErrorDevicesUnavailable, 13000}.unusable());
+  // This machine: a GPU, or none at all; a GPU that CUDA cannot use fails here, with the reason.
+  const CudaDevices here = dtensor::probe_cuda_devices();
+  INFO("this machine: " << here.reason());
+  CHECK(!here.unusable());
 }

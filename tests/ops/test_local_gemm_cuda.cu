@@ -20,6 +20,7 @@
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/ops/local/gemm.hpp"
 
+#include "../support/cuda_device.hpp"
 #include "../support/gemm_operands.hpp"
 
 // CUDA's cuda_fp16.h declares a global ::half: name dtensor's types in full here.
@@ -34,15 +35,10 @@ static_assert(DTENSOR_HAS_CUDA == 1 && DTENSOR_HAS_CUBLAS == 1, "this test links
 
 namespace {
 
+/// Skips the whole program (ctest SKIP) without a CUDA device; fails on any other CUDA error
+/// (tests/support/cuda_device.hpp).
 void require_cuda_device() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("note: no CUDA device visible (%s); skipping the cuBLAS GEMM tests\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    std::fflush(stdout);
-    std::exit(DTENSOR_SKIP_CODE);
-  }
+  dtensor::test_support::require_cuda_device("the cuBLAS GEMM tests");
 }
 
 /// A stream made for the test and destroyed after it (the GEMMs must run on the tensors' stream).

@@ -19,6 +19,8 @@
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/ops/local/random.hpp"
 
+#include "../support/cuda_device.hpp"
+
 // CUDA's cuda_fp16.h declares a global ::half: name dtensor's types in full here.
 using dtensor::Device;
 using dtensor::GlobalBlock;
@@ -30,15 +32,10 @@ static_assert(DTENSOR_HAS_CUDA == 1 && DTENSOR_HAS_RANDOM123 == 1 && DTENSOR_LOC
 
 namespace {
 
+/// Skips the whole program (ctest SKIP) without a CUDA device; fails on any other CUDA error
+/// (tests/support/cuda_device.hpp).
 void require_cuda_device() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("note: no CUDA device visible (%s); skipping the CUDA random-number tests\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    std::fflush(stdout);
-    std::exit(DTENSOR_SKIP_CODE);
-  }
+  dtensor::test_support::require_cuda_device("the CUDA random-number tests");
 }
 
 /// Number of elements where two host tensors of one shape differ in their bytes.

@@ -20,6 +20,8 @@
 #include "dtensor/parallel/init.hpp"
 #include "dtensor/parallel/optim.hpp"
 
+#include "../support/cuda_device.hpp"
+
 // CUDA's cuda_fp16.h declares a global ::half: name dtensor's types in full here.
 using dtensor::bfloat16;
 using dtensor::Device;
@@ -32,15 +34,10 @@ static_assert(DTENSOR_HAS_CUDA == 1 && DTENSOR_HAS_RANDOM123 == 1 && DTENSOR_LOC
 
 namespace {
 
+/// Skips the whole program (ctest SKIP) without a CUDA device; fails on any other CUDA error
+/// (tests/support/cuda_device.hpp).
 void require_cuda_device() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("note: no CUDA device visible (%s); skipping the CUDA optimizer tests\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-    std::fflush(stdout);
-    std::exit(DTENSOR_SKIP_CODE);
-  }
+  dtensor::test_support::require_cuda_device("the CUDA optimizer tests");
 }
 
 template <class T>

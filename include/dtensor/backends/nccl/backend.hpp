@@ -18,12 +18,17 @@
 //    splits with colour = the other coordinates, key = the coordinate on the axis); the front learns every
 //    member's colour and key through the store, under the communicator's prefix and its split count
 //    (backends/split.hpp), so it needs no device memory and no collective besides ncclCommSplit itself.
-//  - Communicators are blocking by default, as in PyTorch since NCCL 2.26's hangs with nonblocking ones
-//    (pytorch#153960, #154055): an NCCL call returns once the op is enqueued. NcclOptions::nonblocking (or
-//    DTENSOR_NCCL_NONBLOCKING=1) makes them nonblocking: every call returns at once (ncclInProgress) and
-//    the backend polls ncclCommGetAsyncError until the op is enqueued. Either way the watchdog thread
-//    aborts a communicator whose op runs past its timeout or that reports an asynchronous error; pending
-//    and later ops then fail with dtensor::TimeoutError / dtensor::Error instead of hanging.
+//  - Communicators are nonblocking by default (ncclConfig_t::blocking = 0): every NCCL call returns at once
+//    (ncclInProgress) and the backend polls ncclCommGetAsyncError against the op's deadline, so a member
+//    that never arrives -- in ncclCommInitRankConfig, ncclCommSplit, or the connection set-up NCCL 2.28 does
+//    lazily in a first op -- gives a TimeoutError and the communicator is aborted, instead of a hang
+//    (PyTorch's RFC pytorch#137007 for the same reason). NcclOptions::nonblocking = false (or
+//    DTENSOR_NCCL_NONBLOCKING=0) makes them blocking, as PyTorch does since NCCL 2.26 hung in nonblocking
+//    mode (pytorch#153960): a call returns once the op is enqueued, and one stuck inside NCCL cannot be
+//    interrupted (ncclCommAbort must not run under a call, backends/nccl/comm_guard.hpp). Either way the
+//    watchdog fails and aborts a communicator whose op runs past its timeout or that reports an
+//    asynchronous error; pending and later ops, and every wait on its works, then throw
+//    dtensor::TimeoutError / dtensor::Error instead of hanging or passing partly written data off as done.
 //  - Each group has its own CUDA stream. An op waits for the caller's stream (CommOptions::stream; the
 //    legacy default stream when none is given, which is where Tensor allocates and copies), runs on the
 //    group's stream, and records an event; Work::wait() makes the caller's stream wait for that event and
@@ -40,8 +45,10 @@
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/group_generations.hpp"
+#include "dtensor/backends/nccl/comm_guard.hpp"
 #include "dtensor/backends/nccl/rendezvous.hpp"
 #include "dtensor/backends/nccl/types.hpp"
+#include "dtensor/backends/nccl/watchdog.hpp"
 #include "dtensor/backends/nccl/work.hpp"
 #include "dtensor/backends/op_board.hpp"
 #include "dtensor/backends/registry.hpp"
@@ -79,9 +86,14 @@ struct NcclOptions {
   int device = 0;
   /// Key prefix in the store (the world communicator's keys live under "<prefix>/world").
   std::string prefix = "dtensor/nccl";
-  /// Nonblocking communicators (ncclConfig_t::blocking = 0); the environment variable
-  /// DTENSOR_NCCL_NONBLOCKING overrides it (core/env.hpp's flags). Off by default, as in PyTorch.
-  bool nonblocking = false;
+  /// Nonblocking communicators (ncclConfig_t::blocking = 0, the default): every NCCL call returns at once and
+  /// the backend polls it against the op's deadline, so a member that never arrives in the communicator's
+  /// creation or in the first op's connection set-up gives a TimeoutError. false (or
+  /// DTENSOR_NCCL_NONBLOCKING=0, core/env.hpp's flags) makes them blocking (PyTorch's default since NCCL
+  /// 2.26 hung in nonblocking mode, pytorch#153960): a call then returns once NCCL enqueued the op, and a
+  /// call stuck inside NCCL cannot be interrupted (ncclCommAbort must not run under it): the watchdog fails
+  /// the communicator at the deadline, so works and other threads raise, but the stuck thread stays.
+  bool nonblocking = true;
   /// Work::wait() blocks the host until the op completed (DTENSOR_NCCL_BLOCKING_WAIT overrides it).
   bool blocking_wait = false;
 };
@@ -97,24 +109,35 @@ struct NcclRankShared {
 
 /// A new communicator of `size` ranks, this one `rank`, on `device`: the unique id of rank 0 through
 /// `store` (under "unique_id"), ncclCommInitRankConfig, a stream of its own. `what` names it in messages.
+/// The timeout covers both steps: a nonblocking communicator is polled until NCCL finished making it, and
+/// aborted with a TimeoutError (naming ncclCommInitRankConfig) when a member has not come by then; a
+/// blocking one waits inside NCCL for as long as it takes (see NcclOptions::nonblocking).
 inline std::shared_ptr<NcclCommState> init_nccl_comm(Store* store, int rank, int size, int device,
                                                      const NcclOptions& options,
                                                      std::chrono::milliseconds timeout,
                                                      const std::string& what) {
+  const auto deadline = CommClock::now() + timeout;
   const ncclUniqueId id = exchange_nccl_unique_id(store, "unique_id", rank, size, timeout);
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", what);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = options.nonblocking ? 0 : 1;
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  DTENSOR_CHECK(r == ncclSuccess || r == ncclInProgress,
-                what + ": ncclCommInitRankConfig failed on rank " + std::to_string(rank) + " of " +
-                    std::to_string(size) + ": " + nccl_error_text(r));
-  cudaStream_t stream = nullptr;
-  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", what);
-  auto state = std::make_shared<NcclCommState>(comm, device, stream, what, options.nonblocking);
-  if (r == ncclInProgress) {
-    state->wait_ready(state->async_error(), NcclClock::now() + timeout, "ncclCommInitRankConfig");
+  if (r != ncclSuccess && r != ncclInProgress) {
+    const std::string text = nccl_error_text(r);
+    if (comm != nullptr) {
+      ncclCommAbort(comm);
+    }
+    (void)cudaStreamDestroy(stream);
+    throw Error(what + ": ncclCommInitRankConfig failed on rank " + std::to_string(rank) + " of " +
+                std::to_string(size) + ": " + text);
   }
+  auto state = std::make_shared<NcclCommState>(comm, device, stream, what, options.nonblocking);
+  // A nonblocking init goes on in NCCL's thread: poll it against the deadline (aborted when it passes).
+  state->wait_ready(r, deadline,
+                    "ncclCommInitRankConfig (rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                        ")");
   return state;
 }
 
@@ -126,7 +149,7 @@ public:
                   std::shared_ptr<NcclRankShared> shared)
       : Backend(timeout), state_(std::move(state)), global_(std::move(global)), rank_(rank),
         options_(std::move(options)), store_(std::move(store)), shared_(std::move(shared)) {
-    NcclWatchdog::instance().watch(state_);
+    nccl_watchdog().watch(state_->guard());
     scratch_buffer(); // now, not in the first barrier: an op must not allocate (CUDA graph capture)
   }
 
@@ -441,13 +464,16 @@ private:
     std::vector<int> peers = {}; ///< point-to-point: the members it exchanges with (empty: a collective)
   };
 
-  /// One op: ordered after the caller's stream, enqueued on the group's stream, an event after it.
+  /// One op: ordered after the caller's stream, enqueued on the group's stream, an event after it. The
+  /// deadline starts here and covers the enqueue (on a nonblocking communicator NCCL may set up the
+  /// connections of a first op meanwhile: polled, a TimeoutError when it passes) and the op on the GPU (the
+  /// watchdog).
   template <class Enqueue>
   WorkPtr submit(NcclOp op, const CommOptions& opts, bool host_wait, Enqueue&& enqueue) {
     state_->rethrow_if_failed();
     CudaDeviceGuard guard(state_->device());
     const auto limit = opts.timeout.count() > 0 ? opts.timeout : timeout();
-    const auto deadline = NcclClock::now() + limit;
+    const auto deadline = CommClock::now() + limit;
     auto user = static_cast<cudaStream_t>(opts.stream);
     const std::string what = std::string(op.name);
     // Under CUDA graph capture (of the caller's stream) the op is recorded, not run: its events must not be
@@ -461,7 +487,7 @@ private:
     DTENSOR_CHECK(!(captured && host), describe() + ": " + what +
                                            " blocks the host until it is done, which a CUDA graph capture "
                                            "cannot record (barrier, or DTENSOR_NCCL_BLOCKING_WAIT=1)");
-    std::lock_guard order(state_->submit_mutex());
+    const auto order = state_->lock_submissions();
     // Numbered like the members' matching ops: collectives in group order, messages per peer and direction.
     std::uint32_t seq = 0;
     if (op.peers.empty()) {
@@ -474,47 +500,52 @@ private:
                [&] { return describe() + ": " + what; });
     check_cuda(cudaStreamWaitEvent(state_->stream(), ready->get(), 0), "cudaStreamWaitEvent",
                [&] { return describe() + ": " + what; });
-    const ncclResult_t r = state_->call([&](ncclComm_t c) { return enqueue(c, state_->stream()); });
+    const ncclResult_t r =
+        state_->call(what, deadline, [&](ncclComm_t c) { return enqueue(c, state_->stream()); });
     if (r != ncclSuccess && r != ncclInProgress && r != ncclUnhandledCudaError && r != ncclSystemError &&
         r != ncclInternalError && r != ncclRemoteError) {
       // An argument error: the communicator is fine, report it to the caller only.
-      throw Error(describe() + ": " + what +
-                  ": NCCL rejected the call: " + nccl_error_text(r, state_->comm()));
+      throw Error(describe() + ": " + what + ": NCCL rejected the call: " + nccl_error_text(r));
     }
     state_->wait_ready(r, deadline, what);
     auto done = std::make_shared<CudaEvent>(state_->device());
     check_cuda(cudaEventRecord(done->get(), state_->stream()), "cudaEventRecord",
                [&] { return describe() + ": " + what; });
     if (!captured) { // a captured op is recorded into a graph, not run: nothing to watch or record
-      NcclOpTrace trace{shared_flight_recorder(),
-                        0,
-                        board_,
-                        describe_op(op.name, seq, op.count, op.dtype, op.root, op.reduce),
-                        {},
-                        std::min(limit, std::chrono::milliseconds(1000))};
+      OpTrace trace{shared_flight_recorder(),
+                    0,
+                    board_,
+                    describe_op(op.name, seq, op.count, op.dtype, op.root, op.reduce),
+                    {},
+                    std::min(limit, std::chrono::milliseconds(1000))};
       trace.id = trace.recorder->submitted(op.name, op.count, op.dtype, op.root, op.reduce, /*running=*/true);
       if (!op.peers.empty()) {
         trace.members = std::move(op.peers);
         trace.members.push_back(rank_);
         std::sort(trace.members.begin(), trace.members.end());
       }
-      NcclWatchdog::instance().watch_op(state_, done, deadline, what, std::move(trace));
+      nccl_watchdog().watch_op(state_->guard(), done, deadline, what, std::move(trace));
     }
-    return std::make_shared<NcclWork>(state_, std::move(done), user, host, deadline, what, nullptr, captured);
+    return std::make_shared<NcclWork>(state_, std::move(done), user, host, deadline, what, captured);
   }
 
-  /// A small device buffer owned by the group (barrier), allocated with the communicator.
+  /// A small device buffer owned by the group (barrier), allocated with the communicator, stream-ordered on
+  /// the group's stream: cudaMallocAsync there, and cudaFreeAsync there when the group goes, after every op
+  /// queued before (the deleter holds the communicator's state, so the stream outlives the free).
   void* scratch_buffer() {
     if (!scratch_) {
       CudaDeviceGuard guard(state_->device());
+      cudaStream_t s = state_->stream();
       void* p = nullptr;
-      check_cuda(cudaMalloc(&p, 64), "cudaMalloc", describe() + ": barrier scratch");
-      check_cuda(cudaMemset(p, 0, 64), "cudaMemset", describe());
-      const int dev = state_->device();
-      scratch_ = std::shared_ptr<void>(p, [dev](void* q) {
-        CudaDeviceGuard g(dev);
-        (void)cudaFree(q);
+      check_cuda(cudaMallocAsync(&p, 64, s), "cudaMallocAsync", describe() + ": barrier scratch");
+      scratch_ = std::shared_ptr<void>(p, [state = state_](void* q) {
+        try {
+          CudaDeviceGuard g(state->device());
+          (void)cudaFreeAsync(q, state->stream());
+        } catch (const std::exception&) { // the device is gone: nothing to free
+        }
       });
+      check_cuda(cudaMemsetAsync(p, 0, 64, s), "cudaMemsetAsync", describe() + ": barrier scratch");
     }
     return scratch_.get();
   }
@@ -524,32 +555,36 @@ private:
     return store_ != nullptr ? std::make_shared<PrefixStore>(name, store_) : nullptr;
   }
 
-  /// ncclCommSplit into a new backend whose rank `mine` maps to `global` (nullptr when mine < 0).
+  /// ncclCommSplit into a new backend whose rank `mine` maps to `global` (nullptr when mine < 0). The
+  /// group's timeout covers the split (polled on a nonblocking parent, then the child's own set-up).
   std::shared_ptr<Backend> split_to(int color, int key, int mine, std::vector<int> global,
                                     std::shared_ptr<Store> store) {
     state_->rethrow_if_failed();
     CudaDeviceGuard guard(state_->device());
-    const auto deadline = NcclClock::now() + timeout();
-    std::lock_guard order(state_->submit_mutex());
+    const auto deadline = CommClock::now() + timeout();
+    const auto order = state_->lock_submissions();
     // Pending ops on the parent finish first (ncclCommSplit is collective on the parent).
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = options_.nonblocking ? 0 : 1;
     ncclComm_t child = nullptr;
-    const ncclResult_t r =
-        state_->call([&](ncclComm_t c) { return ncclCommSplit(c, color, key, &child, &config); });
+    const ncclResult_t r = state_->call("ncclCommSplit", deadline, [&](ncclComm_t c) {
+      return ncclCommSplit(c, color, key, &child, &config);
+    });
     state_->wait_ready(r, deadline, "ncclCommSplit");
     if (child == nullptr || mine < 0) {
       return nullptr;
     }
     cudaStream_t stream = nullptr;
-    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
-               describe());
+    const cudaError_t made = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (made != cudaSuccess) {
+      ncclCommAbort(child);
+      check_cuda(made, "cudaStreamCreateWithFlags", describe());
+    }
     auto child_state = std::make_shared<NcclCommState>(
         child, state_->device(), stream,
         "nccl group " + format_list(global) + " (rank " + std::to_string(mine) + ")", options_.nonblocking);
     // A nonblocking child may still be initialising.
-    ncclResult_t cr = child_state->async_error();
-    child_state->wait_ready(cr, deadline, "ncclCommSplit (new communicator)");
+    child_state->wait_ready(ncclInProgress, deadline, "ncclCommSplit (new communicator)");
     return std::make_shared<NcclBackendImpl>(std::move(child_state), std::move(global), mine, timeout(),
                                              options_, std::move(store), shared_);
   }
@@ -580,10 +615,14 @@ inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Store> store, 
   DTENSOR_CHECK(size > 0 && rank >= 0 && rank < size, "make_nccl_backend: rank " + std::to_string(rank) +
                                                           " is out of range for size " +
                                                           std::to_string(size));
-  const int devices = nccl_device_count();
+  const CudaDevices visible = probe_cuda_devices();
+  DTENSOR_CHECK(!visible.unusable(), "make_nccl_backend: rank " + std::to_string(rank) +
+                                         " has a GPU that CUDA cannot use: " + visible.reason());
+  const int devices = visible.count;
   DTENSOR_CHECK(devices > 0,
-                "make_nccl_backend: no CUDA device is visible to rank " + std::to_string(rank) +
-                    " (check CUDA_VISIBLE_DEVICES and the driver), so NCCL cannot run; use the gloo "
+                "make_nccl_backend: no CUDA device is visible to rank " + std::to_string(rank) + " (" +
+                    visible.reason() +
+                    "; check CUDA_VISIBLE_DEVICES and the driver), so NCCL cannot run; use the gloo "
                     "backend (DTENSOR_BACKEND=gloo) on machines without GPUs");
   options.nonblocking = detail::env_flag("DTENSOR_NCCL_NONBLOCKING", options.nonblocking);
   options.blocking_wait = detail::env_flag("DTENSOR_NCCL_BLOCKING_WAIT", options.blocking_wait);

@@ -9,6 +9,7 @@
 //  - ReduceOp::avg is ncclAvg for every type (integers: wrap-around sum, then divide truncating, as the
 //    gloo backend does). ncclRedOpCreatePreMulSum is not needed for any op of the Backend interface.
 
+#include "dtensor/core/cuda_devices.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/reduce_op.hpp"
@@ -123,14 +124,11 @@ private:
 
 namespace dtensor {
 
-/// Number of CUDA devices this process sees; 0 when there is no driver or device (never throws).
+/// Number of CUDA devices this process can use; 0 when there is no driver or device, and also when CUDA
+/// cannot use the GPU there (an old driver: probe_cuda_devices() in core/cuda_devices.hpp tells the two
+/// apart). Never throws; what "auto" backend selection asks.
 inline int nccl_device_count() noexcept {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
+  return probe_cuda_devices().count;
 }
 
 } // namespace dtensor
