@@ -2,8 +2,21 @@
 # find_package; MODE=subdirectory uses add_subdirectory on SOURCE_DIR.
 set(work ${WORK_DIR}/${MODE})
 file(REMOVE_RECURSE ${work})
-set(args -S ${SOURCE_DIR}/tests/consumer -B ${work}/build -G Ninja -DCMAKE_BUILD_TYPE=Release
-         -DDTENSOR_ENABLE_CUDA=OFF)
+# BUILD_TYPE and BUILD_TYPE_FLAGS (optional): the build type and its C++ flags (default: Release). A type of
+# dtensor's own (the test build's "Test") maps imported targets to their release configurations.
+if(NOT BUILD_TYPE)
+  set(BUILD_TYPE Release)
+endif()
+string(TOUPPER "${BUILD_TYPE}" type)
+file(WRITE ${work}/init.cmake "set(CMAKE_BUILD_TYPE ${BUILD_TYPE} CACHE STRING \"\")\n")
+if(DEFINED BUILD_TYPE_FLAGS)
+  file(APPEND ${work}/init.cmake "set(CMAKE_CXX_FLAGS_${type} \"${BUILD_TYPE_FLAGS}\" CACHE STRING \"\")\n")
+endif()
+if(NOT type MATCHES "^(RELEASE|DEBUG|RELWITHDEBINFO|MINSIZEREL)$")
+  file(APPEND ${work}/init.cmake
+       "set(CMAKE_MAP_IMPORTED_CONFIG_${type} \"Release;RelWithDebInfo;MinSizeRel;None;\" CACHE STRING \"\")\n")
+endif()
+set(args -C ${work}/init.cmake -S ${SOURCE_DIR}/tests/consumer -B ${work}/build -G Ninja -DDTENSOR_ENABLE_CUDA=OFF)
 if(MODE STREQUAL "install")
   execute_process(COMMAND ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${work}/prefix
                   RESULT_VARIABLE rc OUTPUT_QUIET)
