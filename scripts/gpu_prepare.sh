@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu_prepare.sh: run on a CPU machine (Debian 12, network or apt available) to gather, into one
-# git-ignored folder, what the GPU test machine lacks (DESIGN.md §4: no gloo, no Catch2, no apt, no network).
+# git-ignored folder, what the GPU test machine lacks (docs/design.md, Testing and machines:
+# no gloo, no Catch2, no apt, no network).
 # scripts/gpu_check.sh then uses that folder on the GPU machine.
 #
 #   scripts/gpu_prepare.sh [DIR]        # DIR defaults to build-gpu-deps (ignored by git: build*/)

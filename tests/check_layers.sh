@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The layer picture (DESIGN.md section 3), checked: a header may include only headers of its own layer or
+# The layer picture (docs/design.md, Layering), checked: a header includes only headers of its own layer or
 # of the layers below it. core <- rendezvous <- backends <- comm <- mesh, plan <- exec <- tensor <- ops, checkpoint
 # <- parallel <- testing (mesh and plan, ops and checkpoint are side by side and do not include each other).
 # usage: tests/check_layers.sh [include dir]

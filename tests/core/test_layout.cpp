@@ -194,7 +194,7 @@ std::vector<MeshSizes> meshes_with_axes(int lo, int hi) {
 } // namespace
 
 TEST_CASE("torch.chunk sizes and offsets", "[layout]") {
-  // DESIGN.md's examples.
+  // The examples of docs/design.md, Vocabulary (local shard layout).
   CHECK(std::vector<std::int64_t>{chunk_size(9, 4, 0), chunk_size(9, 4, 1), chunk_size(9, 4, 2),
                                   chunk_size(9, 4, 3)} == std::vector<std::int64_t>{3, 3, 3, 0});
   CHECK(std::vector<std::int64_t>{chunk_size(5, 4, 0), chunk_size(5, 4, 1), chunk_size(5, 4, 2),

@@ -255,7 +255,8 @@ std::vector<MeshSizes> meshes(int axes) {
 
 } // namespace
 
-TEST_CASE("single-axis transitions use the collective of DESIGN.md's table", "[plan]") {
+// The step table of docs/design.md, The planner.
+TEST_CASE("single-axis transitions use the collective of the design's step table", "[plan]") {
   CHECK(plan_string({S(0)}, {R}) == "[S(0)] -> [R]: all_gather(dp, dim 0)");
   CHECK(plan_string({P}, {R}) == "[P(sum)] -> [R]: all_reduce(dp, sum)");
   CHECK(plan_string({P}, {S(1)}) == "[P(sum)] -> [S(1)]: reduce_scatter(dp, dim 1, sum)");

@@ -1,4 +1,4 @@
-// The backward of redistribute (plan/duality.hpp, tensor/backward.hpp): the table of the design note falls
+// The backward of redistribute (plan/duality.hpp, tensor/backward.hpp): the table of docs/design.md falls
 // out of the planner, and for every redistribution the planner makes on 1-, 2- and 3-axis meshes the
 // derived backward is the adjoint of the forward: <A x, dy> == <x, A^T dy> for random integer-valued x, dy.
 #include <catch2/catch.hpp>
