@@ -2,13 +2,15 @@
 // Local data movement: the copies, fills and scalings a rank does on its own memory (packing the pieces
 // of a non-leading dim before a collective and unpacking them after, local chunks, Partial identities,
 // poisoned buffers), written once as index-mapping function objects and run by one launcher per system.
+// The launcher (RunLayout, run_host, run_cuda) is also what the other local kernels run on
+// (local/pointwise.hpp, local/random.hpp).
 //
 //   auto t = dtensor::Tensor<float, 2>::zeros({4, 6});
 //   auto packed = dtensor::Tensor<float, 2>({4, 3});
-//   dtensor::local_ops::copy(packed, t.narrow(1, 2, 3));   // packed[i][j] = t[i][2 + j]
-//   dtensor::local_ops::fill(t.narrow(0, 0, 2), 1.0f);     // rows 0 and 1 of t
-//   dtensor::local_ops::scale(t, 0.5);                      // t *= 0.5 (floating types)
-//   dtensor::local_ops::convert(t16, t);                    // bfloat16 <- float, elementwise
+//   dtensor::local::copy(packed, t.narrow(1, 2, 3));   // packed[i][j] = t[i][2 + j]
+//   dtensor::local::fill(t.narrow(0, 0, 2), 1.0f);     // rows 0 and 1 of t
+//   dtensor::local::scale(t, 0.5);                      // t *= 0.5 (floating types)
+//   dtensor::local::convert(t16, t);                    // bfloat16 <- float, elementwise
 //
 // How it runs:
 //  - The kernel, once. A strided region is collapsed into a RunLayout: size-1 dims dropped, dims that are
@@ -91,7 +93,7 @@
 #define DTENSOR_LOCAL_OPS_NS loop_host
 #endif
 
-namespace dtensor::local_ops {
+namespace dtensor::local {
 inline namespace DTENSOR_LOCAL_OPS_NS {
 
 /// How much of a region one launch index handles: up to `rows` rows of the innermost outer dim, and up to
@@ -376,7 +378,7 @@ void run_cuda(const F& f, Device device, cudaStream_t stream, const char* what) 
 /// anything else is Tensor::copy_from.
 template <class T, int R>
 void copy(const Tensor<T, R>& dst, const Tensor<T, R>& src) {
-  DTENSOR_CHECK(dst.shape() == src.shape(), "local_ops::copy: shape mismatch: destination " +
+  DTENSOR_CHECK(dst.shape() == src.shape(), "local::copy: shape mismatch: destination " +
                                                 detail::shape_to_string(dst.shape()) + " vs source " +
                                                 detail::shape_to_string(src.shape()));
   if (dst.numel() == 0) {
@@ -386,12 +388,11 @@ void copy(const Tensor<T, R>& dst, const Tensor<T, R>& src) {
   if (dst.device() == src.device()) {
     if (src.stream() != dst.stream()) { // order after pending work on src's stream
       detail::TensorDeviceGuard guard(src.device().index);
-      detail::check_tensor_cuda(cudaStreamSynchronize(src.stream()), "cudaStreamSynchronize",
-                                "local_ops::copy");
+      detail::check_tensor_cuda(cudaStreamSynchronize(src.stream()), "cudaStreamSynchronize", "local::copy");
     }
     run_cuda(CopyRuns<T, R>{make_run_layout<R, 2>(dst.shape(), {dst.strides(), src.strides()}, cuda_tile),
                             dst.data(), src.data()},
-             dst.device(), dst.stream(), "local_ops::copy");
+             dst.device(), dst.stream(), "local::copy");
     return;
   }
 #endif
@@ -409,7 +410,7 @@ void fill(const Tensor<T, R>& dst, T value) {
   if (dst.device().is_cuda()) {
     run_cuda(
         FillRuns<T, R>{make_run_layout<R, 1>(dst.shape(), {dst.strides()}, cuda_tile), dst.data(), value},
-        dst.device(), dst.stream(), "local_ops::fill");
+        dst.device(), dst.stream(), "local::fill");
     return;
   }
 #endif
@@ -421,7 +422,7 @@ void fill(const Tensor<T, R>& dst, T value) {
 template <class T, int R>
 void scale(const Tensor<T, R>& t, double factor) {
   static_assert(std::is_floating_point_v<T> || detail::is_reduced_float_v<T>,
-                "local_ops::scale: the element type must be floating (float, double, bfloat16, half, "
+                "local::scale: the element type must be floating (float, double, bfloat16, half, "
                 "float8_e4m3, float8_e5m2)");
   if (t.numel() == 0) {
     return;
@@ -433,10 +434,10 @@ void scale(const Tensor<T, R>& t, double factor) {
   }
 #if DTENSOR_LOCAL_OPS_CUDA
   run_cuda(ScaleRuns<T, R>{make_run_layout<R, 1>(t.shape(), {t.strides()}, cuda_tile), t.data(), f},
-           t.device(), t.stream(), "local_ops::scale");
+           t.device(), t.stream(), "local::scale");
 #else
   detail::throw_error(
-      "local_ops::scale on " + t.device().to_string() +
+      "local::scale on " + t.device().to_string() +
       ": scaling a CUDA tensor needs a kernel; compile this translation unit with nvcc (and the "
       "CUDA Toolkit's Thrust headers)");
 #endif
@@ -449,12 +450,12 @@ template <class D, class S, int R>
 void convert(const Tensor<D, R>& dst, const Tensor<S, R>& src) {
   static_assert((std::is_floating_point_v<D> || detail::is_reduced_float_v<D>)&&(
                     std::is_floating_point_v<S> || detail::is_reduced_float_v<S>),
-                "local_ops::convert: both element types must be floating (float, double, bfloat16, half, "
+                "local::convert: both element types must be floating (float, double, bfloat16, half, "
                 "float8_e4m3, float8_e5m2)");
-  DTENSOR_CHECK(dst.shape() == src.shape(), "local_ops::convert: shape mismatch: destination " +
+  DTENSOR_CHECK(dst.shape() == src.shape(), "local::convert: shape mismatch: destination " +
                                                 detail::shape_to_string(dst.shape()) + " vs source " +
                                                 detail::shape_to_string(src.shape()));
-  DTENSOR_CHECK(dst.device() == src.device(), "local_ops::convert: the destination is on " +
+  DTENSOR_CHECK(dst.device() == src.device(), "local::convert: the destination is on " +
                                                   dst.device().to_string() + ", the source on " +
                                                   src.device().to_string());
   if constexpr (std::is_same_v<D, S>) {
@@ -473,14 +474,14 @@ void convert(const Tensor<D, R>& dst, const Tensor<S, R>& src) {
     if (src.stream() != dst.stream()) { // order after pending work on src's stream
       detail::TensorDeviceGuard guard(src.device().index);
       detail::check_tensor_cuda(cudaStreamSynchronize(src.stream()), "cudaStreamSynchronize",
-                                "local_ops::convert");
+                                "local::convert");
     }
     run_cuda(
         ConvertRuns<D, S, R>{make_run_layout<R, 2>(dst.shape(), {dst.strides(), src.strides()}, cuda_tile),
                              dst.data(), src.data()},
-        dst.device(), dst.stream(), "local_ops::convert");
+        dst.device(), dst.stream(), "local::convert");
 #else
-    detail::throw_error("local_ops::convert on " + dst.device().to_string() +
+    detail::throw_error("local::convert on " + dst.device().to_string() +
                         ": converting a CUDA tensor needs a kernel; compile this translation unit with nvcc "
                         "(and the CUDA Toolkit's Thrust headers)");
 #endif
@@ -488,4 +489,4 @@ void convert(const Tensor<D, R>& dst, const Tensor<S, R>& src) {
 }
 
 } // namespace DTENSOR_LOCAL_OPS_NS
-} // namespace dtensor::local_ops
+} // namespace dtensor::local

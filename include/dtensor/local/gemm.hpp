@@ -18,7 +18,7 @@
 // without it instantiating matmul is a compile error that says so. CUDA tensors need cuBLAS, which
 // dtensor::cuda links where the CUDA Toolkit has it; without it a CUDA tensor gives an Error naming it.
 // With cuBLAS the TU sees CUDA's cuda_fp16.h, whose global `half` makes a plain `half` ambiguous after
-// `using namespace dtensor;`: write dtensor::half there (as in nvcc TUs, see tensor/local_ops.hpp).
+// `using namespace dtensor;`: write dtensor::half there (as in nvcc TUs, see local/copy.hpp).
 
 #include <array>
 #include <concepts>
@@ -29,9 +29,9 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/ops/local/blas.hpp"
-#include "dtensor/ops/local/cublas.hpp"
-#include "dtensor/ops/local/gemm_plan.hpp"
+#include "dtensor/local/blas.hpp"
+#include "dtensor/local/cublas.hpp"
+#include "dtensor/local/gemm_plan.hpp"
 
 namespace dtensor {
 namespace detail {

@@ -17,7 +17,7 @@
 
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
-#include "dtensor/ops/local/gemm_plan.hpp"
+#include "dtensor/local/gemm_plan.hpp"
 
 // OpenBLAS's cblas.h declares a global `bfloat16` (a uint16_t), which would make `bfloat16` ambiguous in
 // every program that says `using namespace dtensor;`: it gets another name for the length of the include.

@@ -6,7 +6,7 @@
 //   auto z = dtensor::local::map(dtensor::local::Add{}, a, bias);         // bias: a's trailing dims
 //   auto s = dtensor::local::reduce(dtensor::ReduceOp::sum, x, 1);        // keeps dim 1 with size 1
 //
-// They run on tensor/local_ops.hpp's launcher: a region collapsed into runs (RunLayout), one function
+// They run on local/copy.hpp's launcher: a region collapsed into runs (RunLayout), one function
 // object per tile, Thrust's cpp system on the host and a kernel on the tensor's stream in an nvcc TU. An
 // operand of lower rank is broadcast over the leading dims (stride 0 there), as in torch. Elements are
 // computed in float (double for double; the integer types in themselves) and rounded back. NaN propagates
@@ -15,7 +15,7 @@
 // On the host a run is computed in blocks of `host_block` elements: each operand's block is loaded into a
 // local array, the element function runs over the arrays, the results are stored. The compute loop then
 // has a known trip count and no aliasing, so GCC vectorises it even at -O2 (with the float exp and erf of
-// ops/local/math.hpp, which have no branches); the last n % host_block elements run one by one through the
+// local/math.hpp, which have no branches); the last n % host_block elements run one by one through the
 // same function. A reduction over the innermost dim keeps host_lanes partial results (lane j takes
 // elements j, j + host_lanes, ...), combined pairwise at the end: sums and products are rounded in that
 // order rather than left to right (exact for integers and integer-valued floats, as before); max and min
@@ -33,8 +33,8 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/ops/local/math.hpp"
-#include "dtensor/tensor/local_ops.hpp"
+#include "dtensor/local/copy.hpp"
+#include "dtensor/local/math.hpp"
 
 namespace dtensor::detail {
 
@@ -230,18 +230,18 @@ inline namespace DTENSOR_LOCAL_OPS_NS {
 /// Index i computes tile i of out = f(in...): operand 0 is the output.
 template <class T, int R, int N, class F>
 struct MapRuns {
-  local_ops::RunLayout<R, N> layout;
+  RunLayout<R, N> layout;
   T* out;
   const T* in[N - 1]; // a plain array: std::array's operator[] is host-only in device code (nvcc)
   F f;
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
-    const local_ops::Tile<N> t = layout.locate(i);
+    const Tile<N> t = layout.locate(i);
     apply(t, std::make_index_sequence<N - 1>{});
   }
 
   template <std::size_t... K>
-  DTENSOR_HOST_DEVICE void apply(const local_ops::Tile<N>& t, std::index_sequence<K...>) const {
+  DTENSOR_HOST_DEVICE void apply(const Tile<N>& t, std::index_sequence<K...>) const {
     using C = compute_t<T>;
     for (std::int64_t r = 0; r < t.rows; ++r) {
       T* o = out + t.offset[0] + r * t.row_stride[0];
@@ -260,7 +260,7 @@ struct MapRuns {
 /// `stride` in the input, operand 1).
 template <class T, int R>
 struct ReduceRuns {
-  local_ops::RunLayout<R, 2> layout;
+  RunLayout<R, 2> layout;
   T* out;
   const T* in;
   std::int64_t len;
@@ -318,7 +318,7 @@ struct ReduceRuns {
   }
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
-    const local_ops::Tile<2> t = layout.locate(i);
+    const Tile<2> t = layout.locate(i);
     switch (op) {
     case ReduceOp::max:
       return run<ReduceOp::max>(t);
@@ -332,7 +332,7 @@ struct ReduceRuns {
   }
 
   template <ReduceOp Op>
-  DTENSOR_HOST_DEVICE void run(const local_ops::Tile<2>& t) const {
+  DTENSOR_HOST_DEVICE void run(const Tile<2>& t) const {
     for (std::int64_t r = 0; r < t.rows; ++r) {
       const T* p = in + t.offset[1] + r * t.row_stride[1];
       T* o = out + t.offset[0] + r * t.row_stride[0];
@@ -401,11 +401,11 @@ struct ReduceRuns {
 template <class F>
 void launch(const F& f, const Device& device, CUstream_st* stream, const char* what) {
   if (device.is_cpu()) {
-    local_ops::run_host(f);
+    run_host(f);
     return;
   }
 #if DTENSOR_LOCAL_OPS_CUDA
-  local_ops::run_cuda(f, device, stream, what);
+  run_cuda(f, device, stream, what);
 #else
   (void)stream;
   detail::throw_error(std::string(what) + " on " + device.to_string() +
@@ -429,8 +429,7 @@ void map_into(const Tensor<T, R>& out, F f, const Tensor<T, R>& a, const Tensor<
   const std::array<std::array<std::int64_t, R>, n> strides{
       out.strides(), a.strides(), detail::broadcast_strides<R>(rest, a.shape(), "local::map")...};
   const bool host = a.device().is_cpu();
-  MapRuns<T, R, n, F> run{local_ops::make_run_layout<R, n>(
-                              a.shape(), strides, host ? local_ops::host_tile : local_ops::cuda_tile),
+  MapRuns<T, R, n, F> run{make_run_layout<R, n>(a.shape(), strides, host ? host_tile : cuda_tile),
                           out.data(),
                           {a.data(), rest.data()...},
                           f};
@@ -460,8 +459,7 @@ Tensor<T, R> expand(F f, const Tensor<T, R>& in, const typename Tensor<T, R>::Sh
   Tensor<T, R> out = detail::empty_like(shape, in);
   const bool host = in.device().is_cpu();
   MapRuns<T, R, 2, F> run{
-      local_ops::make_run_layout<R, 2>(shape, {out.strides(), strides},
-                                       host ? local_ops::host_tile : local_ops::cuda_tile),
+      make_run_layout<R, 2>(shape, {out.strides(), strides}, host ? host_tile : cuda_tile),
       out.data(),
       {in.data()},
       f};
@@ -481,15 +479,15 @@ Tensor<T, R> reduce(ReduceOp op, const Tensor<T, R>& x, int dim, double divide =
   Tensor<T, R> out = detail::empty_like(shape, x);
   auto in_strides = x.strides();
   const bool host = x.device().is_cpu();
-  ReduceRuns<T, R> run{local_ops::make_run_layout<R, 2>(shape, {out.strides(), in_strides},
-                                                        host ? local_ops::host_tile : local_ops::cuda_tile),
-                       out.data(),
-                       x.data(),
-                       len,
-                       x.strides()[dim],
-                       op == ReduceOp::avg ? ReduceOp::sum : op,
-                       divide,
-                       ReduceRuns<T, R>::identity(op == ReduceOp::avg ? ReduceOp::sum : op)};
+  ReduceRuns<T, R> run{
+      make_run_layout<R, 2>(shape, {out.strides(), in_strides}, host ? host_tile : cuda_tile),
+      out.data(),
+      x.data(),
+      len,
+      x.strides()[dim],
+      op == ReduceOp::avg ? ReduceOp::sum : op,
+      divide,
+      ReduceRuns<T, R>::identity(op == ReduceOp::avg ? ReduceOp::sum : op)};
   launch(run, x.device(), x.stream_handle(), "local::reduce");
   return out;
 }

@@ -32,7 +32,7 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/ops/local/gemm_plan.hpp"
+#include "dtensor/local/gemm_plan.hpp"
 
 namespace dtensor::detail {
 

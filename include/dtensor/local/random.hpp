@@ -35,7 +35,7 @@
 //    offset) >= p, for any element type of x; kept elements are multiplied by 1 / (1 - p) (in float,
 //    double for double), dropped ones by 0 (x * 0, as torch: NaN stays NaN). p = 1 drops everything.
 //
-// They run on tensor/local_ops.hpp's launcher (Thrust's cpp system on the host, a kernel on the tensor's
+// They run on local/copy.hpp's launcher (Thrust's cpp system on the host, a kernel on the tensor's
 // stream in an nvcc TU). A fill of a CUDA tensor in a TU not compiled by nvcc is made on the host and
 // copied (the same values); dropout of a CUDA tensor needs an nvcc TU.
 //
@@ -53,8 +53,8 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
-#include "dtensor/tensor/local_ops.hpp"
+#include "dtensor/local/copy.hpp"
+#include "dtensor/local/pointwise.hpp"
 
 #ifndef DTENSOR_HAS_RANDOM123
 #if __has_include(<Random123/philox.h>)
@@ -339,13 +339,13 @@ inline namespace DTENSOR_LOCAL_OPS_NS {
 /// row-major strides, from `base`, the block's first element).
 template <class T, int R, class Gen>
 struct RandomRuns {
-  local_ops::RunLayout<R, 2> layout;
+  RunLayout<R, 2> layout;
   T* out;
   std::int64_t base;
   Gen gen;
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
-    const local_ops::Tile<2> t = layout.locate(i);
+    const Tile<2> t = layout.locate(i);
     for (std::int64_t r = 0; r < t.rows; ++r) {
       T* o = out + t.offset[0] + r * t.row_stride[0];
       const std::int64_t g = base + t.offset[1] + r * t.row_stride[1];
@@ -360,18 +360,18 @@ struct RandomRuns {
 /// flat index.
 template <class T, int R>
 struct DropoutRuns {
-  local_ops::RunLayout<R, 3> layout;
+  RunLayout<R, 3> layout;
   T* out;
   const T* in;
   std::int64_t base;
   std::uint64_t seed;
   std::uint64_t offset;
   double p;
-  local_ops::scale_type_t<T> scale;
+  scale_type_t<T> scale;
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
-    using C = local_ops::scale_type_t<T>;
-    const local_ops::Tile<3> t = layout.locate(i);
+    using C = scale_type_t<T>;
+    const Tile<3> t = layout.locate(i);
     for (std::int64_t r = 0; r < t.rows; ++r) {
       T* o = out + t.offset[0] + r * t.row_stride[0];
       const T* x = in + t.offset[1] + r * t.row_stride[1];
@@ -446,9 +446,8 @@ void fill_random(const Tensor<T, R>& out, Gen gen, const GlobalBlock<R>& at, con
   }
 #endif
   RandomRuns<T, R, Gen> run{
-      local_ops::make_run_layout<R, 2>(out.shape(), {out.strides(), gstrides},
-                                       host ? local_ops::host_tile : local_ops::cuda_tile),
-      out.data(), base, gen};
+      make_run_layout<R, 2>(out.shape(), {out.strides(), gstrides}, host ? host_tile : cuda_tile), out.data(),
+      base, gen};
   launch(run, out.device(), out.stream_handle(), what);
 }
 #endif
@@ -506,16 +505,16 @@ void dropout_into(const Tensor<T, R>& out, const Tensor<T, R>& x, double p, std:
   std::int64_t base = 0;
   const auto gstrides = dtensor::detail::global_strides<R>(x.shape(), at, base, "local::dropout");
   const bool host = x.device().is_cpu();
-  using C = local_ops::scale_type_t<T>;
-  DropoutRuns<T, R> run{local_ops::make_run_layout<R, 3>(x.shape(), {out.strides(), x.strides(), gstrides},
-                                                         host ? local_ops::host_tile : local_ops::cuda_tile),
-                        out.data(),
-                        x.data(),
-                        base,
-                        seed,
-                        offset,
-                        p,
-                        p < 1 ? static_cast<C>(1.0 / (1.0 - p)) : C(0)};
+  using C = scale_type_t<T>;
+  DropoutRuns<T, R> run{
+      make_run_layout<R, 3>(x.shape(), {out.strides(), x.strides(), gstrides}, host ? host_tile : cuda_tile),
+      out.data(),
+      x.data(),
+      base,
+      seed,
+      offset,
+      p,
+      p < 1 ? static_cast<C>(1.0 / (1.0 - p)) : C(0)};
   launch(run, x.device(), x.stream_handle(), "local::dropout");
 #endif
 }
