@@ -6,9 +6,9 @@
 // Run as 4 processes: dtensor-run --nproc-per-node 4 ./example_08_pipeline
 
 #include <dtensor/comm/init.hpp>
-#include <dtensor/ops/local/gemm.hpp>
-#include <dtensor/ops/local/pointwise.hpp>
-#include <dtensor/ops/local/random.hpp>
+#include <dtensor/local/gemm.hpp>
+#include <dtensor/local/pointwise.hpp>
+#include <dtensor/local/random.hpp>
 #include <dtensor/parallel/pipeline.hpp>
 
 #include <cmath>

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The layer picture (docs/design.md, Layering), checked: a header includes only headers of its own layer or
-# of the layers below it. core <- rendezvous <- backends <- comm <- mesh, plan <- exec <- tensor <- ops, checkpoint
-# <- parallel <- testing (mesh and plan, ops and checkpoint are side by side and do not include each other).
+# The layer picture (docs/design.md, Layering), checked: a header may include only headers of its own layer or
+# of the layers below it. core <- local <- rendezvous <- backends <- comm <- mesh, plan <- exec <- tensor
+# <- ops, checkpoint <- parallel <- testing (mesh and plan, ops and checkpoint are side by side and do not
+# include each other). local/ holds the kernels a rank runs on its own tensors (copies, maps, reductions,
+# GEMM, random fills): they need only core/, and every layer above may use them.
 # usage: tests/check_layers.sh [include dir]
 set -euo pipefail
 root=${1:-"$(dirname "$0")/../include"}
 level() {
   case $1 in
-    core) echo 0 ;; rendezvous) echo 1 ;; backends) echo 2 ;; comm) echo 3 ;; mesh | plan) echo 4 ;;
-    exec) echo 5 ;; tensor) echo 6 ;; ops | checkpoint) echo 7 ;; parallel) echo 8 ;; testing) echo 9 ;; *) echo -1 ;;
+    core) echo 0 ;; local) echo 1 ;; rendezvous) echo 2 ;; backends) echo 3 ;; comm) echo 4 ;;
+    mesh | plan) echo 5 ;; exec) echo 6 ;; tensor) echo 7 ;; ops | checkpoint) echo 8 ;; parallel) echo 9 ;;
+    testing) echo 10 ;; *) echo -1 ;;
   esac
 }
 bad=0

@@ -1,4 +1,4 @@
-// The local GEMM (ops/local/gemm.hpp) next to cblas_sgemm called directly on the same contiguous float
+// The local GEMM (local/gemm.hpp) next to cblas_sgemm called directly on the same contiguous float
 // matrices, in the same run, samples interleaved (bench::compare): square 64, 256, 1024, and a linear
 // layer, x (4, 1024, 1024) times a shared weight w (1024, 1024) transposed, which matmul folds into the
 // one 4096 x 1024 x 1024 GEMM the reference calls. The ratio is matmul's time over the direct call's
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/ops/local/gemm.hpp"
+#include "dtensor/local/gemm.hpp"
 
 #include "../common/harness.hpp"
 

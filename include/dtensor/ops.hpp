@@ -9,12 +9,12 @@
 
 #include "dtensor/dtensor.hpp"
 
+#include "dtensor/local/gemm.hpp"
+#include "dtensor/local/pointwise.hpp"
+#include "dtensor/local/random.hpp"
 #include "dtensor/ops/custom.hpp"
 #include "dtensor/ops/embedding.hpp"
 #include "dtensor/ops/fit.hpp"
-#include "dtensor/ops/local/gemm.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
-#include "dtensor/ops/local/random.hpp"
 #include "dtensor/ops/local_map.hpp"
 #include "dtensor/ops/loss.hpp"
 #include "dtensor/ops/matmul.hpp"

@@ -1,8 +1,8 @@
-// Compile-fail cases for the local GEMM (ops/local/gemm.hpp). These compile without dtensor::blas, as a
+// Compile-fail cases for the local GEMM (local/gemm.hpp). These compile without dtensor::blas, as a
 // program that did not link it: the header itself compiles, a host GEMM does not.
 #include <cstdint>
 
-#include <dtensor/ops/local/gemm.hpp>
+#include <dtensor/local/gemm.hpp>
 
 using namespace dtensor;
 

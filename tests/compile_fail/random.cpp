@@ -1,4 +1,4 @@
-// Compile-fail cases for random numbers (ops/local/random.hpp, ops/random.hpp). The file compiles as a
+// Compile-fail cases for random numbers (local/random.hpp, ops/random.hpp). The file compiles as a
 // program that includes the headers and may or may not have Random123 (case no_random123 hides it).
 #include <cstdint>
 

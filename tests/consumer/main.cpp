@@ -4,10 +4,10 @@
 #include <dtensor/comm/init.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #if DTENSOR_HAS_BLAS
-#include <dtensor/ops/local/gemm.hpp>
+#include <dtensor/local/gemm.hpp>
 #endif
 #if DTENSOR_HAS_RANDOM123
-#include <dtensor/ops/local/random.hpp>
+#include <dtensor/local/random.hpp>
 #endif
 #if DTENSOR_HAS_CHECKPOINT
 #include <dtensor/checkpoint/checkpoint.hpp>

@@ -1,4 +1,4 @@
-// Local data movement (tensor/local_ops.hpp) on the host: RunLayout's collapsing, and strided copies,
+// Local data movement (local/copy.hpp) on the host: RunLayout's collapsing, and strided copies,
 // fills and scalings of narrowed views of every rank 1-4 and every element type against a reference
 // loop, compared bit for bit. The device path is in test_tensor_cuda.cu.
 
@@ -12,12 +12,12 @@
 
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/tensor/local_ops.hpp"
+#include "dtensor/local/copy.hpp"
 
 #include "../support/random_bytes.hpp"
 
 using dtensor::Tensor;
-namespace local_ops = dtensor::local_ops;
+namespace local = dtensor::local;
 
 #define DTENSOR_LOCAL_OPS_TYPES                                                                              \
   float, double, dtensor::bfloat16, dtensor::half, dtensor::float8_e4m3, dtensor::float8_e5m2, std::int32_t, \
@@ -93,7 +93,7 @@ void check_copies(std::mt19937& rng, int trials) {
     const auto before = dst_full.clone();
     const auto dst = narrowed<T, R>(dst_full, shape, rng);
     const auto src = narrowed<T, R>(src_full, shape, rng);
-    local_ops::copy(dst, src);
+    local::copy(dst, src);
 
     // Reference: the expected parent, element by element.
     auto expected = before.clone();
@@ -133,7 +133,7 @@ void check_fills(std::mt19937& rng, int trials) {
     const std::int64_t base = view.numel() > 0 ? view.data() - full.data() : 0;
     auto expected = full.clone();
     const T value = T(static_cast<float>(5));
-    local_ops::fill(view, value);
+    local::fill(view, value);
     for (std::int64_t i = 0; i < numel_of<R>(shape); ++i) {
       expected.data()[base + offset_of<R>(unflatten<R>(i, shape), view.strides())] = value;
     }
@@ -147,9 +147,9 @@ void check_fills(std::mt19937& rng, int trials) {
     if constexpr (std::is_floating_point_v<T> || dtensor::detail::is_reduced_float_v<T>) {
       const auto outer = full.narrow(0, 0, parent[0] > 0 ? parent[0] - (parent[0] > 1 ? 1 : 0) : 0);
       auto scaled = full.clone();
-      local_ops::scale(outer, -0.5);
+      local::scale(outer, -0.5);
       for (std::int64_t i = 0; i < outer.numel(); ++i) {
-        using S = local_ops::scale_type_t<T>;
+        using S = local::scale_type_t<T>;
         scaled.data()[i] = T(static_cast<S>(scaled.data()[i]) * static_cast<S>(-0.5));
       }
       wrong = 0;
@@ -165,8 +165,8 @@ void check_fills(std::mt19937& rng, int trials) {
 } // namespace
 
 TEST_CASE("RunLayout collapses regions into runs and cuts them into tiles", "[local_ops]") {
-  using local_ops::make_run_layout;
-  constexpr auto host = local_ops::host_tile;
+  using local::make_run_layout;
+  constexpr auto host = local::host_tile;
   SECTION("a contiguous tensor is one run") {
     const auto l = make_run_layout<3, 1>({2, 3, 4}, {{{12, 4, 1}}}, host);
     CHECK(l.dims == 0);
@@ -210,14 +210,14 @@ TEST_CASE("RunLayout collapses regions into runs and cuts them into tiles", "[lo
     CHECK(t.row_stride[1] == 8);
   }
   SECTION("device tiles are single elements") {
-    const auto l = make_run_layout<2, 1>({3, 5}, {{{8, 1}}}, local_ops::cuda_tile);
+    const auto l = make_run_layout<2, 1>({3, 5}, {{{8, 1}}}, local::cuda_tile);
     CHECK(l.run == 5);
     CHECK(l.count == 15);
     const auto t = l.locate(7); // row 1, element 2
     CHECK(t.offset[0] == 10);
     CHECK(t.rows == 1);
     CHECK(t.n == 1);
-    const auto w = make_run_layout<2, 1>({3, 5}, {{{8, 1}}}, local_ops::TileShape{2, 2});
+    const auto w = make_run_layout<2, 1>({3, 5}, {{{8, 1}}}, local::TileShape{2, 2});
     CHECK(w.count == 6);        // 2 row tiles x 3 column tiles
     const auto e = w.locate(5); // rows [2, 3), elements [4, 5): the ragged corner
     CHECK(e.offset[0] == 20);
@@ -244,10 +244,10 @@ TEST_CASE("every tile shape covers a region exactly once", "[local_ops]") {
   const std::array<std::int64_t, 3> shape{3, 4, 5};
   auto parent = Tensor<int, 3>::zeros({4, 6, 7});
   const auto view = parent.narrow(0, 1, 3).narrow(1, 1, 4).narrow(2, 2, 5);
-  for (const local_ops::TileShape tile :
-       {local_ops::host_tile, local_ops::cuda_tile, local_ops::TileShape{3, 2}, local_ops::TileShape{1, 4}}) {
+  for (const local::TileShape tile :
+       {local::host_tile, local::cuda_tile, local::TileShape{3, 2}, local::TileShape{1, 4}}) {
     parent.fill(0);
-    const auto l = local_ops::make_run_layout<3, 1>(shape, {view.strides()}, tile);
+    const auto l = local::make_run_layout<3, 1>(shape, {view.strides()}, tile);
     for (std::int64_t i = 0; i < l.count; ++i) {
       const auto t = l.locate(i);
       for (std::int64_t r = 0; r < t.rows; ++r) {
@@ -297,24 +297,23 @@ TEMPLATE_TEST_CASE("fills and scales of every rank match a reference loop", "[lo
 TEST_CASE("rank-0 tensors and shape mismatches", "[local_ops]") {
   auto a = Tensor<float, 0>::full({}, 1.5f);
   auto b = Tensor<float, 0>::full({}, 0.0f);
-  local_ops::copy(b, a);
+  local::copy(b, a);
   CHECK(b.item() == 1.5f);
-  local_ops::fill(b, 4.0f);
+  local::fill(b, 4.0f);
   CHECK(b.item() == 4.0f);
-  local_ops::scale(b, 0.25);
+  local::scale(b, 0.25);
   CHECK(b.item() == 1.0f);
   auto x = Tensor<int, 2>::zeros({2, 3});
   auto y = Tensor<int, 2>::zeros({3, 2});
-  CHECK_THROWS_WITH(local_ops::copy(x, y),
-                    Catch::Contains("local_ops::copy: shape mismatch: destination [2, 3] "
-                                    "vs source [3, 2]"));
+  CHECK_THROWS_WITH(local::copy(x, y), Catch::Contains("local::copy: shape mismatch: destination [2, 3] "
+                                                       "vs source [3, 2]"));
 }
 
 TEST_CASE("CUDA tensors without CUDA support give a clear error", "[local_ops]") {
   // A device pointer may be wrapped without CUDA; moving its data needs CUDA.
   auto d = Tensor<float, 1>::from_blob(reinterpret_cast<float*>(64), {4}, dtensor::Device::cuda(0));
   auto h = Tensor<float, 1>::zeros({4});
-  CHECK_THROWS_WITH(local_ops::copy(h, d), Catch::Contains("compiled without CUDA"));
-  CHECK_THROWS_WITH(local_ops::fill(d, 1.0f), Catch::Contains("compiled without CUDA"));
-  CHECK_THROWS_WITH(local_ops::scale(d, 2.0), Catch::Contains("compile this translation unit with nvcc"));
+  CHECK_THROWS_WITH(local::copy(h, d), Catch::Contains("compiled without CUDA"));
+  CHECK_THROWS_WITH(local::fill(d, 1.0f), Catch::Contains("compiled without CUDA"));
+  CHECK_THROWS_WITH(local::scale(d, 2.0), Catch::Contains("compile this translation unit with nvcc"));
 }

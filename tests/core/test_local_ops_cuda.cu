@@ -1,4 +1,4 @@
-// Local data movement (tensor/local_ops.hpp) on Device::cuda(0), as Thrust kernels: strided copies,
+// Local data movement (local/copy.hpp) on Device::cuda(0), as Thrust kernels: strided copies,
 // fills and scalings of narrowed device views of ranks 1-4 against the host path, every element type,
 // and the fp8 conversions in device code against the host ones. Every test case exits with
 // DTENSOR_SKIP_CODE when no GPU is visible (CI only compiles this file).
@@ -18,7 +18,7 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/core/tensor_io.hpp"
-#include "dtensor/tensor/local_ops.hpp"
+#include "dtensor/local/copy.hpp"
 
 #include "../support/cuda_device.hpp"
 #include "../support/random_bytes.hpp"
@@ -26,7 +26,7 @@
 // Thrust includes CUDA's cuda_fp16.h, which declares a global ::half: name dtensor's types in full here.
 using dtensor::Device;
 using dtensor::Tensor;
-namespace local_ops = dtensor::local_ops;
+namespace local = dtensor::local;
 
 static_assert(DTENSOR_HAS_CUDA == 1, "this test is compiled by nvcc");
 static_assert(DTENSOR_LOCAL_OPS_CUDA == 1,
@@ -72,13 +72,13 @@ void check_device_against_host(std::mt19937& rng) {
     const auto host_src = random_bytes<T, R>(parent, rng);
     const auto dev_dst = host_dst.to(Device::cuda());
     const auto dev_src = host_src.to(Device::cuda());
-    local_ops::copy(narrowed<T, R>(host_dst, dst_at, shape), narrowed<T, R>(host_src, src_at, shape));
-    local_ops::copy(narrowed<T, R>(dev_dst, dst_at, shape), narrowed<T, R>(dev_src, src_at, shape));
+    local::copy(narrowed<T, R>(host_dst, dst_at, shape), narrowed<T, R>(host_src, src_at, shape));
+    local::copy(narrowed<T, R>(dev_dst, dst_at, shape), narrowed<T, R>(dev_src, src_at, shape));
     INFO("rank " << R << ", trial " << trial);
     CHECK(same_bytes(dev_dst.to(Device::cpu()), host_dst));
     const T value = T(static_cast<float>(3));
-    local_ops::fill(narrowed<T, R>(host_dst, src_at, shape), value);
-    local_ops::fill(narrowed<T, R>(dev_dst, src_at, shape), value);
+    local::fill(narrowed<T, R>(host_dst, src_at, shape), value);
+    local::fill(narrowed<T, R>(dev_dst, src_at, shape), value);
     CHECK(same_bytes(dev_dst.to(Device::cpu()), host_dst));
   }
 }
@@ -111,27 +111,27 @@ TEST_CASE("device scale, host <-> device copies, and a second stream", "[cuda][l
   require_cuda_device();
   auto h = Tensor<float, 2>::full({5, 7}, 2.0f);
   auto d = h.to(Device::cuda());
-  local_ops::scale(d.narrow(1, 2, 3), 1.5);
-  local_ops::scale(h.narrow(1, 2, 3), 1.5);
+  local::scale(d.narrow(1, 2, 3), 1.5);
+  local::scale(h.narrow(1, 2, 3), 1.5);
   CHECK(dtensor::equal(d, h));
   // Host <-> device goes through Tensor::copy_from.
   auto back = Tensor<float, 2>::zeros({5, 3});
-  local_ops::copy(back, d.narrow(1, 2, 3));
+  local::copy(back, d.narrow(1, 2, 3));
   CHECK(dtensor::equal(back, h.narrow(1, 2, 3)));
   // A tensor on its own stream: the kernel runs there and the op is still synchronous.
   cudaStream_t s = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
   {
     Tensor<float, 2> other({5, 3}, Device::cuda(), s);
-    local_ops::copy(other, d.narrow(1, 2, 3));
+    local::copy(other, d.narrow(1, 2, 3));
     CHECK(dtensor::equal(other, h.narrow(1, 2, 3)));
-    local_ops::fill(other, 7.0f);
+    local::fill(other, 7.0f);
     CHECK(dtensor::equal(other, Tensor<float, 2>::full({5, 3}, 7.0f)));
   }
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
   // An empty view launches nothing.
-  local_ops::fill(d.narrow(0, 0, 0), 1.0f);
+  local::fill(d.narrow(0, 0, 0), 1.0f);
 }
 
 TEST_CASE("fp8 conversions agree between host and device", "[cuda][fp8]") {

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/comm_debug.hpp>
+#include <dtensor/core/extents.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops/embedding.hpp>
 #include <dtensor/ops/loss.hpp>

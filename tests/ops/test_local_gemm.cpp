@@ -1,4 +1,4 @@
-// The local GEMM (ops/local/gemm.hpp) on host tensors, against a triple loop in double: every element
+// The local GEMM (local/gemm.hpp) on host tensors, against a triple loop in double: every element
 // type, rank 2 and batched (rank 3 x rank 2, rank 3 x rank 3), the four transpose combinations, operands
 // and outputs that are contiguous, padded (narrowed), column-major (transposed views) or strided in both
 // dims (copied), alpha and beta, empty m, n or k, odd sizes. The data are small integers, so every
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/ops/local/gemm.hpp"
+#include "dtensor/local/gemm.hpp"
 
 #include "../support/gemm_operands.hpp"
 

@@ -1,4 +1,4 @@
-// The local GEMM (ops/local/gemm.hpp) on Device::cuda(0) through cuBLAS, against the host GEMM (itself
+// The local GEMM (local/gemm.hpp) on Device::cuda(0) through cuBLAS, against the host GEMM (itself
 // checked against a triple loop in test_local_gemm.cpp): every element type, rank 2 and batched (rank 3 x
 // rank 2, rank 3 x rank 3), the four transposes, operands and outputs contiguous, padded, column-major
 // and strided (copied), alpha and beta, empty m, n and k, with c on a non-default stream. Integer data:
@@ -18,7 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/ops/local/gemm.hpp"
+#include "dtensor/local/gemm.hpp"
 
 #include "../support/cuda_device.hpp"
 #include "../support/gemm_operands.hpp"

@@ -1,5 +1,5 @@
-// The float exp and erf of ops/local/math.hpp against the C library in double (correctly rounded to far
-// below a float ulp), and the host block and lane paths of ops/local/pointwise.hpp against the element
+// The float exp and erf of local/math.hpp against the C library in double (correctly rounded to far
+// below a float ulp), and the host block and lane paths of local/pointwise.hpp against the element
 // function and in-order references. One process, no communication.
 //
 // The ulp bounds pinned here are the maxima of an exhaustive run over every float (exp 0.9886 ulp at
@@ -8,8 +8,8 @@
 // subnormal thresholds), and those two worst points.
 #include <catch2/catch.hpp>
 
-#include <dtensor/ops/local/math.hpp>
-#include <dtensor/ops/local/pointwise.hpp>
+#include <dtensor/local/math.hpp>
+#include <dtensor/local/pointwise.hpp>
 
 #include <bit>
 #include <cmath>

@@ -1,10 +1,13 @@
-// Random numbers that do not depend on the sharding (ops/local/random.hpp, ops/random.hpp): Philox's known
+// Random numbers that do not depend on the sharding (local/random.hpp, ops/random.hpp): Philox's known
 // answers and the counter layout; any block of a local fill is the global fill's block; rand and randn on
 // 1-D meshes of 1-4 ranks and on (2,2), every placement (uneven and empty shards, Partial), equal the
 // one-rank fill bit for bit; dropout's mask is the same on every sharding, Partial passes through, the
 // backward applies the same mask; statistics over 2^20 samples; seeds and offsets give other numbers.
 #include <catch2/catch.hpp>
 
+#include <dtensor/core/extents.hpp>
+#include <dtensor/core/partial_identity.hpp>
+#include <dtensor/local/random.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops/random.hpp>
 #include <dtensor/testing/run_ranks.hpp>
@@ -201,7 +204,7 @@ void check_fills(const DeviceMesh<Mesh>& mesh, const std::array<std::int64_t, N>
           expect(std::fabs(a - b) <= ulp * std::fabs(b), name + ": full_tensor() more than an ulp off");
         }
       }
-      if (exec::holds_partial_value(XT::placements, mesh.coordinate())) {
+      if (holds_partial_value(XT::placements, mesh.coordinate())) {
         const Block b = spec_block(detail::to_extents(shape), XT::spec, mesh.sizes(), mesh.coordinate());
         expect(same_bits(x.local(),
                          block_of(want, detail::to_array<Rk>(b.offset), detail::to_array<Rk>(b.shape))),
@@ -328,7 +331,7 @@ TEST_CASE("dropout's mask is rand<float>(seed, offset) >= p, for every element t
   const Tensor<float, 2> u = local::rand<float, 2>(shape, 17, 5);
   for_each(Elements{}, [&]<class T>() {
     INFO(type_name<T>());
-    using C = local_ops::scale_type_t<T>; // what x is scaled in: float, double for double
+    using C = local::scale_type_t<T>; // what x is scaled in: float, double for double
     const auto scale = static_cast<C>(1.0 / (1.0 - p));
     const Tensor<T, 2> x = local::randn<T, 2>(shape, 3);
     const Tensor<T, 2> y = local::dropout(x, p, 17, 5);

@@ -1,4 +1,4 @@
-// Random fills and dropout (ops/local/random.hpp) on Device::cuda(0), made by kernels in this nvcc TU,
+// Random fills and dropout (local/random.hpp) on Device::cuda(0), made by kernels in this nvcc TU,
 // against the host's, bit for bit: every element type, rand and randn, whole tensors of 2^20 elements (the
 // log / cos of Box-Muller on many inputs), blocks at offsets of a larger global tensor written into
 // strided device views, a tensor on a non-default stream, and dropout. The DTensor layer adds no
@@ -17,7 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/ops/local/random.hpp"
+#include "dtensor/local/random.hpp"
 
 #include "../support/cuda_device.hpp"
 

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/comm_debug.hpp>
+#include <dtensor/local/copy.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops/matmul.hpp>
 #include <dtensor/ops/pointwise.hpp>
@@ -73,9 +74,9 @@ Trained train(const DeviceMesh<Mesh>& mesh, DDPOptions options, int steps, std::
   using X = DTensor<double, 2, Mesh, S<0>, R>;
   for (int step = 0; step < steps; ++step) {
     X x = make<X>(mesh, {batch, kIn}, 100 + step);
-    local_ops::scale(x.local(), 0.25);
+    local::scale(x.local(), 0.25);
     X t = make<X>(mesh, {batch, kOut}, 200 + step);
-    local_ops::scale(t.local(), 0.25);
+    local::scale(t.local(), 0.25);
     // Forward.
     auto [h0, mm1_back] = matmul(x, w1, with_backward);           // [S(0),S(1)]
     auto [h, add1_back] = add(h0, b1, with_backward);             // [S(0),S(1)]

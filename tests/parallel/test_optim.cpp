@@ -11,6 +11,8 @@
 
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
+#include <dtensor/core/extents.hpp>
+#include <dtensor/local/copy.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops/random.hpp>
 #include <dtensor/parallel/clip.hpp>
@@ -49,7 +51,7 @@ Vec values(int seed, std::int64_t n, double scale = 1) {
 template <class DT, class Mesh>
 DT make_scaled(const DeviceMesh<Mesh>& mesh, const typename DT::shape_type& shape, int seed, double scale) {
   DT x = make<DT>(mesh, shape, seed);
-  local_ops::scale(x.local(), scale);
+  local::scale(x.local(), scale);
   return x;
 }
 

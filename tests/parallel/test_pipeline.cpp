@@ -10,10 +10,10 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/collectives.hpp>
+#include <dtensor/local/gemm.hpp>
+#include <dtensor/local/pointwise.hpp>
+#include <dtensor/local/random.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/ops/local/gemm.hpp>
-#include <dtensor/ops/local/pointwise.hpp>
-#include <dtensor/ops/local/random.hpp>
 #include <dtensor/parallel/pipeline.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 

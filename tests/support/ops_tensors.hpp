@@ -4,6 +4,7 @@
 // run_ranks) throw dtensor::Error (expect) rather than using Catch2's macros.
 
 #include <dtensor/core/error.hpp>
+#include <dtensor/core/extents.hpp>
 #include <dtensor/plan/shard_spec.hpp>
 #include <dtensor/tensor/dtensor.hpp>
 

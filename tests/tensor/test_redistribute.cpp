@@ -11,6 +11,7 @@
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/p2p.hpp>
+#include <dtensor/core/extents.hpp>
 #include <dtensor/core/tensor_io.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/plan/torch_reference.hpp>

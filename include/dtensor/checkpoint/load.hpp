@@ -20,6 +20,7 @@
 #include "dtensor/checkpoint/safetensors.hpp"
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/layout.hpp"
 #include "dtensor/plan/exchange.hpp"
 #include "dtensor/plan/shard_spec.hpp"

@@ -22,6 +22,7 @@
 #include "dtensor/comm/object.hpp"
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/layout.hpp"
 #include "dtensor/plan/shard_spec.hpp"
 #include "dtensor/tensor/dtensor.hpp"

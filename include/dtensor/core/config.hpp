@@ -6,11 +6,11 @@
 // code that needs the CUDA runtime is guarded by it so the CPU build needs only C++20.
 //
 // One program, one meaning: Tensor, AnyTensor and what depends on the configuration live in an inline
-// namespace named after it (DTENSOR_CONFIG_NS: `cuda1` or `cuda0`), and local_ops' kernels in one named
-// after the compiler too (see tensor/local_ops.hpp). Two TUs built differently then use different
-// symbols instead of one inline function with two bodies (an ODR violation whose outcome depended on the
-// link order); passing a Tensor between them fails to link rather than misbehaving. Link dtensor::cuda
-// (or define DTENSOR_HAS_CUDA=1 everywhere) so .cpp and .cu TUs agree.
+// namespace named after it (DTENSOR_CONFIG_NS: `cuda1` or `cuda0`), and the local kernels (local/) in one
+// named after the compiler too (DTENSOR_LOCAL_OPS_NS, see local/copy.hpp). Two TUs built differently
+// then use different symbols instead of one inline function with two bodies (an ODR violation whose
+// outcome depended on the link order); passing a Tensor between them fails to link rather than
+// misbehaving. Link dtensor::cuda (or define DTENSOR_HAS_CUDA=1 everywhere) so .cpp and .cu TUs agree.
 
 #ifndef DTENSOR_HAS_CUDA
 #if defined(__CUDACC__)

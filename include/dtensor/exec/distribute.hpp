@@ -22,6 +22,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
 #include "dtensor/core/layout.hpp"
+#include "dtensor/core/partial_identity.hpp"
 #include "dtensor/exec/execute.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/plan/shard_spec.hpp"

@@ -27,6 +27,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
 #include "dtensor/core/layout.hpp"
+#include "dtensor/core/partial_identity.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/plan/exchange.hpp"
 #include "dtensor/plan/planner.hpp"
@@ -57,46 +58,6 @@ inline AnyTensor fresh(const AnyTensor& like, const Extents& shape) {
     t.fill_bytes(poison);
   }
   return t;
-}
-
-/// The value a Partial coordinate other than 0 holds after R -> P(op): op's identity (sum: 0, product: 1),
-/// as the bytes of one element of `dtype`.
-inline void partial_identity(DType dtype, ReduceOp op, unsigned char (&out)[8]) {
-  std::memset(out, 0, sizeof out);
-  if (op == ReduceOp::product) {
-    visit_dtype(dtype, [&](auto zero) {
-      const auto one = static_cast<decltype(zero)>(1.0f);
-      std::memcpy(out, &one, sizeof one);
-    });
-  }
-}
-
-/// True when the rank at `coord` holds the value itself under `placements`, not an identity (holds_value
-/// on every axis).
-constexpr bool holds_partial_value(const PlacementList& placements, const MeshCoord& coord) {
-  for (int a = 0; a < placements.size(); ++a) {
-    if (!holds_value(placements[a], coord[a])) {
-      return false;
-    }
-  }
-  return true;
-}
-
-/// The op whose identity a rank that does not hold the value fills its block with.
-constexpr ReduceOp identity_op(const PlacementList& placements, const MeshCoord& coord) {
-  for (int a = 0; a < placements.size(); ++a) {
-    if (!holds_value(placements[a], coord[a])) {
-      return placements[a].op;
-    }
-  }
-  return ReduceOp::sum;
-}
-
-/// `t` filled with the identity of `op`.
-inline void fill_identity(const AnyTensor& t, ReduceOp op) {
-  unsigned char v[8];
-  partial_identity(t.dtype(), op, v);
-  t.fill_bytes(v);
 }
 
 /// A step in flight: `out` holds the result once `work` has been waited on.

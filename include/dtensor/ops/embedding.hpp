@@ -23,8 +23,9 @@
 #include <utility>
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/with_backward.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/plan/shard_spec.hpp"
@@ -254,7 +255,7 @@ private:
     const auto gl = gt.local().contiguous();
     const auto& wl = w_.local();
     Tensor<T, 2> dw = empty_like(wl.shape(), wl);
-    local_ops::fill(dw, T(0));
+    local::fill(dw, T(0));
     const std::int64_t width = wl.shape()[1];
     local::EmbeddingScatter<T, typename Ids::value_type> run{
         {width}, dw.data(), geo.ids.data(), gl.data(), geo.ids.numel(), width, geo.begin, geo.rows};

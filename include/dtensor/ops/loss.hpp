@@ -23,8 +23,9 @@
 #include <utility>
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/with_backward.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/plan/shard_spec.hpp"
 #include "dtensor/tensor/dtensor.hpp"
@@ -37,7 +38,7 @@ namespace local {
 
 /// Row r of a (rows, width) block: the target's logit if its column [begin, begin + width) holds it,
 /// else 0; written to stats[r * 2 + 1] next to the sum of exp(x - m) in stats[r * 2] (on the host
-/// summed in host_lanes partial sums, see ops/local/pointwise.hpp).
+/// summed in host_lanes partial sums, see local/pointwise.hpp).
 template <class T, class I>
 struct CrossEntropyRows {
   struct {

@@ -1,6 +1,6 @@
 #pragma once
 // Matrix products of DTensors, output placements fixed at compile time by ops/rules.hpp's einsum rule,
-// the local product a GEMM (ops/local/gemm.hpp: OpenBLAS on the host, cuBLAS on CUDA tensors):
+// the local product a GEMM (local/gemm.hpp: OpenBLAS on the host, cuBLAS on CUDA tensors):
 //
 //   auto y = matmul(x, w);            // x [R] (m, k), w [S(1)] (k, n) -> y [S(1)]: column parallel
 //   auto z = matmul(y, w2);           // y [S(1)] (m, n), w2 [S(0)] (n, p) -> z [P]: row parallel
@@ -23,9 +23,10 @@
 #include <tuple>
 #include <utility>
 
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/with_backward.hpp"
+#include "dtensor/local/gemm.hpp"
 #include "dtensor/ops/fit.hpp"
-#include "dtensor/ops/local/gemm.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"

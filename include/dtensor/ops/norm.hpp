@@ -14,7 +14,7 @@
 // Replicate elsewhere (or Partial where the output's gradient was).
 //
 // On the host, forward and backward are row kernels (NormRowsHost): one pass for each row statistic
-// (summed in host_lanes partial sums, ops/local/pointwise.hpp) and one that writes the row, computed in
+// (summed in host_lanes partial sums, local/pointwise.hpp) and one that writes the row, computed in
 // float (double for double); the weight's and bias's gradients are accumulated over the rows in order.
 // CUDA tensors run the same formulas as elementwise maps and reductions.
 
@@ -24,8 +24,9 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/with_backward.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/tensor/dtensor.hpp"

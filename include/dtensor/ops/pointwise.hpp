@@ -8,7 +8,7 @@
 //   auto b = add(y, bias);                     // bias of lower rank: broadcast over y's leading dims
 //
 // A Replicate operand meeting a Shard one uses its local chunk (no communication). Each op is a local
-// kernel (ops/local/pointwise.hpp) on the operands' blocks of the output's block; no communication,
+// kernel (local/pointwise.hpp) on the operands' blocks of the output's block; no communication,
 // no dispatch at run time. The backward of a unary op takes the output's gradient with any placements:
 // where they do not line up with the input's blocks (a Partial gradient of a Shard input) it is
 // redistributed first, which the returned gradient's type shows.
@@ -18,9 +18,10 @@
 #include <initializer_list>
 #include <utility>
 
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/with_backward.hpp"
+#include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/fit.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/tensor/dtensor.hpp"

@@ -1,6 +1,6 @@
 #pragma once
 // Random DTensors and dropout whose values do not depend on the sharding: element i of the global tensor
-// is a function of (seed, offset, i) only (ops/local/random.hpp: Random123's Philox4x32-10, one call per
+// is a function of (seed, offset, i) only (local/random.hpp: Random123's Philox4x32-10, one call per
 // element), so a fill on any mesh with any placements equals the same fill on one rank, bit for bit, on
 // the host and on CUDA, and no rank talks to another.
 //
@@ -36,13 +36,15 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/device.hpp"
+#include "dtensor/core/extents.hpp"
+#include "dtensor/core/partial_identity.hpp"
 #include "dtensor/core/placement.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/core/with_backward.hpp"
-#include "dtensor/exec/execute.hpp"
+#include "dtensor/local/random.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/ops/local/random.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"
@@ -69,8 +71,9 @@ concept RandomElement = random_element_v<T>;
 
 } // namespace detail
 
-// Everything that launches kernels differs between nvcc and plain C++ TUs: in local_ops' inline namespace,
-// so that each TU keeps its own (one build, one meaning; see tensor/local_ops.hpp).
+// Everything that launches kernels differs between nvcc and plain C++ TUs: in the local kernels' inline
+// namespace (DTENSOR_LOCAL_OPS_NS), so that each TU keeps its own (one build, one meaning; see
+// local/copy.hpp).
 inline namespace DTENSOR_LOCAL_OPS_NS {
 
 namespace random_impl {
@@ -88,8 +91,8 @@ random_fill(const DeviceMesh<Shape>& mesh, const std::array<std::int64_t, Rank>&
   }
   const Block mine = spec_block(detail::to_extents(shape), Result::spec, mesh.sizes(), mesh.coordinate());
   Tensor<T, R> local(detail::to_array<R>(mine.shape), device);
-  if (!exec::holds_partial_value(Result::placements, mesh.coordinate())) {
-    exec::fill_identity(AnyTensor(local), exec::identity_op(Result::placements, mesh.coordinate()));
+  if (!holds_partial_value(Result::placements, mesh.coordinate())) {
+    fill_identity(AnyTensor(local), identity_op(Result::placements, mesh.coordinate()));
   } else {
     const GlobalBlock<R> at{detail::to_array<R>(mine.offset), shape};
     if constexpr (K == detail::RandomFill::uniform) {

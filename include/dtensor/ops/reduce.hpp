@@ -15,8 +15,9 @@
 #include <array>
 #include <cstdint>
 
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/with_backward.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/tensor/dtensor.hpp"

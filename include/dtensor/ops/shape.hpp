@@ -23,13 +23,14 @@
 
 #include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/format.hpp"
 #include "dtensor/core/with_backward.hpp"
+#include "dtensor/local/copy.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/plan/shard_spec.hpp"
 #include "dtensor/tensor/dtensor.hpp"
-#include "dtensor/tensor/local_ops.hpp"
 
 namespace dtensor {
 
@@ -98,7 +99,7 @@ auto permute_dims(const X& x) {
       Tensor<T, X::rank>::from_blob(const_cast<T*>(local.data()), move(local.shape()), move(local.strides()),
                                     local.device(), local.stream_handle());
   auto out = empty_like(view.shape(), local);
-  local_ops::copy(out, view);
+  local::copy(out, view);
   return Y(x.mesh(), std::move(out), move(x.global_shape()));
 }
 

@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "dtensor/core/with_backward.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/layout.hpp"
 #include "dtensor/core/placement.hpp"
 #include "dtensor/ops/rules.hpp"

@@ -34,11 +34,11 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/placement.hpp"
 #include "dtensor/core/tensor.hpp"
+#include "dtensor/local/copy.hpp"
+#include "dtensor/local/pointwise.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/tensor/dtensor.hpp"
-#include "dtensor/tensor/local_ops.hpp"
 
 namespace dtensor {
 
@@ -87,14 +87,14 @@ inline namespace DTENSOR_LOCAL_OPS_NS {
 /// Index i writes to out[i] tile i's sum of |x|^p (p = 2: x * x; p = 1: |x|), or its largest |x| (inf).
 template <class T>
 struct NormRuns {
-  local_ops::RunLayout<1, 1> layout;
+  local::RunLayout<1, 1> layout;
   const T* in;
   double* out;
   double p;
   bool inf;
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
-    const local_ops::Tile<1> t = layout.locate(i);
+    const local::Tile<1> t = layout.locate(i);
     double acc = 0;
     for (std::int64_t r = 0; r < t.rows; ++r) {
       const T* x = in + t.offset[0] + r * t.row_stride[0];
@@ -127,8 +127,8 @@ double local_norm_sum(const Tensor<T, R>& x, NormType type) {
   }
   const bool host = x.device().is_cpu();
   const Tensor<T, R> c = x.contiguous();
-  NormRuns<T> run{local_ops::make_run_layout<1, 1>(
-                      {n}, {{{1}}}, host ? local_ops::host_tile : local_ops::TileShape{1, norm_cuda_width}),
+  NormRuns<T> run{local::make_run_layout<1, 1>(
+                      {n}, {{{1}}}, host ? local::host_tile : local::TileShape{1, norm_cuda_width}),
                   c.data(), nullptr, type.p, type.is_inf()};
 #if DTENSOR_HAS_CUDA
   Tensor<double, 1> partial({run.layout.count}, c.device(), c.stream());
@@ -222,7 +222,7 @@ template <AnyDTensor... G>
 void clip_grads_with_norm(double max_norm, double norm, const G&... grads) {
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1 || coef != coef) {
-    (local_ops::scale(grads.local(), coef), ...);
+    (local::scale(grads.local(), coef), ...);
   }
 }
 

@@ -48,11 +48,11 @@
 #include "dtensor/core/fixed_string.hpp"
 #include "dtensor/core/placement.hpp"
 #include "dtensor/core/tensor.hpp"
+#include "dtensor/local/copy.hpp"
+#include "dtensor/local/pointwise.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/tensor/dtensor.hpp"
-#include "dtensor/tensor/local_ops.hpp"
 
 namespace dtensor {
 
@@ -174,7 +174,7 @@ public:
     for (std::size_t i = 0; i < grads_.size(); ++i) {
       if (numels_[i] > 0) {
         const Bucket& b = buckets_[static_cast<std::size_t>(bucket_of_[i])];
-        local_ops::copy(grads_[i], b.buffer.narrow(0, offset_[i], numels_[i]));
+        local::copy(grads_[i], b.buffer.narrow(0, offset_[i], numels_[i]));
       }
       grads_[i] = Tensor<T, 1>();
       done_[i] = false;

@@ -71,18 +71,19 @@
 
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/fixed_string.hpp"
 #include "dtensor/core/placement.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/tensor.hpp"
+#include "dtensor/local/copy.hpp"
+#include "dtensor/local/pointwise.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/parallel/flat_layout.hpp"
 #include "dtensor/plan/shard_spec.hpp"
 #include "dtensor/tensor/distribute.hpp"
 #include "dtensor/tensor/dtensor.hpp"
-#include "dtensor/tensor/local_ops.hpp"
 
 namespace dtensor {
 
@@ -477,7 +478,7 @@ private:
       grad_shard_type g = pending_grad->wait();
       pending_grad.reset();
       if (grad_scale != 1.0) {
-        local_ops::scale(g.local(), grad_scale);
+        local::scale(g.local(), grad_scale);
       }
       if (!grad) {
         grad.emplace(std::move(g));
@@ -493,7 +494,7 @@ private:
     const Tensor<T, 1> flat = local.contiguous().template view<1>({local.numel()});
     for (const FlatPiece& p : pieces) {
       if (p.param == param) {
-        local_ops::copy(shard.narrow(0, p.shard_at, p.numel), flat.narrow(0, p.param_at, p.numel));
+        local::copy(shard.narrow(0, p.shard_at, p.numel), flat.narrow(0, p.param_at, p.numel));
       }
     }
   }
@@ -546,8 +547,8 @@ private:
     DTENSOR_CHECK(g.local().numel() == n, "FlatParamGroup::reduce_gradients: gradient " + std::to_string(I) +
                                               " has a local block of " + std::to_string(g.local().numel()) +
                                               " elements where its parameter's has " + std::to_string(n));
-    local_ops::convert(flat.narrow(0, layout_.offset(static_cast<int>(I)), n),
-                       g.local().contiguous().template view<1>({n}));
+    local::convert(flat.narrow(0, layout_.offset(static_cast<int>(I)), n),
+                   g.local().contiguous().template view<1>({n}));
   }
 
   mesh_type mesh_;

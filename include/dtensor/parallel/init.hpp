@@ -29,10 +29,10 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/ops/local/random.hpp"
+#include "dtensor/local/copy.hpp"
+#include "dtensor/local/random.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/tensor/dtensor.hpp"
-#include "dtensor/tensor/local_ops.hpp"
 
 namespace dtensor::init {
 
@@ -134,7 +134,7 @@ struct NormalFill {
   double mean;
   double stddev;
   DTENSOR_HOST_DEVICE T operator()(std::uint64_t index) const {
-    using C = local_ops::scale_type_t<T>;
+    using C = local::scale_type_t<T>;
     return T(dtensor::detail::rng::fma(static_cast<C>(stddev), local::normal_at<C>(seed, offset, index),
                                        static_cast<C>(mean)));
   }
@@ -147,7 +147,7 @@ struct UniformFill {
   double low;
   double width;
   DTENSOR_HOST_DEVICE T operator()(std::uint64_t index) const {
-    using C = local_ops::scale_type_t<T>;
+    using C = local::scale_type_t<T>;
     return T(dtensor::detail::rng::fma(static_cast<C>(width), local::uniform_at<C>(seed, offset, index),
                                        static_cast<C>(low)));
   }
@@ -206,7 +206,7 @@ template <AnyDTensor X>
 void constant_(X& x, double value) {
   static_assert(detail::check_init_param<std::remove_cvref_t<X>>());
   using T = typename X::value_type;
-  local_ops::fill(x.local(), T(value));
+  local::fill(x.local(), T(value));
 }
 template <AnyDTensor X>
 void zeros_(X& x) {

@@ -36,9 +36,9 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/core/with_backward.hpp"
-#include "dtensor/ops/local/gemm.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
-#include "dtensor/ops/local/random.hpp"
+#include "dtensor/local/gemm.hpp"
+#include "dtensor/local/pointwise.hpp"
+#include "dtensor/local/random.hpp"
 
 namespace dtensor {
 

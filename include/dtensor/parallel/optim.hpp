@@ -19,7 +19,7 @@
 //
 // A Partial gradient does not compile: it is a sum pending over ranks, reduce it first (redistribute it to
 // the parameter's placements, or let DDPReducer average it). The update runs as a local kernel on the
-// library's launcher (tensor/local_ops.hpp: Thrust's cpp system on the host, a kernel on the parameter's
+// library's launcher (local/copy.hpp: Thrust's cpp system on the host, a kernel on the parameter's
 // stream for CUDA tensors in an nvcc translation unit). Each step is one pass over the shard: on the host,
 // without amsgrad or master weights, in blocks that vectorise (the same operations, rounded alike).
 
@@ -34,11 +34,12 @@
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/ops/local/pointwise.hpp"
+#include "dtensor/local/copy.hpp"
+#include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/tensor/dtensor.hpp"
-#include "dtensor/tensor/local_ops.hpp"
 
 namespace dtensor::optim {
 
@@ -133,7 +134,7 @@ template <class S, class T>
 AnyTensor new_state(const Extents& shape, const Tensor<T, 1>& like, bool zero) {
   AnyTensor s = AnyTensor::empty(dtype_v<S>, shape, like.device(), like.stream_handle());
   if (zero) {
-    local_ops::fill(s.view(Extents{s.numel()}).as<S, 1>(), S(0));
+    local::fill(s.view(Extents{s.numel()}).as<S, 1>(), S(0));
   }
   return s;
 }
@@ -160,7 +161,7 @@ inline namespace DTENSOR_LOCAL_OPS_NS {
 /// (nullptr without momentum), fp32 master (nullptr without master weights). Computed in S.
 template <class T, class S>
 struct SgdRuns {
-  local_ops::RunLayout<1, 4> layout;
+  local::RunLayout<1, 4> layout;
   T* param;
   const T* grad;
   S* buf;
@@ -169,7 +170,7 @@ struct SgdRuns {
   bool nesterov, maximize, first;
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
-    const local_ops::Tile<4> t = layout.locate(i);
+    const local::Tile<4> t = layout.locate(i);
 #if !defined(__CUDA_ARCH__)
     if (master == nullptr) {
       for (std::int64_t r = 0; r < t.rows; ++r) {
@@ -257,7 +258,7 @@ struct SgdRuns {
 /// exp_avg_sq, max_exp_avg_sq (nullptr without amsgrad), fp32 master (nullptr without master weights).
 template <class T, class S>
 struct AdamWRuns {
-  local_ops::RunLayout<1, 6> layout;
+  local::RunLayout<1, 6> layout;
   T* param;
   const T* grad;
   S* exp_avg;
@@ -273,7 +274,7 @@ struct AdamWRuns {
   bool maximize, first;
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
-    const local_ops::Tile<6> t = layout.locate(i);
+    const local::Tile<6> t = layout.locate(i);
 #if !defined(__CUDA_ARCH__)
     if (max_sq == nullptr && master == nullptr) {
       for (std::int64_t r = 0; r < t.rows; ++r) {
@@ -385,14 +386,13 @@ void check_shards(const Tensor<T, 1>& param, const Tensor<T, 1>& grad, int index
 
 /// The 1-D layout of n elements under the operands' strides (1 for absent operands).
 template <int N>
-local_ops::RunLayout<1, N> layout_1d(std::int64_t n, const std::array<std::int64_t, N>& strides,
-                                     const Device& device) {
+local::RunLayout<1, N> layout_1d(std::int64_t n, const std::array<std::int64_t, N>& strides,
+                                 const Device& device) {
   std::array<std::array<std::int64_t, 1>, N> s{};
   for (int k = 0; k < N; ++k) {
     s[k] = {strides[k]};
   }
-  return local_ops::make_run_layout<1, N>({n}, s,
-                                          device.is_cpu() ? local_ops::host_tile : local_ops::cuda_tile);
+  return local::make_run_layout<1, N>({n}, s, device.is_cpu() ? local::host_tile : local::cuda_tile);
 }
 
 } // namespace dtensor::optim::detail

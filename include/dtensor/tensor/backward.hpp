@@ -20,12 +20,13 @@
 
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/placement.hpp"
 #include "dtensor/core/with_backward.hpp"
+#include "dtensor/local/copy.hpp"
 #include "dtensor/plan/duality.hpp"
 #include "dtensor/plan/planner.hpp"
 #include "dtensor/tensor/dtensor.hpp"
-#include "dtensor/tensor/local_ops.hpp"
 
 namespace dtensor {
 
@@ -166,7 +167,7 @@ public:
         if (detail::may_alias(dx.local(), grad.local())) {
           dx = DTensor<T, Rank, Shape, Out...>(dx.mesh(), dx.local().clone(), dx.global_shape());
         }
-        local_ops::scale(dx.local(), factor(dx.mesh()));
+        local::scale(dx.local(), factor(dx.mesh()));
       }
       return dx;
     }
@@ -258,7 +259,7 @@ public:
         if (detail::may_alias(dx.local(), grad_)) {
           dx = DTensor<T, Rank, Shape, P...>(dx.mesh(), dx.local().clone(), dx.global_shape());
         }
-        local_ops::scale(dx.local(), factor_);
+        local::scale(dx.local(), factor_);
       }
     }
     grad_ = {};

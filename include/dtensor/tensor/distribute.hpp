@@ -14,6 +14,8 @@
 
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
+#include "dtensor/core/partial_identity.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/exec/distribute.hpp"
 #include "dtensor/exec/execute.hpp"
@@ -68,8 +70,8 @@ DTensor<T, static_cast<int>(Rank), Shape, P...> from_global_index(const DeviceMe
   exec::check_global_shape(detail::to_extents(global), sizeof(T), "from_global_index");
   const Block mine = spec_block(detail::to_extents(global), Result::spec, mesh.sizes(), mesh.coordinate());
   Tensor<T, R> local(detail::to_array<R>(mine.shape));
-  if (!exec::holds_partial_value(Result::placements, mesh.coordinate())) {
-    exec::fill_identity(AnyTensor(local), exec::identity_op(Result::placements, mesh.coordinate()));
+  if (!holds_partial_value(Result::placements, mesh.coordinate())) {
+    fill_identity(AnyTensor(local), identity_op(Result::placements, mesh.coordinate()));
     return Result(mesh, device.is_cpu() ? std::move(local) : local.to(device), global);
   }
   std::array<std::int64_t, R> idx{};

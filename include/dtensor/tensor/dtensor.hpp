@@ -25,6 +25,7 @@
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/layout.hpp"
 #include "dtensor/core/placement.hpp"
 #include "dtensor/core/tensor.hpp"
@@ -64,29 +65,6 @@ struct MeshPlan {
 };
 
 namespace detail {
-
-template <int R>
-std::array<std::int64_t, R> to_array(const Extents& e) {
-  std::array<std::int64_t, R> a{};
-  for (int d = 0; d < R; ++d) {
-    a[d] = e[d];
-  }
-  return a;
-}
-
-template <std::size_t R>
-Extents to_extents(const std::array<std::int64_t, R>& a) {
-  Extents e;
-  for (std::int64_t v : a) {
-    e.push_back(v);
-  }
-  return e;
-}
-
-/// "(7, 5)".
-inline std::string shape_string(const Extents& e) {
-  return AnyTensor::to_string(e);
-}
 
 /// Mesh sizes the planner uses to place all_reduce: the static ones, 2 for dynamic axes.
 template <class Shape>

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/layout.hpp"
 #include "dtensor/plan/shard_spec.hpp"
 #include "dtensor/tensor/dtensor.hpp"
