@@ -18,6 +18,7 @@
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/comm/p2p.hpp>
+#include <dtensor/core/timeout.hpp>
 #include <dtensor/rendezvous/prefix_store.hpp>
 #include <dtensor/rendezvous/tcp_store.hpp>
 
@@ -60,7 +61,7 @@ std::shared_ptr<::gloo::rendezvous::Context> raw_context(const std::shared_ptr<T
                                                          int rank, int size, const std::string& prefix) {
   GlooStoreAdapter gs(std::make_shared<PrefixStore>(prefix, store));
   auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
-  ctx->setTimeout(std::chrono::seconds(300));
+  ctx->setTimeout(kDefaultOpTimeout); // the limit a dtensor group has by default
   ctx->connectFullMesh(gs, dev);
   return ctx;
 }
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
   bench::Options opt = bench::parse_options(argc, argv);
   const int passes = bench::sweep::take_passes(opt);
   const DistEnv env = read_dist_env();
-  auto store = connect_store(env, std::chrono::seconds(300));
+  auto store = connect_store(env, kDefaultStoreTimeout);
   InitOptions io;
   io.store = store;
   io.backend = "gloo";

@@ -18,6 +18,7 @@
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/core/cuda_devices.hpp>
+#include <dtensor/core/timeout.hpp>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
   }
   const int dev = env.local_rank % devices;
   check_cuda(cudaSetDevice(dev), "cudaSetDevice");
-  auto store = connect_store(env, std::chrono::seconds(300));
+  auto store = connect_store(env, kDefaultStoreTimeout);
   InitOptions io;
   io.store = store;
   io.backend = "nccl";

@@ -1,7 +1,9 @@
 // init_process_group's pieces that need no backend: read_dist_env's parsing of the torchrun / OpenMPI /
 // MPICH / Slurm variables and of flags, backend names (none is registered in this program), and
 // connect_store. (The Store contract is tested in tests/rendezvous/test_store.cpp.)
+#include "dtensor/backends/registry.hpp"
 #include "dtensor/comm/init.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/tcp_store.hpp"
 
 #include <catch2/catch.hpp>
@@ -161,7 +163,12 @@ TEST_CASE("env: timeouts below a millisecond, huge or not finite are rejected wi
   CHECK_THROWS_WITH(dtensor::detail::init_timeout(),
                     Catch::Matchers::Contains("init_process_group: DTENSOR_TIMEOUT='1e300' is out of range"));
   ::unsetenv("DTENSOR_TIMEOUT");
-  CHECK(dtensor::detail::init_timeout() == 300s);
+  // The default policy (core/timeout.hpp): 10 minutes for ops and init on every backend, 300 s for stores.
+  CHECK(dtensor::detail::init_timeout() == dtensor::kDefaultOpTimeout);
+  CHECK(dtensor::kDefaultOpTimeout == 10min);
+  CHECK(dtensor::BackendOptions{}.timeout == dtensor::kDefaultOpTimeout);
+  CHECK(dtensor::Store::kDefaultTimeout == dtensor::kDefaultStoreTimeout);
+  CHECK(dtensor::kDefaultStoreTimeout == 300s);
   CHECK_THROWS_WITH(
       dtensor::detail::init_timeout(std::chrono::milliseconds(dtensor::kMaxTimeout.count() + 1)),
       Catch::Matchers::Contains("at most 30 days"));

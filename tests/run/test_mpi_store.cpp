@@ -4,10 +4,10 @@
 // The ranks keep in step with the MPI backend's barrier (a deadline, not a hang, when a case fails on one
 // rank). tests/rendezvous/test_store.cpp holds the same contract for the other stores.
 #include "dtensor/backends/mpi/backend.hpp"
-#include "dtensor/backends/mpi/rendezvous.hpp"
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/rendezvous/barrier.hpp"
+#include "dtensor/rendezvous/mpi_store.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -42,7 +42,7 @@ struct World {
     return o;
   }
   std::shared_ptr<MpiStore> store = std::make_shared<MpiStore>(10s);
-  dtensor::ProcessGroup group{dtensor::make_mpi_backend(options())};
+  dtensor::ProcessGroup group{dtensor::make_mpi_backend(nullptr, -1, -1, options())};
   int rank = group.rank();
   int size = group.size();
   void sync() const { dtensor::barrier(group); }

@@ -14,6 +14,7 @@
 // several nodes the launchers share failures through that store: a failed rank anywhere stops every node. Run
 // `dtensor-run --help` for every flag.
 
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/tcp_store.hpp"
 #include "dtensor/rendezvous/tcp_store_server.hpp"
 
@@ -76,7 +77,7 @@ options (torchrun's spellings; `--a-b` and `--a_b`, `--opt v` and `--opt=v` are 
 
 Environment: DTENSOR_STORE_TOKEN, when set, is the job's token (give every node's launcher the same);
 else, on one machine, the launcher makes a random one. The ranks get it, and the store refuses clients
-without it. DTENSOR_TIMEOUT (seconds) bounds the launchers' own store calls.
+without it. DTENSOR_TIMEOUT (seconds, default 300) bounds the launchers' own store calls.
 
 Exit status: 0 when every rank exited 0; else the first failed rank's exit code (128+signal when it
 was killed), 128+signal when dtensor-run itself was interrupted.
@@ -464,7 +465,7 @@ private:
         die(std::string("DTENSOR_TIMEOUT='") + v + "' is not a number of seconds");
       }
     }
-    return std::chrono::seconds(300);
+    return dtensor::kDefaultStoreTimeout;
   }
 
   int world_size() const { return a_.nnodes * a_.nproc_per_node; }

@@ -16,6 +16,7 @@
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
 #include <algorithm>
@@ -36,8 +37,8 @@ namespace dtensor {
 
 /// What init_process_group tells every backend factory; a backend uses what applies to it.
 struct BackendOptions {
-  /// Default timeout of every op, and of the rendezvous.
-  std::chrono::milliseconds timeout = std::chrono::seconds(300);
+  /// Default timeout of every op, and of the rendezvous (core/timeout.hpp).
+  std::chrono::milliseconds timeout = kDefaultOpTimeout;
   /// Key prefix of this backend's rendezvous in the store (distinct per backend and per init).
   std::string prefix = "dtensor";
   /// Device backends: this rank's device index on its machine.

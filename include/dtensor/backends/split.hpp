@@ -1,6 +1,6 @@
 #pragma once
 // How new groups find their members, written once for every backend (Backend::split and the backends'
-// new_group hooks use it).
+// new_group hooks use it), and SplitGroup, what Backend::split hands a backend's do_split hook.
 //
 //   auto all = detail::exchange_split_colors(*store, "split3", rank, size, color, key, timeout, what);
 //   auto [members, me] = detail::split_members(all, color, rank);   // members: old group ranks
@@ -24,6 +24,23 @@
 #include <string_view>
 #include <tuple>
 #include <vector>
+
+namespace dtensor {
+
+/// What split() hands its hook (Backend::do_split): the new group as every member computed it.
+struct SplitGroup {
+  int color = 0;
+  int key = 0;
+  /// How many splits of this group came before (every member counts the same): names the new group's
+  /// rendezvous, e.g. under "s<index>c<color>".
+  int index = 0;
+  /// The new group's members as global ranks, in new-group order (empty when color < 0).
+  std::vector<int> global_ranks;
+  /// This member's rank in the new group; -1 when color < 0.
+  int rank = -1;
+};
+
+} // namespace dtensor
 
 namespace dtensor::detail {
 

@@ -15,7 +15,7 @@
 // out when every rank runs on this machine (then 127.0.0.1); under Slurm it defaults to the first host of
 // SLURM_STEP_NODELIST / SLURM_JOB_NODELIST. Under an MPI launcher (OpenMPI or MPICH variables) without
 // MASTER_ADDR, in a program built with the MPI backend (dtensor::mpi), the ranks meet through MPI instead:
-// the job's store is an MpiStore (backends/mpi/rendezvous.hpp), for every backend, on any number of
+// the job's store is an MpiStore (rendezvous/mpi_store.hpp), for every backend, on any number of
 // machines, with no port to choose.
 //
 // Rendezvous: rank 0 hosts a TcpStore on MASTER_PORT unless DTENSOR_USE_AGENT_STORE=1 says the launcher
@@ -33,7 +33,8 @@
 // visible, else MPI under an MPI launcher, else gloo. Each backend reads its own settings (gloo:
 // GLOO_SOCKET_IFNAME, else the local address that routes to MASTER_ADDR; NCCL: the device LOCAL_RANK unless
 // InitOptions::device is set). Timeout (store, rendezvous and the group's default op timeout):
-// InitOptions::timeout, else DTENSOR_TIMEOUT (seconds), else 300 s.
+// InitOptions::timeout, else DTENSOR_TIMEOUT (seconds), else kDefaultOpTimeout (10 minutes: the policy in
+// core/timeout.hpp).
 
 #include "dtensor/backends/registry.hpp"
 #include "dtensor/comm/process_group.hpp"
@@ -53,7 +54,7 @@
 #endif
 #if DTENSOR_HAS_MPI
 #include "dtensor/backends/mpi/backend.hpp"
-#include "dtensor/backends/mpi/rendezvous.hpp"
+#include "dtensor/rendezvous/mpi_store.hpp"
 #endif
 
 #include <chrono>
@@ -227,7 +228,8 @@ struct InitOptions {
   /// A registered backend ("gloo", "nccl", see registered_backends()) or "auto"; empty: DTENSOR_BACKEND,
   /// else "auto".
   std::string backend;
-  /// Store connection, rendezvous and default op timeout; zero: DTENSOR_TIMEOUT seconds, else 300 s.
+  /// Store connection, rendezvous and default op timeout; zero: DTENSOR_TIMEOUT seconds, else
+  /// kDefaultOpTimeout (10 minutes, core/timeout.hpp).
   std::chrono::milliseconds timeout{0};
   /// The job layout; nullopt: read_dist_env().
   std::optional<DistEnv> env;
@@ -253,7 +255,7 @@ inline std::chrono::milliseconds init_timeout(std::chrono::milliseconds given = 
       throw Error(std::string("init_process_group: ") + e.what());
     }
   }
-  return std::chrono::seconds(300);
+  return kDefaultOpTimeout;
 }
 
 /// The registered backend `name` (empty: DTENSOR_BACKEND, else "auto") stands for.

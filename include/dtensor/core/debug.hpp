@@ -5,7 +5,7 @@
 //   DTENSOR_DEBUG=detail   before each collective the members of its group compare what they are about to
 //                          run (sequence number, op, dtype, sizes, root, reduce op) through the group's
 //                          store, and on a difference every member throws an Error listing each member's
-//                          fields; nothing is sent (backends/backend.hpp, Backend::desync_check)
+//                          fields; nothing is sent (backends/desync.hpp, detail::DesyncCheck)
 //
 //   dtensor::set_debug_level(dtensor::DebugLevel::detail);   // the same from code, for every group
 //

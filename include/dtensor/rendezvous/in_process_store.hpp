@@ -11,6 +11,7 @@
 // and reads of existing keys keep working, so failing ranks can still leave their reasons for the others.
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
 #include <chrono>
@@ -28,7 +29,7 @@ namespace dtensor {
 /// Store for ranks that are threads of one process (see the top of this file).
 class InProcessStore final : public Store {
 public:
-  explicit InProcessStore(std::chrono::milliseconds timeout = std::chrono::seconds(30)) : Store(timeout) {}
+  explicit InProcessStore(std::chrono::milliseconds timeout = kDefaultStoreTimeout) : Store(timeout) {}
 
   using Store::set;
   using Store::wait;

@@ -11,6 +11,7 @@
 // every key of the base store, as c10d's does. Holds the base store alive; views may be nested.
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
 #include <chrono>
@@ -28,7 +29,7 @@ class PrefixStore final : public Store {
 public:
   /// Throws Error when `base` is null.
   PrefixStore(std::string prefix, std::shared_ptr<Store> base)
-      : Store(base != nullptr ? base->timeout() : kDefaultTimeout), prefix_(std::move(prefix)),
+      : Store(base != nullptr ? base->timeout() : kDefaultStoreTimeout), prefix_(std::move(prefix)),
         base_(std::move(base)) {
     DTENSOR_CHECK(base_ != nullptr, "PrefixStore('" + prefix_ + "'): the base store is null");
   }

@@ -27,6 +27,7 @@
 // `using Store::set; using Store::wait;`.
 
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/timeout.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -41,8 +42,8 @@ namespace dtensor {
 /// Abstract key-value store (see the top of this file).
 class Store {
 public:
-  /// Default limit of every blocking call.
-  static constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::seconds(300);
+  /// Default limit of every blocking call: kDefaultStoreTimeout (core/timeout.hpp).
+  static constexpr std::chrono::milliseconds kDefaultTimeout = kDefaultStoreTimeout;
 
   explicit Store(std::chrono::milliseconds timeout = kDefaultTimeout) : timeout_ms_(timeout.count()) {}
   virtual ~Store() = default;

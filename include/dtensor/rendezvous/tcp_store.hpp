@@ -52,7 +52,7 @@ struct TcpStoreOptions {
   /// Host the server in this process (on `port`, 0: a free one) and connect to it through loopback.
   bool is_server = false;
   /// Limit of every blocking call: connecting (including waiting for the server to come up), get and wait.
-  std::chrono::milliseconds timeout = std::chrono::seconds(300);
+  std::chrono::milliseconds timeout = kDefaultStoreTimeout;
   /// Interface address the server binds to; empty: all interfaces.
   std::string bind_host;
   /// The job's token, sent in the handshake (and required by the server this TcpStore hosts, if any); a

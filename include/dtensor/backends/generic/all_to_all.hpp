@@ -11,7 +11,7 @@
 // sides. Arguments are the ones Backend's front checked (backends/backend.hpp): one entry per member,
 // blocks inside their buffers, equal dtypes, in and out apart.
 
-#include "dtensor/backends/backend.hpp"
+#include "dtensor/backends/buffer.hpp"
 #include "dtensor/backends/generic/transport.hpp"
 
 #include <cstddef>

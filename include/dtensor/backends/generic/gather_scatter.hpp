@@ -10,7 +10,7 @@
 // Arguments are the ones Backend's front checked (backends/backend.hpp): on the root one block per member,
 // its own matching this rank's buffer.
 
-#include "dtensor/backends/backend.hpp"
+#include "dtensor/backends/buffer.hpp"
 #include "dtensor/backends/generic/transport.hpp"
 
 #include <cstdint>

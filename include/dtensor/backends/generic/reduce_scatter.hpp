@@ -13,7 +13,7 @@
 // Arguments are the ones Backend's front checked (backends/backend.hpp); `out` may lie inside `in` (in
 // place): then this rank's own block is saved to the scratch before it can be overwritten.
 
-#include "dtensor/backends/backend.hpp"
+#include "dtensor/backends/buffer.hpp"
 #include "dtensor/backends/generic/reduce.hpp"
 #include "dtensor/backends/generic/transport.hpp"
 

@@ -32,13 +32,15 @@
 #include "dtensor/backends/generic/reduce_scatter.hpp"
 #include "dtensor/backends/gloo/context.hpp"
 #include "dtensor/backends/gloo/executor.hpp"
-#include "dtensor/backends/gloo/reduce.hpp"
 #include "dtensor/backends/gloo/rendezvous.hpp"
 #include "dtensor/backends/gloo/transfer.hpp"
+#include "dtensor/backends/gloo/types.hpp"
 #include "dtensor/backends/gloo/work.hpp"
+#include "dtensor/backends/group_generations.hpp"
 #include "dtensor/backends/registry.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/detail/tcp.hpp"
 #include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
@@ -60,6 +62,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -74,8 +77,8 @@ namespace dtensor {
 
 /// Options of make_gloo_backend.
 struct GlooOptions {
-  /// Default timeout of every op (and of the rendezvous).
-  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  /// Default timeout of every op (and of the rendezvous): core/timeout.hpp's policy.
+  std::chrono::milliseconds timeout = kDefaultOpTimeout;
   /// Address the TCP transport binds to.
   std::string hostname = "127.0.0.1";
   /// Network interface to bind to instead of `hostname` (e.g. "eth0"), if not empty.
@@ -85,6 +88,56 @@ struct GlooOptions {
 };
 
 namespace detail {
+
+/// What the groups of one rank share: the transport device, the root store, the groups (to abort them
+/// all), and the new_group rendezvous counts.
+struct GlooRankState {
+  std::shared_ptr<::gloo::transport::Device> device;
+  std::shared_ptr<Store> store;
+  int global_rank = 0;
+  /// Key prefix of this rank's groups in `store` (GlooOptions::prefix).
+  std::string prefix;
+  /// `store` under `prefix`: what the rank's groups share (Backend::rank_store).
+  std::shared_ptr<Store> rank_store;
+  GroupGenerations generations;
+
+  std::mutex m;
+  std::vector<std::weak_ptr<Backend>> groups;
+  std::optional<std::string> aborted;
+
+  /// Adds a group (forgetting those destroyed); aborts it at once when this rank was aborted before.
+  void add_group(const std::shared_ptr<Backend>& group) {
+    std::optional<std::string> reason;
+    {
+      std::lock_guard lock(m);
+      std::erase_if(groups, [](const std::weak_ptr<Backend>& g) { return g.expired(); });
+      groups.push_back(group);
+      reason = aborted;
+    }
+    if (reason) {
+      group->abort(*reason);
+    }
+  }
+
+  /// Aborts every group of this rank (the world group and all sub-groups), and those made later.
+  void abort_all(std::string_view reason) {
+    std::vector<std::shared_ptr<Backend>> live;
+    {
+      std::lock_guard lock(m);
+      if (!aborted) {
+        aborted = std::string(reason);
+      }
+      for (auto& w : groups) {
+        if (auto g = w.lock()) {
+          live.push_back(std::move(g));
+        }
+      }
+    }
+    for (auto& g : live) {
+      g->abort(reason);
+    }
+  }
+};
 
 class GlooBackendImpl final : public Backend, public std::enable_shared_from_this<GlooBackendImpl> {
 public:

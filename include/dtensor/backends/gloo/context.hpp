@@ -4,8 +4,6 @@
 //  - GlooContext: gloo's rendezvous context, with signal_exception() to fail its pending ops and close its
 //    connections (abort);
 //  - connect_full_mesh: connects a group through its store and returns only once every member connected;
-//  - GlooRankState: what the groups of one rank share (transport device, root store, its groups, so that
-//    one call aborts them all);
 //  - GlooFailures: a failing member leaves its reason in the group's store under "err/<rank>" and closes
 //    its connections, so peers blocked on it fail at once; a peer whose op fails with a transport error
 //    reads the members' reasons (up to 1 s) and reports the root cause (a peer's timeout stays a
@@ -16,7 +14,6 @@
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/gloo/rendezvous.hpp"
 #include "dtensor/backends/gloo/transfer.hpp"
-#include "dtensor/backends/group_generations.hpp"
 #include "dtensor/backends/op_board.hpp"
 #include "dtensor/backends/split.hpp"
 #include "dtensor/core/element_type.hpp"
@@ -164,56 +161,6 @@ inline void connect_full_mesh(GlooContext& context, const std::shared_ptr<Store>
   }
   delete_after_all_read(*store, "connected/read", size, keys);
 }
-
-/// What the groups of one rank share: the transport device, the root store, the groups (to abort them
-/// all), and the new_group rendezvous counts.
-struct GlooRankState {
-  std::shared_ptr<::gloo::transport::Device> device;
-  std::shared_ptr<Store> store;
-  int global_rank = 0;
-  /// Key prefix of this rank's groups in `store` (GlooOptions::prefix).
-  std::string prefix;
-  /// `store` under `prefix`: what the rank's groups share (Backend::rank_store).
-  std::shared_ptr<Store> rank_store;
-  GroupGenerations generations;
-
-  std::mutex m;
-  std::vector<std::weak_ptr<Backend>> groups;
-  std::optional<std::string> aborted;
-
-  /// Adds a group (forgetting those destroyed); aborts it at once when this rank was aborted before.
-  void add_group(const std::shared_ptr<Backend>& group) {
-    std::optional<std::string> reason;
-    {
-      std::lock_guard lock(m);
-      std::erase_if(groups, [](const std::weak_ptr<Backend>& g) { return g.expired(); });
-      groups.push_back(group);
-      reason = aborted;
-    }
-    if (reason) {
-      group->abort(*reason);
-    }
-  }
-
-  /// Aborts every group of this rank (the world group and all sub-groups), and those made later.
-  void abort_all(std::string_view reason) {
-    std::vector<std::shared_ptr<Backend>> live;
-    {
-      std::lock_guard lock(m);
-      if (!aborted) {
-        aborted = std::string(reason);
-      }
-      for (auto& w : groups) {
-        if (auto g = w.lock()) {
-          live.push_back(std::move(g));
-        }
-      }
-    }
-    for (auto& g : live) {
-      g->abort(reason);
-    }
-  }
-};
 
 /// What an op is, for messages (built only when something fails).
 struct OpDesc {

@@ -5,7 +5,7 @@
 // for synchronous ops) and on a lazily started worker thread otherwise. OpArrays are the per-member
 // arrays an op reads, viewed in place while it runs on the caller's thread and copied when it is queued.
 
-#include "dtensor/backends/backend.hpp"
+#include "dtensor/backends/buffer.hpp"
 
 #include <algorithm>
 #include <array>

@@ -6,8 +6,8 @@
 //    transport) runs on the first thread that waits for it, or on a second per-group SerialExecutor (the
 //    completer) when the work is polled or dropped, never on the ordered executor.
 
-#include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/gloo/executor.hpp"
+#include "dtensor/backends/work.hpp"
 
 #include <condition_variable>
 #include <exception>

@@ -3,8 +3,8 @@
 //
 //   // mpirun -np 4 ./prog   (DTENSOR_BACKEND=mpi, or auto: under an MPI launcher on a CPU machine)
 //   auto world = dtensor::init_process_group();
-//   // or directly, without init_process_group: MPI_COMM_WORLD, no store
-//   dtensor::ProcessGroup world(dtensor::make_mpi_backend({.timeout = std::chrono::seconds(10)}));
+//   // or directly, without init_process_group: MPI_COMM_WORLD (rank and size -1: MPI's), no store
+//   dtensor::ProcessGroup world(dtensor::make_mpi_backend(nullptr, -1, -1, {.timeout = 10s}));
 //
 // Design (see also backends/backend.hpp, whose front checks every argument before a hook here runs):
 //  - Every op is one or more non-blocking MPI calls posted on the calling thread, in submission order
@@ -37,13 +37,12 @@
 //  - Memory: host tensors; CUDA tensors too when the library is CUDA-aware (MpiRuntime::cuda_aware(): the
 //    tensor's stream is synchronised before MPI reads or writes it); reductions of CUDA tensors are an
 //    Error (OpenMPI's non-blocking reductions read device memory on the host): use NCCL for them.
-//  - The store is optional (MpiOptions::store; init_process_group passes the job's): with one,
-//    monitored_barrier, DTENSOR_DEBUG=detail's desync checks and the timeout reports work as on gloo.
+//  - The store is optional (make_mpi_backend's first argument; init_process_group passes the job's): with
+//    one, monitored_barrier, DTENSOR_DEBUG=detail's desync checks and the timeout reports work as on gloo.
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/generic/reduce.hpp"
 #include "dtensor/backends/group_generations.hpp"
-#include "dtensor/backends/mpi/runtime.hpp"
 #include "dtensor/backends/mpi/types.hpp"
 #include "dtensor/backends/mpi/work.hpp"
 #include "dtensor/backends/op_board.hpp"
@@ -53,6 +52,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
 #include "dtensor/core/timeout.hpp"
+#include "dtensor/rendezvous/detail/mpi.hpp"
 #include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
@@ -80,11 +80,8 @@ namespace dtensor {
 
 /// Options of make_mpi_backend.
 struct MpiOptions {
-  /// Default timeout of every op (and of making the world group).
-  std::chrono::milliseconds timeout = std::chrono::seconds(30);
-  /// The job's store, optional: monitored_barrier, DTENSOR_DEBUG=detail's desync checks and the reports
-  /// of what each member ran when an op times out meet there (without one, those say they cannot).
-  std::shared_ptr<Store> store;
+  /// Default timeout of every op (and of making the world group): core/timeout.hpp's policy.
+  std::chrono::milliseconds timeout = kDefaultOpTimeout;
   /// Key prefix in the store.
   std::string prefix = "dtensor";
 };
@@ -793,8 +790,8 @@ inline MPI_Comm mpi_dup_with_timeout(MPI_Comm comm, MpiClock::time_point deadlin
   return *out;
 }
 
-/// The world group: MPI_COMM_WORLD's processes, in its rank order.
-inline std::shared_ptr<Backend> make_mpi_world(MpiOptions options) {
+/// The world group: MPI_COMM_WORLD's processes, in its rank order; `store` may be null.
+inline std::shared_ptr<Backend> make_mpi_world(std::shared_ptr<Store> store, const MpiOptions& options) {
   check_timeout(options.timeout, "make_mpi_backend");
   MpiRuntime& mpi = MpiRuntime::instance();
   mpi.ensure_initialized();
@@ -807,11 +804,11 @@ inline std::shared_ptr<Backend> make_mpi_world(MpiOptions options) {
   MPI_Comm comm = mpi_dup_with_timeout(MPI_COMM_WORLD, deadline, what, options.timeout);
   MPI_Comm internal = mpi_dup_with_timeout(MPI_COMM_WORLD, deadline, what, options.timeout);
   auto state = std::make_shared<MpiRankState>();
-  state->store = options.store;
+  state->store = std::move(store);
   state->prefix = options.prefix;
   state->global_rank = rank;
-  if (options.store != nullptr) {
-    state->rank_store = std::make_shared<PrefixStore>(options.prefix, options.store);
+  if (state->store != nullptr) {
+    state->rank_store = std::make_shared<PrefixStore>(options.prefix, state->store);
   }
   std::vector<int> all(static_cast<std::size_t>(size));
   for (int i = 0; i < size; ++i) {
@@ -821,13 +818,40 @@ inline std::shared_ptr<Backend> make_mpi_world(MpiOptions options) {
                                           options.prefix + "/world", options.timeout);
 }
 
+/// MPI_COMM_WORLD's rank and size of this process (initialising MPI when nobody did).
+inline std::pair<int, int> mpi_world_rank_size() {
+  MpiRuntime::instance().ensure_initialized();
+  int rank = 0;
+  int size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return {rank, size};
+}
+
 } // namespace detail
 
-/// An MPI communicator over every process of MPI_COMM_WORLD (initialising MPI when nobody did; it is then
-/// finalised at exit). Collective over MPI_COMM_WORLD; TimeoutError when a process does not come within
-/// options.timeout. Wrap it in a ProcessGroup: `ProcessGroup world(make_mpi_backend());`.
-inline std::shared_ptr<Backend> make_mpi_backend(MpiOptions options = {}) {
-  return detail::make_mpi_world(std::move(options));
+/// An MPI communicator over every process of MPI_COMM_WORLD; this process is `rank` of `size`, which must
+/// be MPI_COMM_WORLD's (-1 and -1: take them from MPI, as torch's init_process_group("mpi") does).
+/// Initialises MPI when nobody did (it is then finalised at exit). `store` is optional (null: none): with
+/// one, monitored_barrier, DTENSOR_DEBUG=detail's desync checks and the reports of what each member ran
+/// when an op times out meet there, under options.prefix (without one, those say they cannot).
+/// Collective over MPI_COMM_WORLD; TimeoutError when a process does not come within options.timeout.
+/// Wrap it in a ProcessGroup: `ProcessGroup world(make_mpi_backend(store, rank, size));`.
+inline std::shared_ptr<Backend> make_mpi_backend(std::shared_ptr<Store> store, int rank, int size,
+                                                 MpiOptions options = {}) {
+  const auto [mpi_rank, mpi_size] = detail::mpi_world_rank_size();
+  DTENSOR_CHECK((rank < 0 && size < 0) || (rank == mpi_rank && size == mpi_size),
+                "make_mpi_backend: rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                    " is not this process's place in MPI_COMM_WORLD, rank " + std::to_string(mpi_rank) +
+                    " of " + std::to_string(mpi_size) + " (pass -1, -1 to take MPI's)");
+  return detail::make_mpi_world(std::move(store), options);
+}
+
+/// Deprecated: make_mpi_backend(store, rank, size, options), the shape of every backend factory; rank =
+/// size = -1 take MPI_COMM_WORLD's.
+[[deprecated("use make_mpi_backend(store, rank, size, options)")]] inline std::shared_ptr<Backend>
+make_mpi_backend(MpiOptions options = {}) {
+  return make_mpi_backend(nullptr, -1, -1, std::move(options));
 }
 
 namespace detail {
@@ -836,11 +860,7 @@ namespace detail {
 /// must be MPI_COMM_WORLD's (processes started by mpirun or srun, not by dtensor-run or torchrun).
 inline std::shared_ptr<Backend> make_mpi_backend_for_job(std::shared_ptr<Store> store, int rank, int size,
                                                          const BackendOptions& options) {
-  MpiRuntime::instance().ensure_initialized();
-  int mpi_rank = 0;
-  int mpi_size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+  const auto [mpi_rank, mpi_size] = mpi_world_rank_size();
   DTENSOR_CHECK(mpi_rank == rank && mpi_size == size,
                 "MPI backend: the launcher's variables make this process rank " + std::to_string(rank) +
                     " of " + std::to_string(size) + ", but MPI_COMM_WORLD has it as rank " +
@@ -848,9 +868,8 @@ inline std::shared_ptr<Backend> make_mpi_backend_for_job(std::shared_ptr<Store> 
                     ": start the processes with mpirun (or srun --mpi=pmix), not dtensor-run or torchrun");
   MpiOptions mo;
   mo.timeout = options.timeout;
-  mo.store = std::move(store);
   mo.prefix = options.prefix;
-  return make_mpi_world(std::move(mo));
+  return make_mpi_backend(std::move(store), rank, size, std::move(mo));
 }
 
 /// "auto" picks MPI under an MPI launcher (above gloo, below NCCL on a machine with a GPU).

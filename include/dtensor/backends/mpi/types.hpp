@@ -1,7 +1,7 @@
 #pragma once
-// MPI's names for dtensor's element types and reductions, and error checking for MPI calls (the
-// counterpart of backends/nccl/types.hpp and backends/gloo/reduce.hpp: what the backend needs to know
-// about the data).
+// MPI's names for dtensor's element types and reductions (the counterpart of backends/nccl/types.hpp and
+// backends/gloo/types.hpp: what the backend needs to know about the data). Error checking for MPI calls,
+// check_mpi, comes with the MPI runtime (rendezvous/detail/mpi.hpp).
 //
 //   MPI_Datatype t = detail::mpi_type(DType::bfloat16);                 // MPI_UINT16_T (bits only)
 //   MPI_Op op = detail::mpi_op(DType::bfloat16, ReduceOp::max);         // a user op reducing in float
@@ -15,12 +15,14 @@
 //    the gloo backend.
 //  - ReduceOp::avg reduces as sum; the backend divides by the group size afterwards (floats divide,
 //    integers truncate toward zero), like the gloo backend.
-//  - User ops are made once per process (dtype, op) and freed before MPI_Finalize (runtime.hpp).
+//  - User ops are made once per process (dtype, op) and freed before MPI_Finalize (MpiRuntime's releases,
+//    rendezvous/detail/mpi.hpp).
 
 #include "dtensor/backends/generic/reduce.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/reduce_op.hpp"
+#include "dtensor/rendezvous/detail/mpi.hpp"
 
 #include <mpi.h>
 
@@ -117,7 +119,10 @@ private:
   static constexpr std::size_t kOps = 4;   // sum (avg), product, max, min
   static constexpr std::size_t kTypes = 9; // DType's values
 
-  MpiUserOps() { ops_.fill(MPI_OP_NULL); }
+  MpiUserOps() {
+    ops_.fill(MPI_OP_NULL);
+    MpiRuntime::instance().add_release([this] { free_all(); });
+  }
 
   static constexpr std::size_t op_index(ReduceOp op) {
     switch (op) {
@@ -155,31 +160,6 @@ inline MPI_Op mpi_op(DType dtype, ReduceOp op) {
     return MPI_MIN;
   }
   throw Error("MPI backend: unsupported reduce op " + std::to_string(static_cast<int>(op)));
-}
-
-/// MPI's text for an error code ("MPI_ERR_TRUNCATE: message truncated").
-inline std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) {
-    return "MPI error code " + std::to_string(code);
-  }
-  return std::string(text, static_cast<std::size_t>(len));
-}
-
-/// Throws Error("<context>: <call> failed: <MPI's text>") unless rc is MPI_SUCCESS. `context` is a string
-/// or a callable returning one, called only on failure.
-template <class Context>
-void check_mpi(int rc, const char* call, Context&& context) {
-  if (rc != MPI_SUCCESS) [[unlikely]] {
-    std::string where;
-    if constexpr (std::is_invocable_v<Context>) {
-      where = context();
-    } else {
-      where = context;
-    }
-    throw Error(where + ": " + call + " failed: " + mpi_error_text(rc));
-  }
 }
 
 } // namespace dtensor::detail

@@ -23,10 +23,10 @@
 //  - abort() of the group fails every wait() at once (released(): the reason), without cancelling
 //    anything either.
 
-#include "dtensor/backends/backend.hpp"
-#include "dtensor/backends/mpi/runtime.hpp"
+#include "dtensor/backends/work.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/rendezvous/detail/mpi.hpp"
 
 #include <mpi.h>
 

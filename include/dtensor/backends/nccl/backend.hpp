@@ -56,6 +56,7 @@
 #include "dtensor/core/env.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
+#include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
@@ -79,8 +80,8 @@ namespace dtensor {
 
 /// Options of make_nccl_backend.
 struct NcclOptions {
-  /// Default timeout of every op (and of the rendezvous).
-  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  /// Default timeout of every op (and of the rendezvous): core/timeout.hpp's policy.
+  std::chrono::milliseconds timeout = kDefaultOpTimeout;
   /// This rank's CUDA device; taken modulo the number of visible devices (several ranks may share one GPU
   /// for testing, each process with its own NCCL_HOSTID). It becomes the calling thread's current device.
   int device = 0;
@@ -102,7 +103,7 @@ namespace detail {
 
 /// What the communicators of one rank share: the job's store (under NcclOptions::prefix; null for a
 /// one-rank job without one) and the new_group rendezvous counts (backends/split.hpp).
-struct NcclRankShared {
+struct NcclRankState {
   std::shared_ptr<Store> root;
   GroupGenerations generations;
 };
@@ -146,9 +147,9 @@ public:
   /// `store`: this communicator's view of the job's store (may be null for a one-rank communicator).
   NcclBackendImpl(std::shared_ptr<NcclCommState> state, std::vector<int> global, int rank,
                   std::chrono::milliseconds timeout, NcclOptions options, std::shared_ptr<Store> store,
-                  std::shared_ptr<NcclRankShared> shared)
+                  std::shared_ptr<NcclRankState> rank_state)
       : Backend(timeout), state_(std::move(state)), global_(std::move(global)), rank_(rank),
-        options_(std::move(options)), store_(std::move(store)), shared_(std::move(shared)) {
+        options_(std::move(options)), store_(std::move(store)), rank_state_(std::move(rank_state)) {
     nccl_watchdog().watch(state_->guard());
     scratch_buffer(); // now, not in the first barrier: an op must not allocate (CUDA graph capture)
   }
@@ -372,15 +373,15 @@ protected:
 
   /// Called by the members only; they meet under the name GroupGenerations gives their list.
   std::shared_ptr<Backend> do_new_group(std::vector<int> global, int mine) override {
-    const std::string name = shared_->generations.next_name(global);
+    const std::string name = rank_state_->generations.next_name(global);
     std::shared_ptr<Store> store =
-        shared_->root != nullptr ? std::make_shared<PrefixStore>(name, shared_->root) : nullptr;
+        rank_state_->root != nullptr ? std::make_shared<PrefixStore>(name, rank_state_->root) : nullptr;
     CudaDeviceGuard guard(state_->device());
     auto child = init_nccl_comm(store.get(), mine, static_cast<int>(global.size()), state_->device(),
                                 options_, timeout(),
                                 "nccl group " + format_list(global) + " (rank " + std::to_string(mine) + ")");
     return std::make_shared<NcclBackendImpl>(std::move(child), std::move(global), mine, timeout(), options_,
-                                             std::move(store), shared_);
+                                             std::move(store), rank_state_);
   }
 
   /// ncclCommSplit, by every member (also those with colour < 0, which get nullptr).
@@ -390,7 +391,7 @@ protected:
   }
 
   Store* split_store() override { return store_.get(); }
-  Store* rank_store() override { return shared_->root.get(); }
+  Store* rank_store() override { return rank_state_->root.get(); }
 
   void do_abort(std::string_view reason) override {
     state_->fail(describe() + ": aborted: " + std::string(reason), false);
@@ -586,7 +587,7 @@ private:
     // A nonblocking child may still be initialising.
     child_state->wait_ready(ncclInProgress, deadline, "ncclCommSplit (new communicator)");
     return std::make_shared<NcclBackendImpl>(std::move(child_state), std::move(global), mine, timeout(),
-                                             options_, std::move(store), shared_);
+                                             options_, std::move(store), rank_state_);
   }
 
   std::shared_ptr<NcclCommState> state_;
@@ -594,7 +595,7 @@ private:
   int rank_;
   NcclOptions options_;
   std::shared_ptr<Store> store_;
-  std::shared_ptr<NcclRankShared> shared_;
+  std::shared_ptr<NcclRankState> rank_state_;
   std::shared_ptr<void> scratch_;
   /// What each member was running when an op timed out (null without a store).
   std::shared_ptr<OpBoard> board_ =
@@ -630,17 +631,19 @@ inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Store> store, 
   detail::check_cuda(cudaSetDevice(device), "cudaSetDevice",
                      "make_nccl_backend (rank " + std::to_string(rank) + ")");
 
-  auto shared = std::make_shared<detail::NcclRankShared>();
-  shared->root = store != nullptr ? std::make_shared<PrefixStore>(options.prefix, std::move(store)) : nullptr;
+  auto rank_state = std::make_shared<detail::NcclRankState>();
+  rank_state->root =
+      store != nullptr ? std::make_shared<PrefixStore>(options.prefix, std::move(store)) : nullptr;
   std::shared_ptr<Store> world =
-      shared->root != nullptr ? std::make_shared<PrefixStore>("world", shared->root) : nullptr;
+      rank_state->root != nullptr ? std::make_shared<PrefixStore>("world", rank_state->root) : nullptr;
   auto state = detail::init_nccl_comm(world.get(), rank, size, device, options, options.timeout,
                                       "nccl world of " + std::to_string(size) + " (rank " +
                                           std::to_string(rank) + ")");
   std::vector<int> all(size);
   std::iota(all.begin(), all.end(), 0);
   return std::make_shared<detail::NcclBackendImpl>(std::move(state), std::move(all), rank, options.timeout,
-                                                   std::move(options), std::move(world), std::move(shared));
+                                                   std::move(options), std::move(world),
+                                                   std::move(rank_state));
 }
 
 namespace detail {

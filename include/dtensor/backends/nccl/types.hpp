@@ -1,6 +1,7 @@
 #pragma once
 // NCCL's names for dtensor's element types and reductions, and error checking for NCCL and CUDA calls
-// (the counterpart of backends/gloo/reduce.hpp: what the backend needs to know about the data).
+// (the counterpart of backends/gloo/types.hpp and backends/mpi/types.hpp: what the backend needs to know
+// about the data).
 //
 //  - float32/64, bfloat16, float16, int32, int64, uint8 map to the NCCL type of the same layout;
 //    float8_e4m3 / float8_e5m2 to ncclFloat8e4m3 / ncclFloat8e5m2 (NCCL 2.24 and later; an older NCCL

@@ -11,10 +11,10 @@
 //    mode (they cannot invalidate another thread's CUDA graph capture), and it holds guards only: a
 //    communicator is finalized or aborted by its owner, on the thread that drops the last reference to it.
 
-#include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/nccl/comm_guard.hpp"
 #include "dtensor/backends/nccl/types.hpp"
 #include "dtensor/backends/nccl/watchdog.hpp"
+#include "dtensor/backends/work.hpp"
 #include "dtensor/core/error.hpp"
 
 #include <cuda_runtime_api.h>
