@@ -8,6 +8,8 @@
 #   <!-- first-program:CMakeLists.txt -->  must equal DIR/CMakeLists.txt byte for byte
 #   <!-- first-program:output -->          with LAUNCHER and PROGRAM: what `LAUNCHER --standalone --tee 0
 #                                          --nproc-per-node 4 PROGRAM` writes to stdout, exactly
+# ALSO (optional, a list): other pages that show the output under the same marker; their block must equal
+# README.md's.
 # A block is the text between its opening fence line and its closing fence, newlines included. The script
 # fails naming the block that differs, and prints both versions.
 foreach(var README DIR)
@@ -17,16 +19,23 @@ foreach(var README DIR)
 endforeach()
 file(READ ${README} readme)
 
-# The fenced block after the marker line `<!-- first-program:NAME -->`, into `out`.
+# The fenced block after the marker line `<!-- first-program:NAME -->` in README.md (or in the text of
+# `page`, named `page_name`), into `out`.
 function(readme_block name out)
+  set(text "${readme}")
+  set(file "${README}")
+  if(ARGC GREATER 2)
+    set(text "${ARGV2}")
+    set(file "${ARGV3}")
+  endif()
   set(marker "<!-- first-program:${name} -->\n")
-  string(FIND "${readme}" "${marker}" at)
+  string(FIND "${text}" "${marker}" at)
   if(at EQUAL -1)
-    message(FATAL_ERROR "check_readme_program: ${README} has no line `<!-- first-program:${name} -->`")
+    message(FATAL_ERROR "check_readme_program: ${file} has no line `<!-- first-program:${name} -->`")
   endif()
   string(LENGTH "${marker}" n)
   math(EXPR at "${at} + ${n}")
-  string(SUBSTRING "${readme}" ${at} -1 rest)
+  string(SUBSTRING "${text}" ${at} -1 rest)
   if(NOT rest MATCHES "^```[^\n]*\n")
     message(FATAL_ERROR "check_readme_program: the line after `<!-- first-program:${name} -->` is not a fence")
   endif()
@@ -52,6 +61,13 @@ function(expect_equal what expected actual)
   endif()
   message(STATUS "${what}: identical")
 endfunction()
+
+foreach(page IN LISTS ALSO)
+  file(READ ${page} page_text)
+  readme_block(output shown)
+  readme_block(output also "${page_text}" ${page})
+  expect_equal("README's output block and ${page}'s" "${shown}" "${also}")
+endforeach()
 
 foreach(file main.cpp CMakeLists.txt)
   readme_block(${file} shown)
