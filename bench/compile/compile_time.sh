@@ -2,7 +2,7 @@
 # Compile cost (g++ -std=c++20 -O2, the flags of a Release build; median wall time and peak RSS of the
 # compiler over `reps` runs):
 #  - umbrella_header: a TU that includes <dtensor/dtensor.hpp>, next to one that includes only the standard
-#    headers the dtensor headers it reaches include (the README's numbers);
+#    headers the dtensor headers it reaches include (BENCHMARKS.md, "Compile cost");
 #  - redistributions_20: bench/compile/redistributions_tu.cpp -- the umbrella plus DTensor and 20 different
 #    redistributions instantiated on 1-, 2- and 3-axis meshes -- next to a TU with only the standard
 #    headers that TU reaches through dtensor;

@@ -14,7 +14,7 @@
 // survivor gets an Error naming the cause within 2 timeouts, never an abort.
 //   kill_store_host  rank 0 hosts the store (--rank0-store) and is SIGKILLed mid-collective
 //   kill_rank        rank 2 is SIGKILLed mid-collective (the launcher hosts the store); here
-//                    DTENSOR_TIMEOUT=10 and the survivors' errors must come within 1.5 s (the README
+//                    DTENSOR_TIMEOUT=10 and the survivors' errors must come within 1.5 s (docs/failures.md
 //                    promises about 1 s: detection does not wait for the timeout)
 //   stop_rank        rank 2 gets SIGTERM mid-collective
 //   never_joins      rank 2 never calls init_process_group

@@ -288,7 +288,7 @@ TEST_CASE("from_local with two mesh axes sharding one dim: inferred when even an
 
 TEST_CASE("R -> P(avg) -> R on floats is exact at 1 2 and 4 ranks and within an ulp at 3", "[dtensor]") {
   // P(avg) -> R is an all_reduce: the n equal copies summed in order, then divided by n. At 3 ranks
-  // (x + x) + x rounds for some x, so the value can move by an ulp (README, "DTensor and redistribution").
+  // (x + x) + x rounds for some x, so the value can move by an ulp (docs/tensor.md, "Partial<avg> rounds").
   const int n = GENERATE(1, 2, 3, 4);
   Tensor<float, 1> x({1000});
   std::uint32_t state = 12345;

@@ -9,7 +9,7 @@
 // is held as v on coordinate 0 of every Partial<sum> / Partial<product> axis and as the op's identity
 // (0 / 1) elsewhere; Partial<avg/max/min> axes hold v on every coordinate. Reducing gives v back exactly,
 // except for Partial<avg> on floats: (v + ... + v) / n rounds, exact at 1, 2 and 4 ranks and for integer
-// values (while n * v is exact), else within an ulp or two (README, "DTensor and redistribution").
+// values (while n * v is exact), else within an ulp or two (docs/tensor.md, "Partial<avg> rounds").
 
 #include <cstddef>
 #include <cstdint>

@@ -18,7 +18,7 @@
 // a Partial<avg/max/min> axis, so full_tensor() is still the one-rank fill; that is what a torch user reading
 // "a Partial DTensor of rand" means (the sum of the partials is the random tensor, not n copies of it). It is
 // exact except for Partial<avg>: (v + ... + v) / n may round (not at 1, 2 or 4 ranks; by an ulp at 3, by two
-// at 8: README, "DTensor and redistribution").
+// at 8: docs/tensor.md, "Partial<avg> rounds").
 //
 // dropout is linear in x once the mask is fixed, and the mask depends on global indices only, so every
 // partial value gets the same mask and a Partial<sum/avg> x stays Partial (sum_r(x_r * m) = (sum_r x_r)

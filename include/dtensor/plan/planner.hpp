@@ -6,7 +6,7 @@
 //
 //   local_partial(a, op)        R -> P(op): coordinate 0 keeps the value, the others take op's identity
 //                               (sum: 0, product: 1; avg, max and min keep the value). Reducing it again
-//                               is exact, except avg on floats: (v + ... + v) / n rounds (README)
+//                               is exact, except avg on floats: (v + ... + v) / n rounds (docs/tensor.md)
 //   local_chunk(a, d)           R -> S(d): keep this coordinate's torch.chunk piece, no communication
 //   reduce_scatter(a, d, op)    P(op) -> S(d)
 //   all_reduce(a, op)           P(op) -> R
