@@ -9,9 +9,9 @@
 //   kill_rank        the last rank SIGKILLs itself mid-loop
 //   stop_rank        the last rank stops in the loop (prints "stopped <pid>"; the test sends it SIGTERM)
 //   never_joins      the last rank never calls init_process_group (it sleeps 3 timeouts, then exits)
-// Survivors ignore SIGTERM (the launcher sends it once a rank died) and print
-// "fault error on rank R after MS ms: <message>" for the Error they got (MS: from the start of the op or
-// init that failed).
+// FAULT_VICTIM=<rank> picks another rank to fail (kill_rank, stop_rank). Survivors ignore SIGTERM (the
+// launcher sends it once a rank died) and print "fault error on rank R after MS ms: <message>" for the Error
+// they got (MS: from the start of the op or init that failed).
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/init.hpp"
 #include "dtensor/comm/p2p.hpp"
@@ -35,7 +35,8 @@ namespace {
 int dead_peer(const std::string& what) {
   const int size = std::atoi(std::getenv("WORLD_SIZE"));
   const int rank = std::atoi(std::getenv("RANK"));
-  const int victim = what == "kill_store_host" ? 0 : size - 1;
+  const char* chosen = std::getenv("FAULT_VICTIM");
+  const int victim = chosen != nullptr ? std::atoi(chosen) : what == "kill_store_host" ? 0 : size - 1;
   if (what == "never_joins" && rank == victim) {
     std::this_thread::sleep_for(3 * detail::init_timeout());
     return 0;

@@ -11,8 +11,9 @@
 // ranks), so the port stays bound for the whole job and ranks may start in any order. The store listens on
 // loopback when the master address is a loopback one (one machine), and serves only clients presenting
 // the job's token (DTENSOR_STORE_TOKEN: the launcher's own if set, else a random one on one machine). With
-// several nodes the launchers share failures through that store: a failed rank anywhere stops every node. Run
-// `dtensor-run --help` for every flag.
+// several nodes the launchers share failures through that store: a failed rank anywhere stops every node.
+// Every launcher records there how each of its ranks ended ("dtensor-run/exit/<rank>"), so that the peers of
+// a rank that died name it alone. Run `dtensor-run --help` for every flag.
 
 #include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/tcp_store.hpp"
@@ -435,7 +436,9 @@ public:
       }
       a_.master_port = server_->port();
     }
-    if (a_.agent_store && a_.nnodes > 1) {
+    // A client of the job's store on every node where the launcher serves or shares it: with several
+    // nodes for failures and completion, and on every node to record how each rank ended (reap()).
+    if (a_.agent_store && (a_.nnodes > 1 || server_)) {
       try {
         dtensor::TcpStoreOptions so;
         so.timeout = store_timeout_;
@@ -447,6 +450,8 @@ public:
       } catch (const std::exception& e) {
         die(std::string(e.what()), 1);
       }
+    }
+    if (store_ && a_.nnodes > 1) {
       watcher_ = std::thread([this] { watch_store(); });
     }
     spawn_all();
@@ -685,6 +690,7 @@ private:
         r.running = false;
         r.status = status;
         --running_;
+        record_exit(r, status);
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok && !failed_ && !interrupted_) {
           failed_ = &r;
@@ -797,7 +803,20 @@ private:
     }
   }
 
-  // ---- several nodes: failures and completion through the store ---------------------------------------
+  // ---- the job's store: how ranks ended; with several nodes, failures and completion -------------------
+
+  /// Records how rank `r` ended under "dtensor-run/exit/<rank>", so that its peers, whose ops fail because
+  /// its connections closed, name it and how it ended rather than every member that had not reported
+  /// (backends/gloo/context.hpp, GlooFailures::silent_members).
+  void record_exit(const Rank& r, int status) {
+    if (!store_) {
+      return;
+    }
+    try {
+      store_->set("dtensor-run/exit/" + std::to_string(r.rank), describe_status(status));
+    } catch (...) {
+    }
+  }
 
   void publish_failure(const std::string& what) {
     if (!store_) {

@@ -149,7 +149,7 @@ public:
       : Backend(timeout), state_(std::move(state)), prefix_(std::move(prefix)),
         store_(std::make_shared<PrefixStore>(prefix_, state_->store)), global_ranks_(std::move(global_ranks)),
         rank_(rank), context_(std::make_shared<GlooContext>(rank_, size())), transport_(context_),
-        failures_(store_, rank_, size()) {
+        failures_(store_, state_->store, global_ranks_, rank_) {
     store_->set_timeout(timeout);
     context_->setTimeout(timeout);
     connect_full_mesh(*context_, store_, state_->device, rank_, size(), timeout, describe());

@@ -7,8 +7,11 @@
 //  - GlooFailures: a failing member leaves its reason in the group's store under "err/<rank>" and closes
 //    its connections, so peers blocked on it fail at once; a peer whose op fails with a transport error
 //    reads the members' reasons (up to 1 s) and reports the root cause (a peer's timeout stays a
-//    TimeoutError), else the members that reported nothing (a killed process cannot). When the store
-//    itself is gone (its host died), the board says so at once instead of asking again.
+//    TimeoutError), else the members that reported nothing (a killed process cannot). Under dtensor-run the
+//    launcher records every rank's end in the job's store ("dtensor-run/exit/<global rank>": "killed by
+//    SIGKILL"), so the members that ended are named with how they ended, and a member that is merely
+//    blocked is not named at all. When the store itself is gone (its host died), the board says so at once
+//    instead of asking again.
 //    translate() turns any failure of an op into the Error / TimeoutError wait() rethrows.
 
 #include "dtensor/backends/backend.hpp"
@@ -202,8 +205,15 @@ struct OpDesc {
 /// The failure board of one group (see the top of this file), over the group's store.
 class GlooFailures {
 public:
-  GlooFailures(std::shared_ptr<Store> store, int rank, int size)
-      : store_(store), rank_(rank), size_(size), ops_(std::move(store), rank, size) {}
+  /// `store` is the group's, `job_store` the job's (where a launcher records the ranks that ended),
+  /// `global_ranks` the group's members by job rank.
+  GlooFailures(std::shared_ptr<Store> store, std::shared_ptr<Store> job_store, std::vector<int> global_ranks,
+               int rank)
+      : store_(store), job_store_(std::move(job_store)), global_ranks_(std::move(global_ranks)), rank_(rank),
+        size_(static_cast<int>(global_ranks_.size())), ops_(std::move(store), rank, size_) {}
+
+  /// The key under which dtensor-run records how the rank `global_rank` of the job ended.
+  static std::string exit_key(int global_rank) { return "dtensor-run/exit/" + std::to_string(global_rank); }
 
   /// Leaves this member's reason under "err/<rank>" (the first one only).
   void publish(bool is_timeout, const std::string& msg) {
@@ -240,8 +250,10 @@ public:
   }
 
   /// Why nobody's reason could be read: "; ... the job's store is unreachable too: <its error>" when the
-  /// store is gone, else the members that published neither an op nor a reason ("; no report from rank 2
-  /// (...)"). Called after peer_reason's patience, by when every live member in an op published its op.
+  /// store is gone; else, of the members that published neither an op nor a reason, those the launcher
+  /// saw end ("; rank 2 (global 2) ended: killed by SIGKILL, seen by dtensor-run"), or when it recorded
+  /// none (another launcher, in-process ranks) all of them ("; no report from rank 2 (...)"). Called
+  /// after peer_reason's patience.
   std::string silent_members() {
     std::vector<int> silent;
     for (int r = 0; r < size_ && !store_lost(); ++r) {
@@ -255,6 +267,19 @@ public:
     }
     if (silent.empty()) {
       return "";
+    }
+    std::string ended;
+    for (int r : silent) {
+      const int g = global_ranks_[static_cast<std::size_t>(r)];
+      std::optional<std::vector<char>> how;
+      ask([&] { how = job_store_->try_get(exit_key(g)); });
+      if (how) {
+        ended += "; rank " + std::to_string(r) + " (global " + std::to_string(g) +
+                 ") ended: " + std::string(how->begin(), how->end()) + ", seen by dtensor-run";
+      }
+    }
+    if (!ended.empty()) {
+      return ended;
     }
     std::string list;
     for (int r : silent) {
@@ -358,6 +383,8 @@ private:
   }
 
   std::shared_ptr<Store> store_;
+  std::shared_ptr<Store> job_store_;
+  std::vector<int> global_ranks_;
   int rank_;
   int size_;
   std::atomic<bool> published_{false};
