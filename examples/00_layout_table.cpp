@@ -4,9 +4,9 @@
 // for each placement list, every rank's mesh coordinate, local shape and global offset (uneven and empty
 // shards included), and checks that the blocks tile the tensor.
 
-#include <dtensor/core/layout.hpp>
+#include <dtensor/layout/algebra.hpp>
+#include <dtensor/layout/placement_check.hpp>
 #include <dtensor/mesh/mesh_shape.hpp>
-#include <dtensor/mesh/placement_check.hpp>
 
 #include <cstdio>
 #include <string>

@@ -20,8 +20,8 @@
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
-#include <dtensor/core/layout.hpp>
 #include <dtensor/core/tensor.hpp>
+#include <dtensor/layout/algebra.hpp>
 
 #include <cstdio>
 #include <string>

@@ -9,7 +9,7 @@
 
 #include "dtensor/comm/autograd.hpp"
 #include "dtensor/comm/comm_debug.hpp"
-#include "dtensor/core/layout.hpp"
+#include "dtensor/layout/algebra.hpp"
 
 #include <catch2/catch.hpp>
 

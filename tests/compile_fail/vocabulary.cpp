@@ -3,8 +3,8 @@
 // output with ": error:") to match regex: the intended message, from its start. A declaration is one line
 // of at most 110 columns (clang-format wraps longer comments, and only the first line is read); write
 // regex metacharacters as `.`. Without a case the file must compile.
+#include <dtensor/layout/placement_check.hpp>
 #include <dtensor/mesh/mesh_shape.hpp>
-#include <dtensor/mesh/placement_check.hpp>
 
 using namespace dtensor;
 using Mesh = MeshShape<Axis<"dp">, Axis<"tp", 4>>;

@@ -8,7 +8,7 @@
 
 #include "../support/enumerate.hpp"
 
-#include <dtensor/core/layout.hpp>
+#include <dtensor/layout/algebra.hpp>
 
 #include <algorithm>
 #include <cstdint>

@@ -2,8 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <dtensor/layout/placement_check.hpp>
 #include <dtensor/mesh/mesh_shape.hpp>
-#include <dtensor/mesh/placement_check.hpp>
 
 #include <type_traits>
 

@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/core/extents.hpp>
-#include <dtensor/core/partial_identity.hpp>
+#include <dtensor/layout/partial_identity.hpp>
 #include <dtensor/local/random.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops/random.hpp>

@@ -1,4 +1,4 @@
-// The cost model in closed form (bytes_per_rank, most_elements_received in plan/exchange.hpp) against its
+// The cost model in closed form (bytes_per_rank, most_elements_received in plan/cost.hpp) against its
 // oracle, which visits every rank of the mesh and finds each exchange's pieces rank by rank
 // (test_support::reference_bytes_per_rank, step_elements_received). Step by step and in total, for the
 // planner's plan (with either all_reduce order where they differ) and the one-permute fallback of every
@@ -10,7 +10,7 @@
 
 #include <catch2/catch.hpp>
 
-#include <dtensor/plan/exchange.hpp>
+#include <dtensor/plan/cost.hpp>
 #include <dtensor/plan/planner.hpp>
 
 #include "../support/enumerate.hpp"

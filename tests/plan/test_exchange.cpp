@@ -1,11 +1,12 @@
-// Exchange geometry (plan/exchange.hpp): every member's pieces tile what it must receive, sends and
-// receives agree pairwise, copies of a replicated source share the sending, and the O(pieces) geometry
-// equals a brute-force one that looks at every member of the group; the pieces are also checked element by
-// element against an oracle that shares no layout code with the library (support/owner_oracle.hpp).
+// Exchange geometry (layout/exchange.hpp, run per plan step through plan/cost.hpp): every member's pieces
+// tile what it must receive, sends and receives agree pairwise, copies of a replicated source share the
+// sending, and the O(pieces) geometry equals a brute-force one that looks at every member of the group; the
+// pieces are also checked element by element against an oracle that shares no layout code with the
+// library (support/owner_oracle.hpp).
 
 #include <catch2/catch.hpp>
 
-#include <dtensor/plan/exchange.hpp>
+#include <dtensor/plan/cost.hpp>
 #include <dtensor/plan/planner.hpp>
 
 #include "../support/enumerate.hpp"

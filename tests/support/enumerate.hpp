@@ -1,7 +1,7 @@
 #pragma once
 // Enumerations shared by the exhaustive tests.
 
-#include <dtensor/core/placement.hpp>
+#include <dtensor/layout/placement.hpp>
 
 #include <functional>
 #include <vector>

@@ -3,7 +3,7 @@
 // (tests/plan/test_exchange.cpp, tests/plan/test_cost.cpp) and the reference rows of their cost
 // (bench/overhead).
 
-#include <dtensor/plan/exchange.hpp>
+#include <dtensor/plan/cost.hpp>
 
 #include <vector>
 

@@ -5,7 +5,7 @@
 
 #include <dtensor/core/error.hpp>
 #include <dtensor/core/extents.hpp>
-#include <dtensor/plan/shard_spec.hpp>
+#include <dtensor/layout/shard_spec.hpp>
 #include <dtensor/tensor/dtensor.hpp>
 
 #include <cmath>

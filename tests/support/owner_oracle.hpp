@@ -7,7 +7,7 @@
 //                                    // of those axes that own it
 //   holds(global, spec, sizes, c)    // per dim, the sorted global indices the rank at coordinate c holds
 
-#include <dtensor/plan/shard_spec.hpp>
+#include <dtensor/layout/shard_spec.hpp>
 
 #include <cstdint>
 #include <vector>

@@ -5,8 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/core/any_tensor.hpp>
-#include <dtensor/core/layout.hpp>
 #include <dtensor/core/tensor.hpp>
+#include <dtensor/layout/algebra.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops/shape.hpp>
 #include <dtensor/tensor/distribute.hpp>

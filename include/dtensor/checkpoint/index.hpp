@@ -19,8 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "dtensor/core/element_type.hpp"
-#include "dtensor/core/layout.hpp"
-#include "dtensor/core/placement.hpp"
+#include "dtensor/layout/algebra.hpp"
+#include "dtensor/layout/placement.hpp"
 
 namespace dtensor::checkpoint {
 

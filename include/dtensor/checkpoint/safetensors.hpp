@@ -33,7 +33,7 @@
 #include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
-#include "dtensor/core/layout.hpp"
+#include "dtensor/layout/algebra.hpp"
 
 namespace dtensor::checkpoint {
 

@@ -23,8 +23,8 @@
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
-#include "dtensor/core/layout.hpp"
-#include "dtensor/plan/shard_spec.hpp"
+#include "dtensor/layout/algebra.hpp"
+#include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor::checkpoint {

@@ -46,10 +46,10 @@
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
-#include "dtensor/core/layout.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/core/with_backward.hpp"
+#include "dtensor/layout/algebra.hpp"
 
 #include <cstdint>
 #include <functional>

@@ -37,7 +37,7 @@
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
-#include "dtensor/core/layout.hpp"
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/tensor.hpp"
 
 namespace dtensor {

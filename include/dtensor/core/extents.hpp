@@ -1,6 +1,7 @@
 #pragma once
-// Shapes between their two spellings: a typed tensor's std::array<std::int64_t, R> and the run-time
-// Extents (core/layout.hpp) that the layout algebra, the planner and the executor work on.
+// Shapes: Extents, the run-time shape or offset that AnyTensor, the layout algebra (layout/), the planner
+// and the executor work on; Block, a box of a tensor; and the two spellings of a shape, a typed tensor's
+// std::array<std::int64_t, R> and Extents.
 //
 //   std::array<std::int64_t, 2> shape{7, 5};
 //   dtensor::Extents e = dtensor::detail::to_extents(shape);        // (7, 5), size 2
@@ -13,7 +14,22 @@
 #include <string>
 
 #include "dtensor/core/format.hpp"
-#include "dtensor/core/layout.hpp"
+#include "dtensor/core/static_vector.hpp"
+
+namespace dtensor {
+
+/// A shape or offset of a tensor with a run-time number of dims.
+using Extents = StaticVector<std::int64_t, max_tensor_rank>;
+
+/// A box of a tensor: its shape and the index of its first element. A rank's block of a global tensor
+/// (layout/algebra.hpp, local_block) is one.
+struct Block {
+  Extents shape;
+  Extents offset;
+  friend constexpr bool operator==(const Block&, const Block&) = default;
+};
+
+} // namespace dtensor
 
 namespace dtensor::detail {
 

@@ -21,11 +21,11 @@
 #include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
-#include "dtensor/core/layout.hpp"
-#include "dtensor/core/partial_identity.hpp"
 #include "dtensor/exec/execute.hpp"
+#include "dtensor/layout/algebra.hpp"
+#include "dtensor/layout/partial_identity.hpp"
+#include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/plan/shard_spec.hpp"
 
 namespace dtensor::exec {
 

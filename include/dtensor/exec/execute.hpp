@@ -3,7 +3,7 @@
 // It is plain code over values — a Plan, an AnyTensor (dtype, device, shape, strides), a DeviceMeshBase —
 // compiled once for every element type, tensor rank and mesh type; the typed DTensor calls it.
 //
-// Per step kind: compute the geometry (plan/exchange.hpp), stage what leaves this rank where it is not a
+// Per step kind: compute the geometry (layout/exchange.hpp), stage what leaves this rank where it is not a
 // contiguous range already, submit one op through the ProcessGroup front end (which counts it in
 // CommDebugMode) on the step's group, and unpack on completion. Uneven and empty shards use the
 // variable-size ops (counts and displacements), never padding: padding would move and reduce the pad
@@ -26,12 +26,12 @@
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
-#include "dtensor/core/layout.hpp"
-#include "dtensor/core/partial_identity.hpp"
+#include "dtensor/layout/algebra.hpp"
+#include "dtensor/layout/partial_identity.hpp"
+#include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/plan/exchange.hpp"
+#include "dtensor/plan/cost.hpp"
 #include "dtensor/plan/planner.hpp"
-#include "dtensor/plan/shard_spec.hpp"
 
 namespace dtensor::exec {
 

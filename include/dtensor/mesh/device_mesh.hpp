@@ -28,7 +28,7 @@
 #include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/fixed_string.hpp"
-#include "dtensor/core/layout.hpp"
+#include "dtensor/layout/algebra.hpp"
 #include "dtensor/mesh/mesh_shape.hpp"
 
 namespace dtensor {

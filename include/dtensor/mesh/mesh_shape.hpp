@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "dtensor/core/fixed_string.hpp"
-#include "dtensor/core/layout.hpp"
+#include "dtensor/layout/algebra.hpp"
 
 namespace dtensor {
 

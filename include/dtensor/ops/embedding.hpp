@@ -25,10 +25,10 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/core/with_backward.hpp"
+#include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"
-#include "dtensor/plan/shard_spec.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {

@@ -11,7 +11,7 @@
 // The candidates are the per-axis strategies of the op's einsum rule (ops/rules.hpp), over every mesh
 // axis: all Replicate; Shard on one label (each operand that has it shards its dim, the others Replicate);
 // or an input's Partial kept (others Replicate, where the op is linear in it). Each combination the rule
-// accepts costs the sum over operands of the planner's bytes per rank (plan/exchange.hpp, closed form)
+// accepts costs the sum over operands of the planner's bytes per rank (plan/cost.hpp, closed form)
 // for nominal shapes: every dim nominal_extent long (even over any mesh axis up to 16), dynamic mesh axes
 // nominal_axis_size ranks. The first cheapest wins (candidates in the order above, axis by axis), so the
 // choice is deterministic; when the inputs already match a rule nothing moves. The default of every op
@@ -22,11 +22,11 @@
 #include <tuple>
 #include <utility>
 
-#include "dtensor/core/placement.hpp"
 #include "dtensor/core/static_vector.hpp"
+#include "dtensor/layout/placement.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"
-#include "dtensor/plan/exchange.hpp"
+#include "dtensor/plan/cost.hpp"
 #include "dtensor/plan/planner.hpp"
 
 namespace dtensor {

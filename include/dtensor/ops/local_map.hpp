@@ -20,8 +20,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "dtensor/core/placement.hpp"
 #include "dtensor/core/tensor.hpp"
+#include "dtensor/layout/placement.hpp"
 #include "dtensor/ops/typed.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 

@@ -28,9 +28,9 @@
 #include <cstdint>
 #include <string_view>
 
-#include "dtensor/core/layout.hpp"
-#include "dtensor/core/placement.hpp"
 #include "dtensor/core/static_vector.hpp"
+#include "dtensor/layout/algebra.hpp"
+#include "dtensor/layout/placement.hpp"
 
 namespace dtensor {
 

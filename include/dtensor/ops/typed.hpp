@@ -16,11 +16,11 @@
 #include <utility>
 
 #include "dtensor/core/extents.hpp"
-#include "dtensor/core/layout.hpp"
-#include "dtensor/core/placement.hpp"
+#include "dtensor/layout/algebra.hpp"
+#include "dtensor/layout/placement.hpp"
+#include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/plan/duality.hpp"
-#include "dtensor/plan/shard_spec.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {

@@ -9,7 +9,7 @@
 //
 // The flat buffer is the parameters' local tensors (each the block its tensor-parallel placements give
 // this rank, whole over the data-parallel axes) flattened and concatenated in order; it is sharded over the
-// data-parallel axis as Shard<0> of a 1-D tensor, in torch.chunk's chunks (core/layout.hpp): chunk =
+// data-parallel axis as Shard<0> of a 1-D tensor, in torch.chunk's chunks (layout/algebra.hpp): chunk =
 // ceil(N/n), so the last ranks may hold fewer elements or none. Nothing is padded: the all_gather and the
 // reduce_scatter use the backends' variable-size collectives, as every uneven redistribute does.
 
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "dtensor/core/error.hpp"
-#include "dtensor/core/layout.hpp"
+#include "dtensor/layout/algebra.hpp"
 
 namespace dtensor {
 

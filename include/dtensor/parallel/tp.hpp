@@ -30,8 +30,8 @@
 #include <utility>
 
 #include "dtensor/core/fixed_string.hpp"
-#include "dtensor/core/placement.hpp"
 #include "dtensor/core/with_backward.hpp"
+#include "dtensor/layout/placement.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/pointwise.hpp"

@@ -26,8 +26,8 @@
 #include <cstdint>
 #include <string>
 
-#include "dtensor/core/layout.hpp"
-#include "dtensor/core/placement.hpp"
+#include "dtensor/layout/algebra.hpp"
+#include "dtensor/layout/placement.hpp"
 #include "dtensor/plan/planner.hpp"
 
 namespace dtensor {

@@ -28,9 +28,9 @@
 #include <cstdint>
 #include <string>
 
-#include "dtensor/core/layout.hpp"
-#include "dtensor/core/placement.hpp"
-#include "dtensor/plan/shard_spec.hpp"
+#include "dtensor/layout/algebra.hpp"
+#include "dtensor/layout/placement.hpp"
+#include "dtensor/layout/shard_spec.hpp"
 
 namespace dtensor {
 

@@ -13,10 +13,10 @@
 #include <cstdint>
 #include <string>
 
-#include "dtensor/core/layout.hpp"
-#include "dtensor/core/placement.hpp"
-#include "dtensor/plan/exchange.hpp"
-#include "dtensor/plan/shard_spec.hpp"
+#include "dtensor/layout/algebra.hpp"
+#include "dtensor/layout/placement.hpp"
+#include "dtensor/layout/shard_spec.hpp"
+#include "dtensor/plan/cost.hpp"
 
 namespace dtensor {
 

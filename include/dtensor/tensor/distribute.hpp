@@ -15,12 +15,12 @@
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
-#include "dtensor/core/partial_identity.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/exec/distribute.hpp"
 #include "dtensor/exec/execute.hpp"
+#include "dtensor/layout/partial_identity.hpp"
+#include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/plan/shard_spec.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {

@@ -26,14 +26,14 @@
 #include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
-#include "dtensor/core/layout.hpp"
-#include "dtensor/core/placement.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/exec/distribute.hpp"
 #include "dtensor/exec/execute.hpp"
+#include "dtensor/layout/algebra.hpp"
+#include "dtensor/layout/placement.hpp"
+#include "dtensor/layout/placement_check.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/mesh/placement_check.hpp"
-#include "dtensor/plan/exchange.hpp"
+#include "dtensor/plan/cost.hpp"
 #include "dtensor/plan/planner.hpp"
 
 namespace dtensor {
@@ -57,7 +57,7 @@ struct MeshPlan {
 
   /// e.g. "[S(0),R] -> [R,S(1)]: local_chunk(tp, dim 1); all_gather(dp, dim 0)".
   std::string to_string() const { return dtensor::to_string(plan, Shape::names); }
-  /// Bytes per rank (see plan/exchange.hpp) for a global shape on a mesh of `sizes`.
+  /// Bytes per rank (see plan/cost.hpp) for a global shape on a mesh of `sizes`.
   constexpr std::int64_t bytes_per_rank(const Extents& global, const MeshSizes& sizes,
                                         std::int64_t element_size = 4) const {
     return dtensor::bytes_per_rank(plan, global, sizes, element_size);

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "dtensor/core/extents.hpp"
-#include "dtensor/core/layout.hpp"
-#include "dtensor/plan/shard_spec.hpp"
+#include "dtensor/layout/algebra.hpp"
+#include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {
