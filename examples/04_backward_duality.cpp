@@ -16,7 +16,7 @@
 // not close. The ffn size (6 over 4 ranks: 2, 2, 2, 0) and the sequence (5 over 4: 2, 2, 1, 0) give uneven
 // and empty shards.
 
-#include <dtensor/comm/autograd.hpp>
+#include <dtensor/backward/collectives.hpp>
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>

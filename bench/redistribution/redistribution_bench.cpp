@@ -44,11 +44,11 @@
 #include "../common/alloc_counter.hpp"
 #include "../common/harness.hpp"
 
+#include <dtensor/backward/duality.hpp>
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/plan/duality.hpp>
 #include <dtensor/plan/torch_reference.hpp>
 #include <dtensor/tensor/distribute.hpp>
 
@@ -299,7 +299,7 @@ struct RowFigures {
   int plan_steps = 0;
   std::int64_t bytes = 0, plan_b = 0, moved = 0, lb = 0, torch_b = 0, extra = 0, bound = 0;
   std::int64_t allocs = -1; ///< heap allocations of one call; < 0: not counted
-  std::string bwd_steps;    ///< the backward's plan for the gradient dual(dst) (plan/duality.hpp)
+  std::string bwd_steps;    ///< the backward's plan for the gradient dual(dst) (backward/duality.hpp)
   std::int64_t bwd_b = -1;  ///< its bytes per rank; < 0: no linear backward
   bench::Stats stats, host;
 };

@@ -11,15 +11,16 @@
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
 #include "dtensor/core/fixed_string.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/static_vector.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/core/tensor_io.hpp"
-#include "dtensor/core/with_backward.hpp"
 
 #include "dtensor/layout/algebra.hpp"
 #include "dtensor/layout/exchange.hpp"
+#include "dtensor/layout/partial_identity.hpp"
 #include "dtensor/layout/placement.hpp"
 #include "dtensor/layout/placement_check.hpp"
 #include "dtensor/layout/shard_spec.hpp"
@@ -32,7 +33,6 @@
 #include "dtensor/rendezvous/tcp_store.hpp"
 #include "dtensor/rendezvous/tcp_store_server.hpp"
 
-#include "dtensor/comm/autograd.hpp"
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/comm/functional.hpp"
@@ -43,13 +43,16 @@
 #include "dtensor/comm/work.hpp"
 
 #include "dtensor/plan/cost.hpp"
-#include "dtensor/plan/duality.hpp"
 #include "dtensor/plan/planner.hpp"
 
 #include "dtensor/exec/distribute.hpp"
 #include "dtensor/exec/execute.hpp"
 
-#include "dtensor/tensor/backward.hpp"
 #include "dtensor/tensor/distribute.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 #include "dtensor/tensor/visualize.hpp"
+
+#include "dtensor/backward/collectives.hpp"
+#include "dtensor/backward/duality.hpp"
+#include "dtensor/backward/redistribute.hpp"
+#include "dtensor/backward/with_backward.hpp"

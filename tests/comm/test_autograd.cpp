@@ -7,7 +7,7 @@
 
 #include "common.hpp"
 
-#include "dtensor/comm/autograd.hpp"
+#include "dtensor/backward/collectives.hpp"
 #include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/layout/algebra.hpp"
 

@@ -1,5 +1,6 @@
-// Compile-fail cases for the backward of redistribute (tensor/backward.hpp; format: see vocabulary.cpp).
-#include <dtensor/tensor/backward.hpp>
+// Compile-fail cases for the backward of redistribute (backward/redistribute.hpp; format: see
+// vocabulary.cpp).
+#include <dtensor/backward/redistribute.hpp>
 
 using namespace dtensor;
 using Mesh = MeshShape<Axis<"dp">, Axis<"tp", 2>>;

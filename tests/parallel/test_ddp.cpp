@@ -5,6 +5,7 @@
 // issued before later gradients are computed (overlap), and buckets are issued in order.
 #include <catch2/catch.hpp>
 
+#include <dtensor/backward/redistribute.hpp>
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/local/copy.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
@@ -13,7 +14,6 @@
 #include <dtensor/parallel/ddp.hpp>
 #include <dtensor/parallel/init.hpp>
 #include <dtensor/parallel/optim.hpp>
-#include <dtensor/tensor/backward.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 

@@ -9,6 +9,7 @@
 // FlatLayout's chunks.
 #include <catch2/catch.hpp>
 
+#include <dtensor/backward/redistribute.hpp>
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops/loss.hpp>
@@ -16,7 +17,6 @@
 #include <dtensor/ops/pointwise.hpp>
 #include <dtensor/ops/random.hpp>
 #include <dtensor/parallel/fsdp.hpp>
-#include <dtensor/tensor/backward.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
 #include <cmath>

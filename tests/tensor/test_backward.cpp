@@ -1,13 +1,13 @@
-// The backward of redistribute (plan/duality.hpp, tensor/backward.hpp): the table of docs/design.md falls
-// out of the planner, and for every redistribution the planner makes on 1-, 2- and 3-axis meshes the
+// The backward of redistribute (backward/duality.hpp, backward/redistribute.hpp): the table of docs/design.md
+// falls out of the planner, and for every redistribution the planner makes on 1-, 2- and 3-axis meshes the
 // derived backward is the adjoint of the forward: <A x, dy> == <x, A^T dy> for random integer-valued x, dy.
 #include <catch2/catch.hpp>
 
+#include <dtensor/backward/duality.hpp>
+#include <dtensor/backward/redistribute.hpp>
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/plan/duality.hpp>
-#include <dtensor/tensor/backward.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 

@@ -1,28 +1,3 @@
 #pragma once
-// WithBackward: what a differentiable op returns, its output and the typed context of its backward, so a
-// backward pass is written by hand without an autograd engine or a tape:
-//
-//   auto [y, back] = dtensor::autograd::all_gather(x, /*dim=*/0, group);   // comm/autograd.hpp
-//   auto [z, back2] = dtensor::redistribute_with_backward<Replicate>(d);    // tensor/backward.hpp
-//   auto gx = back(gy);
-
-namespace dtensor {
-
-/// A forward's output and the context of its backward: `auto [y, back] = op(...)`.
-template <class Output, class Backward>
-struct WithBackward {
-  Output output;
-  Backward backward;
-};
-
-} // namespace dtensor
-
-namespace dtensor {
-
-/// Tag selecting the form of an op that also returns its backward context: `relu(x, with_backward)`.
-struct WithBackwardTag {
-  explicit WithBackwardTag() = default;
-};
-inline constexpr WithBackwardTag with_backward{};
-
-} // namespace dtensor
+// Deprecated: moved to <dtensor/backward/with_backward.hpp>; this forwarding header goes in the next release.
+#include "dtensor/backward/with_backward.hpp"

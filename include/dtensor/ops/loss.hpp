@@ -22,9 +22,9 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/backward/with_backward.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
-#include "dtensor/core/with_backward.hpp"
 #include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/typed.hpp"

@@ -23,14 +23,14 @@
 #include <tuple>
 #include <utility>
 
+#include "dtensor/backward/duality.hpp"
+#include "dtensor/backward/with_backward.hpp"
 #include "dtensor/core/extents.hpp"
-#include "dtensor/core/with_backward.hpp"
 #include "dtensor/local/gemm.hpp"
 #include "dtensor/ops/fit.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"
-#include "dtensor/plan/duality.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {

@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/backward/with_backward.hpp"
 #include "dtensor/core/extents.hpp"
-#include "dtensor/core/with_backward.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/typed.hpp"

@@ -18,8 +18,8 @@
 #include <initializer_list>
 #include <utility>
 
+#include "dtensor/backward/with_backward.hpp"
 #include "dtensor/core/extents.hpp"
-#include "dtensor/core/with_backward.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/fit.hpp"
 #include "dtensor/ops/rules.hpp"

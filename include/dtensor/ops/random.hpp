@@ -36,11 +36,11 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/backward/with_backward.hpp"
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/core/with_backward.hpp"
 #include "dtensor/layout/partial_identity.hpp"
 #include "dtensor/layout/placement.hpp"
 #include "dtensor/layout/shard_spec.hpp"

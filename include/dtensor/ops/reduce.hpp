@@ -15,8 +15,8 @@
 #include <array>
 #include <cstdint>
 
+#include "dtensor/backward/with_backward.hpp"
 #include "dtensor/core/extents.hpp"
-#include "dtensor/core/with_backward.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed.hpp"

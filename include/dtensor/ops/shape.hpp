@@ -21,11 +21,11 @@
 #include <string>
 #include <utility>
 
+#include "dtensor/backward/with_backward.hpp"
 #include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/core/format.hpp"
-#include "dtensor/core/with_backward.hpp"
 #include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/local/copy.hpp"
 #include "dtensor/ops/rules.hpp"

@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "dtensor/core/with_backward.hpp"
+#include "dtensor/backward/with_backward.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"

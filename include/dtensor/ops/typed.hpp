@@ -15,12 +15,12 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/backward/duality.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/layout/algebra.hpp"
 #include "dtensor/layout/placement.hpp"
 #include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/ops/rules.hpp"
-#include "dtensor/plan/duality.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {

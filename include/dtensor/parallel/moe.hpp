@@ -31,11 +31,11 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/backward/with_backward.hpp"
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/core/with_backward.hpp"
 #include "dtensor/local/gemm.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/local/random.hpp"

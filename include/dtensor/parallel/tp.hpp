@@ -29,15 +29,15 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/backward/redistribute.hpp"
+#include "dtensor/backward/with_backward.hpp"
 #include "dtensor/core/fixed_string.hpp"
-#include "dtensor/core/with_backward.hpp"
 #include "dtensor/layout/placement.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/random.hpp"
 #include "dtensor/ops/typed.hpp"
-#include "dtensor/tensor/backward.hpp"
 #include "dtensor/tensor/distribute.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
