@@ -40,7 +40,7 @@
 //   hsdp     (2, 2, 1)  the same with Hsdp<"rep", "dp">: reduce_scatter over dp, all_reduce over rep
 //   fsdp_tp  (1, 2, 2)  FSDP over dp of parameters that are tensor-parallel over tp
 // Every layout then clips the gradients by their global norm and steps AdamW on its local shards. The
-// parameters start from the sharding-invariant RNG (parallel/init.hpp), so every layout starts from the
+// parameters start from the sharding-invariant RNG (parallel/param_init.hpp), so every layout starts from the
 // one-rank weights. The default sizes are uneven: 38 tokens, hidden 18, ffn 30, vocab 37 on 4 ranks.
 //
 // Self-check: the same training runs on one rank in this process (a group of this rank alone,

@@ -45,7 +45,7 @@
 #include "dtensor/plan/cost.hpp"
 #include "dtensor/plan/planner.hpp"
 
-#include "dtensor/exec/distribute.hpp"
+#include "dtensor/exec/blocks.hpp"
 #include "dtensor/exec/execute.hpp"
 
 #include "dtensor/tensor/distribute.hpp"

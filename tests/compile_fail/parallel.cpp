@@ -1,10 +1,10 @@
-// Compile-fail cases for the training utilities (parallel/optim.hpp, clip.hpp, init.hpp, ddp.hpp; format:
-// see vocabulary.cpp): Partial gradients reach neither an optimizer nor clipping, DDP takes only gradients
-// pending over its axis.
+// Compile-fail cases for the training utilities (parallel/optim.hpp, clip.hpp, param_init.hpp, ddp.hpp;
+// format: see vocabulary.cpp): Partial gradients reach neither an optimizer nor clipping, DDP takes only
+// gradients pending over its axis.
 #include <dtensor/parallel/clip.hpp>
 #include <dtensor/parallel/ddp.hpp>
-#include <dtensor/parallel/init.hpp>
 #include <dtensor/parallel/optim.hpp>
+#include <dtensor/parallel/param_init.hpp>
 
 using namespace dtensor;
 using Mesh = MeshShape<Axis<"dp">, Axis<"tp", 2>>;

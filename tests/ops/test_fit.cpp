@@ -1,10 +1,10 @@
-// The opt-in fewest_bytes policy (ops/fit.hpp): its choices pinned at compile time (the cheapest fix by
-// the planner's bytes per rank, nothing moved when a rule already matches, large static meshes costed in
+// The opt-in fewest_bytes policy (ops/fewest_bytes.hpp): its choices pinned at compile time (the cheapest fix
+// by the planner's bytes per rank, nothing moved when a rule already matches, large static meshes costed in
 // constant evaluation), and ops called with it against a single-process computation on 1-4 ranks and (2,2).
 #include <catch2/catch.hpp>
 
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/ops/fit.hpp>
+#include <dtensor/ops/fewest_bytes.hpp>
 #include <dtensor/ops/matmul.hpp>
 #include <dtensor/ops/pointwise.hpp>
 #include <dtensor/testing/run_ranks.hpp>

@@ -12,8 +12,8 @@
 #include <dtensor/ops/matmul.hpp>
 #include <dtensor/ops/pointwise.hpp>
 #include <dtensor/parallel/ddp.hpp>
-#include <dtensor/parallel/init.hpp>
 #include <dtensor/parallel/optim.hpp>
+#include <dtensor/parallel/param_init.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 

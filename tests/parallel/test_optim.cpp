@@ -1,6 +1,6 @@
-// Training utilities on sharded parameters (parallel/optim.hpp, clip.hpp, init.hpp) against single-process
-// references written out from torch's documented formulas: SGD (momentum, dampening, nesterov, weight
-// decay, maximize) and AdamW (decoupled weight decay, bias correction, amsgrad) over several steps on
+// Training utilities on sharded parameters (parallel/optim.hpp, clip.hpp, param_init.hpp) against
+// single-process references written out from torch's documented formulas: SGD (momentum, dampening, nesterov,
+// weight decay, maximize) and AdamW (decoupled weight decay, bias correction, amsgrad) over several steps on
 // 1-D meshes of 1-4 ranks and on (2,2), uneven shards, shards of 32+ contiguous elements with a tail (the
 // host update's vectorised blocks of 32 and the elements after them; double and float), raw flat
 // shards, bf16 parameters with fp32 state and master weights; clip_grad_norm against the norm of the full
@@ -16,8 +16,8 @@
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops/random.hpp>
 #include <dtensor/parallel/clip.hpp>
-#include <dtensor/parallel/init.hpp>
 #include <dtensor/parallel/optim.hpp>
+#include <dtensor/parallel/param_init.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 

@@ -17,7 +17,7 @@
 
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/parallel/clip.hpp"
-#include "dtensor/parallel/init.hpp"
+#include "dtensor/parallel/param_init.hpp"
 #include "dtensor/parallel/optim.hpp"
 
 #include "../support/cuda_device.hpp"

@@ -41,8 +41,8 @@
 // dtensor::Error naming the op, the rank, the group and the sizes, before any communication.
 
 #include "dtensor/backward/with_backward.hpp"
+#include "dtensor/comm/backend_call.hpp"
 #include "dtensor/comm/collectives.hpp"
-#include "dtensor/comm/detail.hpp"
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/error.hpp"

@@ -16,7 +16,7 @@
 // ReduceOp::avg is sum then division by the group size; integer types divide with truncation toward zero
 // (as NCCL's integer ncclAvg does).
 
-#include "dtensor/comm/detail.hpp"
+#include "dtensor/comm/backend_call.hpp"
 
 #include <chrono>
 #include <memory>

@@ -15,7 +15,7 @@
 // A send completes when the receiver posted the matching receive (rendezvous), so a blocking send to a
 // rank that first does a blocking send to you deadlocks, as with NCCL: use isend/irecv or a batch.
 
-#include "dtensor/comm/detail.hpp"
+#include "dtensor/comm/backend_call.hpp"
 
 #include <memory>
 #include <span>

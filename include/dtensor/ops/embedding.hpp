@@ -28,7 +28,7 @@
 #include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
-#include "dtensor/ops/typed.hpp"
+#include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {

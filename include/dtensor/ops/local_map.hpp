@@ -22,7 +22,7 @@
 
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/layout/placement.hpp"
-#include "dtensor/ops/typed.hpp"
+#include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {

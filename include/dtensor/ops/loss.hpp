@@ -27,7 +27,7 @@
 #include "dtensor/core/extents.hpp"
 #include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/local/pointwise.hpp"
-#include "dtensor/ops/typed.hpp"
+#include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {

@@ -27,10 +27,10 @@
 #include "dtensor/backward/with_backward.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/local/gemm.hpp"
-#include "dtensor/ops/fit.hpp"
+#include "dtensor/ops/fewest_bytes.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
-#include "dtensor/ops/typed.hpp"
+#include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {
@@ -230,7 +230,7 @@ template <AnyDTensor A, AnyDTensor B>
 auto matmul(const A& a, const B& b) {
   return detail::product<false>(a, b);
 }
-/// matmul after bringing a and b to the placements of a rule with the fewest bytes (ops/fit.hpp).
+/// matmul after bringing a and b to the placements of a rule with the fewest bytes (ops/fewest_bytes.hpp).
 template <AnyDTensor A, AnyDTensor B>
 auto matmul(const A& a, const B& b, FewestBytesTag) {
   auto [fa, fb] = detail::fit_inputs<detail::ProductSpec<false, A, B>>(a, b);
@@ -253,7 +253,7 @@ auto linear(const X& x, const W& w) {
     return detail::product<true>(x, w);
   }
 }
-/// linear after bringing x and w to the placements of a rule with the fewest bytes (ops/fit.hpp).
+/// linear after bringing x and w to the placements of a rule with the fewest bytes (ops/fewest_bytes.hpp).
 template <AnyDTensor X, AnyDTensor W>
 auto linear(const X& x, const W& w, FewestBytesTag) {
   static_assert(W::rank == 2, "linear: the weight is (out, in)");

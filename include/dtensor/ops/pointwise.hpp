@@ -21,9 +21,9 @@
 #include "dtensor/backward/with_backward.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/local/pointwise.hpp"
-#include "dtensor/ops/fit.hpp"
+#include "dtensor/ops/fewest_bytes.hpp"
 #include "dtensor/ops/rules.hpp"
-#include "dtensor/ops/typed.hpp"
+#include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {
@@ -278,7 +278,7 @@ template <AnyDTensor A, AnyDTensor B>
 auto add(const A& a, const B& b) {
   return detail::binary<Linearity::additive>(local::Add{}, a, b);
 }
-/// add after bringing a and b to the placements of a rule with the fewest bytes (ops/fit.hpp).
+/// add after bringing a and b to the placements of a rule with the fewest bytes (ops/fewest_bytes.hpp).
 template <AnyDTensor A, AnyDTensor B>
 auto add(const A& a, const B& b, FewestBytesTag) {
   auto [fa, fb] = detail::fit_inputs<detail::PointwiseSpec<Linearity::additive, A, B>>(a, b);
@@ -295,7 +295,7 @@ template <AnyDTensor A, AnyDTensor B>
 auto sub(const A& a, const B& b) {
   return detail::binary<Linearity::additive>(local::Sub{}, a, b);
 }
-/// sub after bringing a and b to the placements of a rule with the fewest bytes (ops/fit.hpp).
+/// sub after bringing a and b to the placements of a rule with the fewest bytes (ops/fewest_bytes.hpp).
 template <AnyDTensor A, AnyDTensor B>
 auto sub(const A& a, const B& b, FewestBytesTag) {
   auto [fa, fb] = detail::fit_inputs<detail::PointwiseSpec<Linearity::additive, A, B>>(a, b);
@@ -312,7 +312,7 @@ template <AnyDTensor A, AnyDTensor B>
 auto mul(const A& a, const B& b) {
   return detail::binary<Linearity::multiplicative>(local::Mul{}, a, b);
 }
-/// mul after bringing a and b to the placements of a rule with the fewest bytes (ops/fit.hpp).
+/// mul after bringing a and b to the placements of a rule with the fewest bytes (ops/fewest_bytes.hpp).
 template <AnyDTensor A, AnyDTensor B>
 auto mul(const A& a, const B& b, FewestBytesTag) {
   auto [fa, fb] = detail::fit_inputs<detail::PointwiseSpec<Linearity::multiplicative, A, B>>(a, b);
@@ -329,7 +329,7 @@ template <AnyDTensor A, AnyDTensor B>
 auto div(const A& a, const B& b) {
   return detail::binary<Linearity::quotient>(local::Div{}, a, b);
 }
-/// div after bringing a and b to the placements of a rule with the fewest bytes (ops/fit.hpp).
+/// div after bringing a and b to the placements of a rule with the fewest bytes (ops/fewest_bytes.hpp).
 template <AnyDTensor A, AnyDTensor B>
 auto div(const A& a, const B& b, FewestBytesTag) {
   auto [fa, fb] = detail::fit_inputs<detail::PointwiseSpec<Linearity::quotient, A, B>>(a, b);

@@ -29,7 +29,7 @@
 #include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/local/copy.hpp"
 #include "dtensor/ops/rules.hpp"
-#include "dtensor/ops/typed.hpp"
+#include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {

@@ -22,7 +22,7 @@
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/rules.hpp"
-#include "dtensor/ops/typed.hpp"
+#include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {

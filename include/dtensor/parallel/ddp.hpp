@@ -51,7 +51,7 @@
 #include "dtensor/local/copy.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/ops/typed.hpp"
+#include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {

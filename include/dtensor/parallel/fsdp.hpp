@@ -80,7 +80,7 @@
 #include "dtensor/local/copy.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/ops/typed.hpp"
+#include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/parallel/flat_layout.hpp"
 #include "dtensor/tensor/distribute.hpp"
 #include "dtensor/tensor/dtensor.hpp"
@@ -234,7 +234,7 @@ constexpr bool has_partial(const PlacementList& p) {
   return false;
 }
 
-/// @post true: a failed check is its own static_assert (see ops/typed.hpp).
+/// @post true: a failed check is its own static_assert (see ops/typed_rules.hpp).
 template <class Axes, class D>
 consteval bool check_param() {
   constexpr PlacementList p = D::placements;
@@ -265,7 +265,7 @@ struct GradPackTarget {
   }
 };
 
-/// @post true: a failed check is its own static_assert (see ops/typed.hpp).
+/// @post true: a failed check is its own static_assert (see ops/typed_rules.hpp).
 template <class Axes, class G>
 consteval bool check_gradient() {
   constexpr PlacementList g = G::placements;

@@ -38,7 +38,7 @@
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/local/copy.hpp"
 #include "dtensor/local/pointwise.hpp"
-#include "dtensor/ops/typed.hpp"
+#include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor::optim {

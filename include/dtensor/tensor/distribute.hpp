@@ -1,6 +1,6 @@
 #pragma once
 // Making DTensors: distribute_tensor (from one rank, or slicing a tensor every rank holds) and factories
-// (zeros, ones, full, from_global_index). Typed shells over exec/distribute.hpp.
+// (zeros, ones, full, from_global_index). Typed shells over exec/blocks.hpp.
 //
 // Partial placements: the global tensor is the reduction over each Partial axis, so a distributed value v
 // is held as v on coordinate 0 of every Partial<sum> / Partial<product> axis and as the op's identity
@@ -16,7 +16,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/exec/distribute.hpp"
+#include "dtensor/exec/blocks.hpp"
 #include "dtensor/exec/execute.hpp"
 #include "dtensor/layout/partial_identity.hpp"
 #include "dtensor/layout/shard_spec.hpp"

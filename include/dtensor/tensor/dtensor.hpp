@@ -27,7 +27,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/core/tensor.hpp"
-#include "dtensor/exec/distribute.hpp"
+#include "dtensor/exec/blocks.hpp"
 #include "dtensor/exec/execute.hpp"
 #include "dtensor/layout/algebra.hpp"
 #include "dtensor/layout/placement.hpp"

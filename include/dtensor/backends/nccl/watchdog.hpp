@@ -21,7 +21,7 @@
 
 #include "dtensor/backends/flight_recorder.hpp"
 #include "dtensor/backends/nccl/comm_guard.hpp"
-#include "dtensor/backends/op_board.hpp"
+#include "dtensor/backends/stuck_op_board.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -50,7 +50,7 @@ public:
 
 /// What the watchdog keeps about an op besides its name: its entry in the group's flight recorder (marked
 /// completed or failed when the watchdog sees the op end), and the group's op board, through which a timed
-/// out op says what each member was running (backends/op_board.hpp).
+/// out op says what each member was running (backends/stuck_op_board.hpp).
 struct OpTrace {
   std::shared_ptr<FlightRecorder> recorder; ///< null: not recorded
   std::uint64_t id = 0;
