@@ -17,8 +17,8 @@
 
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/parallel/clip.hpp"
-#include "dtensor/parallel/param_init.hpp"
 #include "dtensor/parallel/optim.hpp"
+#include "dtensor/parallel/param_init.hpp"
 
 #include "../support/cuda_device.hpp"
 
