@@ -27,6 +27,7 @@
 using dtensor::Device;
 using dtensor::Tensor;
 namespace local = dtensor::local;
+using dtensor::test_support::require_cuda_device;
 
 static_assert(DTENSOR_HAS_CUDA == 1, "this test is compiled by nvcc");
 static_assert(DTENSOR_LOCAL_OPS_CUDA == 1,
@@ -35,12 +36,6 @@ static_assert(DTENSOR_LOCAL_OPS_CUDA == 1,
 namespace {
 
 using dtensor::test_support::random_bytes;
-
-/// Skips the whole program (ctest SKIP) without a CUDA device; fails on any other CUDA error
-/// (tests/support/cuda_device.hpp).
-void require_cuda_device() {
-  dtensor::test_support::require_cuda_device("the CUDA local_ops tests");
-}
 
 /// True when the two host tensors hold the same bytes (contiguous, same shape).
 template <class T, int R>

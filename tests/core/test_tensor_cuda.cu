@@ -26,16 +26,11 @@ using dtensor::bfloat16;
 using dtensor::Device;
 using dtensor::half;
 using dtensor::Tensor;
+using dtensor::test_support::require_cuda_device;
 
 static_assert(DTENSOR_HAS_CUDA == 1, "this test is compiled by nvcc");
 
 namespace {
-
-/// Skips the whole program (ctest SKIP) without a CUDA device; fails on any other CUDA error
-/// (tests/support/cuda_device.hpp).
-void require_cuda_device() {
-  dtensor::test_support::require_cuda_device("the CUDA tensor tests");
-}
 
 template <class F>
 std::string error_of(F&& f) {

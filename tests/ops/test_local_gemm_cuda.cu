@@ -30,25 +30,12 @@ using dtensor::test_support::Layout;
 using dtensor::test_support::layouts;
 using dtensor::test_support::make_operand;
 namespace local = dtensor::local;
+using dtensor::test_support::CudaStream;
+using dtensor::test_support::require_cuda_device;
 
 static_assert(DTENSOR_HAS_CUDA == 1 && DTENSOR_HAS_CUBLAS == 1, "this test links dtensor::cuda with cuBLAS");
 
 namespace {
-
-/// Skips the whole program (ctest SKIP) without a CUDA device; fails on any other CUDA error
-/// (tests/support/cuda_device.hpp).
-void require_cuda_device() {
-  dtensor::test_support::require_cuda_device("the cuBLAS GEMM tests");
-}
-
-/// A stream made for the test and destroyed after it (the GEMMs must run on the tensors' stream).
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess); }
-  ~Stream() { (void)cudaStreamDestroy(s); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-};
 
 /// Number of elements of c's whole buffer (view and gaps) where the GPU's result differs from the host's.
 template <class T, int R, int R2>
@@ -87,7 +74,7 @@ constexpr std::array<Sizes, 5> sizes{{{3, 5, 7}, {17, 9, 13}, {0, 4, 5}, {4, 0, 
 template <class T, int R, int R2>
 void check_all(std::int64_t batch) {
   require_cuda_device();
-  Stream stream;
+  CudaStream stream;
   std::mt19937 rng(2024);
   int bad = 0;
   for (const Sizes& s : sizes) {
@@ -123,7 +110,7 @@ TEMPLATE_TEST_CASE("cuBLAS matmul_into: rank 3 x rank 2 and rank 3 x rank 3", "[
 TEST_CASE("cuBLAS matmul: the allocating form on a's device and stream, and a device mismatch",
           "[gemm][cuda]") {
   require_cuda_device();
-  Stream stream;
+  CudaStream stream;
   Tensor<float, 3> x(std::array<std::int64_t, 3>{4, 6, 8}, Device::cuda(0), stream.s);
   x.fill(1.0f);
   const auto w = Tensor<float, 2>::full({5, 8}, 0.5f, Device::cuda(0));

@@ -26,17 +26,13 @@ using dtensor::Device;
 using dtensor::GlobalBlock;
 using dtensor::Tensor;
 namespace local = dtensor::local;
+using dtensor::test_support::CudaStream;
+using dtensor::test_support::require_cuda_device;
 
 static_assert(DTENSOR_HAS_CUDA == 1 && DTENSOR_HAS_RANDOM123 == 1 && DTENSOR_LOCAL_OPS_CUDA == 1,
               "this test links dtensor::cuda and dtensor::random and launches kernels");
 
 namespace {
-
-/// Skips the whole program (ctest SKIP) without a CUDA device; fails on any other CUDA error
-/// (tests/support/cuda_device.hpp).
-void require_cuda_device() {
-  dtensor::test_support::require_cuda_device("the CUDA random-number tests");
-}
 
 /// Number of elements where two host tensors of one shape differ in their bytes.
 template <class T, int R>
@@ -61,14 +57,6 @@ Tensor<T, R> block_of(const Tensor<T, R>& t, const typename Tensor<T, R>::Shape&
   return v;
 }
 
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess); }
-  ~Stream() { (void)cudaStreamDestroy(s); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-};
-
 template <class T>
 void check_type(const char* name) {
   INFO(name);
@@ -85,7 +73,7 @@ void check_type(const char* name) {
   const std::array<std::int64_t, 3> global{37, 19, 5};
   const Tensor<T, 3> uniform = local::rand<T, 3>(global, 7, 1);
   const Tensor<T, 3> normal = local::randn<T, 3>(global, 7, 1);
-  Stream stream;
+  CudaStream stream;
   for (const auto& [at, shape] :
        {std::pair<std::array<std::int64_t, 3>, std::array<std::int64_t, 3>>{{0, 0, 0}, {37, 19, 5}},
         {{10, 3, 0}, {9, 16, 5}},

@@ -106,7 +106,7 @@ D targets(const typename D::mesh_type& mesh, int step) {
   for (std::int64_t i = 0; i < kBatch; ++i) {
     full(i) = (i * 3 + step + i * i) % kClasses;
   }
-  return detail::placements_of_type<D>::from_full(mesh, full);
+  return detail::distribute_as<D>::from_full(mesh, full);
 }
 
 template <class T, int Rank>

@@ -27,18 +27,13 @@ using dtensor::bfloat16;
 using dtensor::Device;
 using dtensor::GlobalBlock;
 using dtensor::Tensor;
+using dtensor::test_support::require_cuda_device;
 namespace optim = dtensor::optim;
 
 static_assert(DTENSOR_HAS_CUDA == 1 && DTENSOR_HAS_RANDOM123 == 1 && DTENSOR_LOCAL_OPS_CUDA == 1,
               "this test links dtensor::cuda and dtensor::random and launches kernels");
 
 namespace {
-
-/// Skips the whole program (ctest SKIP) without a CUDA device; fails on any other CUDA error
-/// (tests/support/cuda_device.hpp).
-void require_cuda_device() {
-  dtensor::test_support::require_cuda_device("the CUDA optimizer tests");
-}
 
 template <class T>
 Tensor<T, 1> host_values(std::int64_t n, int seed, double scale) {

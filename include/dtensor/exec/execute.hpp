@@ -82,8 +82,9 @@ inline BufferRef buffer_of(const AnyTensor& t) {
   return BufferRef{t.data(), t.numel(), t.dtype(), t.device(), t.stream()};
 }
 
-/// The flat (1-D) view of a contiguous tensor.
-inline AnyTensor flat(const AnyTensor& t) {
+/// A contiguous tensor as one 1-D buffer (a view of its elements, no copy): what a collective sends from or
+/// receives into when the pieces lie in the tensor's own memory.
+inline AnyTensor as_one_buffer(const AnyTensor& t) {
   return t.view(Extents{t.numel()});
 }
 
@@ -142,7 +143,7 @@ inline Staged stage(const std::vector<Piece>& pieces, int k, int me, const AnyTe
     at += n;
   }
   if (one_buffer) {
-    s.base = s.packed.empty() ? flat(t) : s.staging;
+    s.base = s.packed.empty() ? as_one_buffer(t) : s.staging;
     s.counts.assign(k, 0);
     s.displs.assign(k, 0);
     for (int q = 0; q < k; ++q) {
@@ -203,7 +204,7 @@ inline StepRun gather_or_scatter(const Step& st, AnyTensor in, const Block& befo
   MemberPieces pieces(whole, d, n);
   const bool direct = splits_contiguously(whole.shape, d);
   const AnyTensor full_side = gather ? fresh(in, after.shape) : in;
-  const AnyTensor packed = direct ? flat(full_side) : fresh(in, Extents{numel(whole.shape)});
+  const AnyTensor packed = direct ? as_one_buffer(full_side) : fresh(in, Extents{numel(whole.shape)});
   if (gather) {
     auto impl = g.all_gather(buffer_of(in), buffer_of(packed), pieces.counts, pieces.displs, opts);
     if (direct) {

@@ -207,11 +207,12 @@ struct param_traits<T, Mesh, Param<Rank, Q...>> {
 template <class T, class Mesh, class P>
 using param_t = typename param_traits<T, Mesh, P>::type;
 
-/// redistribute / asynchronous redistribute / distribute_tensor to the placements of DTensor type D.
+/// A tensor brought to the placements of DTensor type D: run(x) redistributes x, start(x) redistributes it
+/// asynchronously, from_full(mesh, full) distributes a full (replicated) local tensor.
 template <class D>
-struct placements_of_type;
+struct distribute_as;
 template <class U, int R, class S, class... Q>
-struct placements_of_type<DTensor<U, R, S, Q...>> {
+struct distribute_as<DTensor<U, R, S, Q...>> {
   template <class X>
   static auto run(const X& x) {
     return x.template redistribute<Q...>();
@@ -333,7 +334,7 @@ public:
   static FlatParamGroup from_full(const mesh_type& mesh, FsdpOptions options,
                                   const Tensor<T, detail::param_t<T, Mesh, Ps>::rank>&... full) {
     return FlatParamGroup(options,
-                          detail::placements_of_type<detail::param_t<T, Mesh, Ps>>::from_full(mesh, full)...);
+                          detail::distribute_as<detail::param_t<T, Mesh, Ps>>::from_full(mesh, full)...);
   }
   static FlatParamGroup from_full(const mesh_type& mesh,
                                   const Tensor<T, detail::param_t<T, Mesh, Ps>::rank>&... full) {
@@ -351,7 +352,7 @@ public:
   /// this waits for it).
   void unshard() {
     if (!state_->gathered && !state_->pending_unshard) {
-      state_->gathered = detail::placements_of_type<gathered_type>::run(*state_->shard);
+      state_->gathered = detail::distribute_as<gathered_type>::run(*state_->shard);
     }
     state_->wait_unshard();
   }
@@ -359,7 +360,7 @@ public:
   /// flight). params() and wait() on the handle wait for it.
   FsdpWork unshard(AsyncOp) {
     if (!state_->gathered && !state_->pending_unshard) {
-      state_->pending_unshard.emplace(detail::placements_of_type<gathered_type>::start(*state_->shard));
+      state_->pending_unshard.emplace(detail::distribute_as<gathered_type>::start(*state_->shard));
     }
     auto s = state_;
     return FsdpWork([s] { s->wait_unshard(); },
@@ -403,7 +404,7 @@ public:
     pack_gradients(flat, std::make_index_sequence<N>{}, grads...);
     using FlatPartial = typename Axes::template partial<ReduceT>;
     const FlatPartial p(Axes::flat_mesh(mesh_), std::move(flat), {layout_.total()});
-    state_->pending_grad.emplace(detail::placements_of_type<grad_shard_type>::start(p));
+    state_->pending_grad.emplace(detail::distribute_as<grad_shard_type>::start(p));
     state_->grad_scale = options_.reduce_op == ReduceOp::avg ? 1.0 / data_parallel_size() : 1.0;
     auto s = state_;
     return FsdpWork([s] { s->wait_gradients(); },
@@ -452,8 +453,8 @@ public:
 
 private:
   using PendingGather =
-      decltype(detail::placements_of_type<gathered_type>::start(std::declval<const sharded_type&>()));
-  using PendingGrad = decltype(detail::placements_of_type<grad_shard_type>::start(
+      decltype(detail::distribute_as<gathered_type>::start(std::declval<const sharded_type&>()));
+  using PendingGrad = decltype(detail::distribute_as<grad_shard_type>::start(
       std::declval<const typename Axes::template partial<ReduceT>&>()));
 
   /// What copies of a group share: the buffers and the operations in flight.
@@ -542,7 +543,7 @@ private:
                       detail::shape_string(detail::to_extents(grad.global_shape())) + ", its parameter " +
                       detail::shape_string(detail::to_extents(std::get<I>(globals_))));
     using Target = dtensor_from_t<T, D::rank, Mesh, &detail::GradPackTarget<Axes, D>::list>;
-    const Target g = detail::placements_of_type<Target>::run(grad);
+    const Target g = detail::distribute_as<Target>::run(grad);
     const std::int64_t n = layout_.numel(static_cast<int>(I));
     DTENSOR_CHECK(g.local().numel() == n, "FlatParamGroup::reduce_gradients: gradient " + std::to_string(I) +
                                               " has a local block of " + std::to_string(g.local().numel()) +

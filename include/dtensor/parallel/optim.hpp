@@ -123,9 +123,9 @@ consteval bool check_param_grad() {
   return check_optimizer_element<typename PT::value_type>();
 }
 
-/// A contiguous tensor seen as one dim.
+/// A contiguous tensor seen as one dim (a view of the same elements).
 template <class T, int R>
-Tensor<T, 1> flat(const Tensor<T, R>& t) {
+Tensor<T, 1> as_flat_1d(const Tensor<T, R>& t) {
   return t.template view<1>({t.numel()});
 }
 
@@ -147,6 +147,18 @@ Tensor<S, 1> state_view(const AnyTensor& state, std::int64_t numel, int index, c
                                             std::to_string(state.numel()) +
                                             " (a parameter's shard must keep its shape between steps)");
   return state.view(Extents{numel}).as<S, 1>();
+}
+
+/// state_view of a state that may be absent: an undefined tensor when `state` is undefined.
+template <class S>
+Tensor<S, 1> optional_state_view(const AnyTensor& state, std::int64_t numel, int index, const char* what) {
+  return state.defined() ? state_view<S>(state, numel, index, what) : Tensor<S, 1>();
+}
+
+/// An optional operand's data, nullptr when it is undefined.
+template <class S>
+S* data_or_null(const Tensor<S, 1>& t) {
+  return t.defined() ? t.data() : nullptr;
 }
 
 /// The pointer to element e of an operand, or nullptr for an absent operand.
@@ -412,7 +424,7 @@ public:
                   std::string(Derived::name) + ": parameter " + std::to_string(index) + " has global shape " +
                       detail::shape_to_string(param.global_shape()) + ", its gradient " +
                       detail::shape_to_string(grad.global_shape()));
-    self().update(index, detail::flat(param.local()), detail::flat(grad.local()),
+    self().update(index, detail::as_flat_1d(param.local()), detail::as_flat_1d(grad.local()),
                   dtensor::detail::to_extents(param.local().shape()));
   }
 
@@ -442,6 +454,34 @@ public:
   int num_params() const noexcept { return static_cast<int>(states_.size()); }
 
 protected:
+  /// What every update starts from (begin_update).
+  template <class S>
+  struct UpdateStart {
+    ParamState& state;   ///< the parameter's state (its step not yet counted)
+    bool first;          ///< this is the parameter's first step: the update creates its state
+    std::int64_t n;      ///< elements of the shard
+    Tensor<S, 1> master; ///< the fp32 master copy (undefined without master weights)
+  };
+
+  /// The start of an update: checks the shards, finds parameter `index`'s state and, on its first step,
+  /// makes its master copy when `master_weights` is asked for and T is computed in a wider S (bfloat16,
+  /// half). The caller makes its own state on the first step, then counts the step.
+  template <class T>
+  UpdateStart<state_t<T>> begin_update(int index, const Tensor<T, 1>& param, const Tensor<T, 1>& grad,
+                                       const Extents& shape, bool master_weights) {
+    using S = state_t<T>;
+    detail::check_shards(param, grad, index, Derived::name);
+    ParamState& st = state_for(index);
+    const bool first = st.step == 0;
+    const std::int64_t n = param.numel();
+    if (first) {
+      st.master =
+          master_weights && !std::is_same_v<T, S> ? detail::new_state<S>(shape, param, false) : AnyTensor();
+    }
+    return {st, first, n, detail::optional_state_view<S>(st.master, n, index, Derived::name)};
+  }
+
+private:
   ParamState& state_for(int index) {
     if (index >= static_cast<int>(states_.size())) {
       states_.resize(static_cast<std::size_t>(index) + 1);
@@ -449,7 +489,6 @@ protected:
     return states_[index];
   }
 
-private:
   Derived& self() { return static_cast<Derived&>(*this); }
 
   template <class PT, class GT, std::size_t... I>
@@ -485,22 +524,12 @@ public:
   template <class T>
   void update(int index, const Tensor<T, 1>& param, const Tensor<T, 1>& grad, const Extents& shape) {
     using S = state_t<T>;
-    detail::check_shards(param, grad, index, name);
-    ParamState& st = state_for(index);
-    const bool first = st.step == 0;
-    const std::int64_t n = param.numel();
+    auto [st, first, n, master] = begin_update(index, param, grad, shape, options_.master_weights);
     if (first) {
       // The buffer is d itself on the first step: the kernel writes it before reading.
       st.momentum_buffer = options_.momentum != 0 ? detail::new_state<S>(shape, param, false) : AnyTensor();
-      st.master = use_master<T>() ? detail::new_state<S>(shape, param, false) : AnyTensor();
     }
-    Tensor<S, 1> buf, master;
-    if (st.momentum_buffer.defined()) {
-      buf = detail::state_view<S>(st.momentum_buffer, n, index, name);
-    }
-    if (st.master.defined()) {
-      master = detail::state_view<S>(st.master, n, index, name);
-    }
+    const Tensor<S, 1> buf = detail::optional_state_view<S>(st.momentum_buffer, n, index, name);
     ++st.step;
     if (n == 0) {
       return;
@@ -509,8 +538,8 @@ public:
         detail::layout_1d<4>(n, {param.strides()[0], grad.strides()[0], 1, 1}, param.device()),
         param.data(),
         grad.data(),
-        buf.defined() ? buf.data() : nullptr,
-        master.defined() ? master.data() : nullptr,
+        detail::data_or_null(buf),
+        detail::data_or_null(master),
         static_cast<S>(options_.lr),
         static_cast<S>(options_.momentum),
         static_cast<S>(options_.dampening),
@@ -522,11 +551,6 @@ public:
   }
 
 private:
-  template <class T>
-  bool use_master() const {
-    return options_.master_weights && !std::is_same_v<T, state_t<T>>;
-  }
-
   SGDOptions options_;
 };
 
@@ -555,26 +579,15 @@ public:
   template <class T>
   void update(int index, const Tensor<T, 1>& param, const Tensor<T, 1>& grad, const Extents& shape) {
     using S = state_t<T>;
-    detail::check_shards(param, grad, index, name);
-    ParamState& st = state_for(index);
-    const bool first = st.step == 0;
-    const std::int64_t n = param.numel();
+    auto [st, first, n, master] = begin_update(index, param, grad, shape, options_.master_weights);
     if (first) {
       st.exp_avg = detail::new_state<S>(shape, param, true);
       st.exp_avg_sq = detail::new_state<S>(shape, param, true);
       st.max_exp_avg_sq = options_.amsgrad ? detail::new_state<S>(shape, param, true) : AnyTensor();
-      st.master = options_.master_weights && !std::is_same_v<T, S> ? detail::new_state<S>(shape, param, false)
-                                                                   : AnyTensor();
     }
     const Tensor<S, 1> m = detail::state_view<S>(st.exp_avg, n, index, name);
     const Tensor<S, 1> v = detail::state_view<S>(st.exp_avg_sq, n, index, name);
-    Tensor<S, 1> vmax, master;
-    if (st.max_exp_avg_sq.defined()) {
-      vmax = detail::state_view<S>(st.max_exp_avg_sq, n, index, name);
-    }
-    if (st.master.defined()) {
-      master = detail::state_view<S>(st.master, n, index, name);
-    }
+    const Tensor<S, 1> vmax = detail::optional_state_view<S>(st.max_exp_avg_sq, n, index, name);
     const std::int64_t t = ++st.step;
     if (n == 0) {
       return;
@@ -587,8 +600,8 @@ public:
         grad.data(),
         m.data(),
         v.data(),
-        vmax.defined() ? vmax.data() : nullptr,
-        master.defined() ? master.data() : nullptr,
+        detail::data_or_null(vmax),
+        detail::data_or_null(master),
         static_cast<S>(1 - options_.lr * options_.weight_decay),
         static_cast<S>(1 - options_.beta1),
         static_cast<S>(options_.beta2),

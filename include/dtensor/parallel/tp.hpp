@@ -104,6 +104,53 @@ W linear_weight(const DeviceMesh<Mesh>& mesh, std::int64_t in, std::int64_t out,
   return scale(factory_of<W>::randn(mesh, {out, in}, seed), 1.0 / std::sqrt(double(in)));
 }
 
+/// A redistribution step of parallel_linear: the tensor brought to its placements with `Axis` replaced by
+/// Shard<Dim> (Dim >= 0) or Replicate (Dim < 0), with the backward of that redistribution.
+template <int Axis, int Dim>
+struct RedistributeOn {
+  template <class X>
+  static auto run(const X& x) {
+    return with_backward_to<replace_on_t<X, Axis, Dim>>::run(x);
+  }
+};
+
+/// The step of parallel_linear that leaves the tensor as it is (no copy, no communication).
+struct NoRedistribute {
+  struct PassThrough {
+    template <class G>
+    const G& operator()(const G& g) const {
+      return g;
+    }
+  };
+  template <class X>
+  static WithBackward<const X&, PassThrough> run(const X& x) {
+    return {x, PassThrough{}};
+  }
+};
+
+/// The forward both parallel linear layers run: x brought to its placements by `Before`, y = x W^T, y
+/// brought to its placements by `After`, out = y + b. The backward runs the duals in reverse and returns
+/// (dx in X's placements when `Before` moved x, dW, db).
+template <class Before, class After, class X, class W, class B>
+auto parallel_linear(const X& x, const W& weight, const B& bias) {
+  auto [xb, before_back] = Before::run(x);
+  auto [y, linear_back] = linear(xb, weight, with_backward);
+  auto [ya, after_back] = After::run(y);
+  auto [out, bias_back] = add(ya, bias, with_backward);
+  auto back = [before_back = std::move(before_back), linear_back = std::move(linear_back),
+               after_back = std::move(after_back), bias_back = std::move(bias_back)](const auto& dy) {
+    auto [dya, db] = bias_back(dy);
+    auto [dxb, dw] = linear_back(after_back(dya));
+    if constexpr (std::is_same_v<Before, NoRedistribute>) {
+      return std::tuple{std::move(dxb), std::move(dw), std::move(db)};
+    } else {
+      using G = std::remove_cvref_t<decltype(before_back(dxb))>;
+      return std::tuple{redistribute_as<X, G>::run(before_back(dxb)), std::move(dw), std::move(db)};
+    }
+  };
+  return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
+}
+
 } // namespace detail
 
 /// y = x W^T + b, W (out, in) sharded on its output features over the tp axis (see the top of this file).
@@ -140,23 +187,9 @@ public:
       return forward(detail::stand_in<detail::replace_on_t<X, tp, SequenceParallel ? SeqDim : -1>>(x),
                      with_backward);
     } else {
-      auto [xg, gather_back] = detail::with_backward_to<detail::replace_on_t<X, tp, -1>>::run(x);
-      auto [y, linear_back] = linear(xg, weight, with_backward);
-      auto [out, bias_back] = add(y, bias, with_backward);
-      auto back = [gather_back = std::move(gather_back), linear_back = std::move(linear_back),
-                   bias_back = std::move(bias_back)](const auto& dy) {
-        auto [dyy, db] = bias_back(dy);
-        auto [dxg, dw] = linear_back(dyy);
-        return std::tuple{redistribute_as_type<X>(gather_back(dxg)), std::move(dw), std::move(db)};
-      };
-      return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
+      using Gather = detail::RedistributeOn<tp, -1>; // to Replicate on tp (a no-op without SequenceParallel)
+      return detail::parallel_linear<Gather, detail::NoRedistribute>(x, weight, bias);
     }
-  }
-
-private:
-  template <class D, class G>
-  static D redistribute_as_type(const G& g) {
-    return detail::redistribute_as<D, G>::run(g);
   }
 };
 
@@ -194,18 +227,9 @@ public:
     if constexpr (!wired) { // after that error, x as the layer wants it: no second error
       return forward(detail::stand_in<detail::replace_on_t<X, tp, X::rank - 1>>(x), with_backward);
     } else {
-      auto [y, linear_back] = linear(x, weight, with_backward);
-      using Y = decltype(y);
-      auto [yr, reduce_back] =
-          detail::with_backward_to<detail::replace_on_t<Y, tp, SequenceParallel ? SeqDim : -1>>::run(y);
-      auto [out, bias_back] = add(yr, bias, with_backward);
-      auto back = [reduce_back = std::move(reduce_back), linear_back = std::move(linear_back),
-                   bias_back = std::move(bias_back)](const auto& dy) {
-        auto [dyr, db] = bias_back(dy);
-        auto [dx, dw] = linear_back(reduce_back(dyr));
-        return std::tuple{std::move(dx), std::move(dw), std::move(db)};
-      };
-      return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
+      // all_reduce (reduce_scatter to Shard<SeqDim> with SequenceParallel) on tp
+      using Reduce = detail::RedistributeOn<tp, SequenceParallel ? SeqDim : -1>;
+      return detail::parallel_linear<detail::NoRedistribute, Reduce>(x, weight, bias);
     }
   }
 };

@@ -27,6 +27,7 @@
 //    once with the root cause. abort() does the same on demand.
 
 #include "dtensor/backends/backend.hpp"
+#include "dtensor/backends/factory_checks.hpp"
 #include "dtensor/backends/generic/all_to_all.hpp"
 #include "dtensor/backends/generic/gather_scatter.hpp"
 #include "dtensor/backends/generic/reduce_scatter.hpp"
@@ -61,7 +62,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -553,9 +553,7 @@ private:
 /// Wrap it in a dtensor::ProcessGroup: `ProcessGroup world(make_gloo_backend(store, rank, size));`.
 inline std::shared_ptr<Backend> make_gloo_backend(std::shared_ptr<Store> store, int rank, int size,
                                                   GlooOptions options = {}) {
-  DTENSOR_CHECK(size > 0 && rank >= 0 && rank < size, "make_gloo_backend: rank " + std::to_string(rank) +
-                                                          " is out of range for size " +
-                                                          std::to_string(size));
+  detail::check_world_rank(rank, size, "make_gloo_backend");
   DTENSOR_CHECK(store != nullptr, "make_gloo_backend: the store is null");
   detail::check_timeout(options.timeout, "make_gloo_backend");
   // gloo's TCP transport writes without MSG_NOSIGNAL: a write to a peer that just closed (it failed or
@@ -578,10 +576,8 @@ inline std::shared_ptr<Backend> make_gloo_backend(std::shared_ptr<Store> store, 
   state->store = std::move(store);
   state->global_rank = rank;
   state->prefix = options.prefix;
-  state->rank_store = std::make_shared<PrefixStore>(options.prefix, state->store);
-  std::vector<int> all(size);
-  std::iota(all.begin(), all.end(), 0);
-  return detail::GlooBackendImpl::create(state, options.prefix + "/world", std::move(all), rank,
+  state->rank_store = detail::prefixed_store(options.prefix, state->store); // not null: checked above
+  return detail::GlooBackendImpl::create(state, options.prefix + "/world", detail::world_ranks(size), rank,
                                          options.timeout);
 }
 

@@ -19,6 +19,7 @@
 //    rendezvous/detail/mpi.hpp).
 
 #include "dtensor/backends/generic/reduce.hpp"
+#include "dtensor/backends/type_tables.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/reduce_op.hpp"
@@ -34,26 +35,19 @@
 
 namespace dtensor::detail {
 
-/// The MPI type elements of `dtype` move as.
+/// The MPI type elements of `dtype` move as (the reduced floats as their bits). Not a constant: MPI's
+/// handles need not be constant expressions.
 inline MPI_Datatype mpi_type(DType dtype) {
-  switch (dtype) {
-  case DType::float32:
-    return MPI_FLOAT;
-  case DType::float64:
-    return MPI_DOUBLE;
-  case DType::int32:
-    return MPI_INT32_T;
-  case DType::int64:
-    return MPI_INT64_T;
-  case DType::uint8:
-  case DType::float8_e4m3:
-  case DType::float8_e5m2:
-    return MPI_UINT8_T;
-  case DType::bfloat16:
-  case DType::float16:
-    return MPI_UINT16_T;
-  }
-  throw Error("MPI backend: unknown dtype " + std::to_string(static_cast<int>(dtype)));
+  const DTypeTable<MPI_Datatype> types{.float32 = MPI_FLOAT,
+                                       .float64 = MPI_DOUBLE,
+                                       .bfloat16 = MPI_UINT16_T,
+                                       .float16 = MPI_UINT16_T,
+                                       .int32 = MPI_INT32_T,
+                                       .int64 = MPI_INT64_T,
+                                       .uint8 = MPI_UINT8_T,
+                                       .float8_e4m3 = MPI_UINT8_T,
+                                       .float8_e5m2 = MPI_UINT8_T};
+  return types.at(dtype, "MPI backend");
 }
 
 /// Whether MPI reduces `dtype` with its own ops (else a user op, see mpi_op).
@@ -82,19 +76,13 @@ public:
     DTENSOR_CHECK(i < ops_.size(), "MPI backend: no user op for dtype " + std::string(dtype_name(dtype)));
     std::lock_guard lock(m_);
     if (ops_[i] == MPI_OP_NULL) {
-      MPI_User_function* fn = visit_dtype(dtype, [op]<class T>(T) -> MPI_User_function* {
-        switch (op) {
-        case ReduceOp::sum:
-        case ReduceOp::avg:
-          return &mpi_user_reduce<T, ReduceOp::sum>;
-        case ReduceOp::product:
-          return &mpi_user_reduce<T, ReduceOp::product>;
-        case ReduceOp::max:
-          return &mpi_user_reduce<T, ReduceOp::max>;
-        case ReduceOp::min:
-          return &mpi_user_reduce<T, ReduceOp::min>;
-        }
-        return nullptr;
+      MPI_User_function* fn = visit_dtype(dtype, [op]<class T>(T) {
+        const ReduceOpTable<MPI_User_function*> fns{.sum = &mpi_user_reduce<T, ReduceOp::sum>,
+                                                    .avg = &mpi_user_reduce<T, ReduceOp::sum>,
+                                                    .max = &mpi_user_reduce<T, ReduceOp::max>,
+                                                    .min = &mpi_user_reduce<T, ReduceOp::min>,
+                                                    .product = &mpi_user_reduce<T, ReduceOp::product>};
+        return fns.at(op, "MPI backend");
       });
       const int rc = MPI_Op_create(fn, /*commute=*/1, &ops_[i]);
       DTENSOR_CHECK(rc == MPI_SUCCESS, "MPI backend: MPI_Op_create for " + std::string(dtype_name(dtype)) +
@@ -148,18 +136,9 @@ inline MPI_Op mpi_op(DType dtype, ReduceOp op) {
   if (!mpi_reduces_natively(dtype)) {
     return MpiUserOps::instance().get(dtype, op);
   }
-  switch (op) {
-  case ReduceOp::sum:
-  case ReduceOp::avg:
-    return MPI_SUM;
-  case ReduceOp::product:
-    return MPI_PROD;
-  case ReduceOp::max:
-    return MPI_MAX;
-  case ReduceOp::min:
-    return MPI_MIN;
-  }
-  throw Error("MPI backend: unsupported reduce op " + std::to_string(static_cast<int>(op)));
+  const ReduceOpTable<MPI_Op> ops{
+      .sum = MPI_SUM, .avg = MPI_SUM, .max = MPI_MAX, .min = MPI_MIN, .product = MPI_PROD};
+  return ops.at(op, "MPI backend");
 }
 
 } // namespace dtensor::detail

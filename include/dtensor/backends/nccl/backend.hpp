@@ -44,6 +44,7 @@
 //    (as in torch's NCCL backend).
 
 #include "dtensor/backends/backend.hpp"
+#include "dtensor/backends/factory_checks.hpp"
 #include "dtensor/backends/group_generations.hpp"
 #include "dtensor/backends/nccl/comm_guard.hpp"
 #include "dtensor/backends/nccl/rendezvous.hpp"
@@ -57,7 +58,6 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
 #include "dtensor/core/timeout.hpp"
-#include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
 
 #include <cuda_runtime_api.h>
@@ -69,7 +69,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <span>
 #include <string>
 #include <string_view>
@@ -374,8 +373,7 @@ protected:
   /// Called by the members only; they meet under the name GroupGenerations gives their list.
   std::shared_ptr<Backend> do_new_group(std::vector<int> global, int mine) override {
     const std::string name = rank_state_->generations.next_name(global);
-    std::shared_ptr<Store> store =
-        rank_state_->root != nullptr ? std::make_shared<PrefixStore>(name, rank_state_->root) : nullptr;
+    std::shared_ptr<Store> store = prefixed_store(name, rank_state_->root);
     CudaDeviceGuard guard(state_->device());
     auto child = init_nccl_comm(store.get(), mine, static_cast<int>(global.size()), state_->device(),
                                 options_, timeout(),
@@ -552,9 +550,7 @@ private:
   }
 
   /// The store view of a child communicator: "<this communicator's prefix>/<name>" (null without a store).
-  std::shared_ptr<Store> child_store(const std::string& name) const {
-    return store_ != nullptr ? std::make_shared<PrefixStore>(name, store_) : nullptr;
-  }
+  std::shared_ptr<Store> child_store(const std::string& name) const { return prefixed_store(name, store_); }
 
   /// ncclCommSplit into a new backend whose rank `mine` maps to `global` (nullptr when mine < 0). The
   /// group's timeout covers the split (polled on a nonblocking parent, then the child's own set-up).
@@ -613,9 +609,7 @@ private:
 /// device is visible. Wrap it in a ProcessGroup: `ProcessGroup world(make_nccl_backend(store, r, n));`.
 inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Store> store, int rank, int size,
                                                   NcclOptions options = {}) {
-  DTENSOR_CHECK(size > 0 && rank >= 0 && rank < size, "make_nccl_backend: rank " + std::to_string(rank) +
-                                                          " is out of range for size " +
-                                                          std::to_string(size));
+  detail::check_world_rank(rank, size, "make_nccl_backend");
   const CudaDevices visible = probe_cuda_devices();
   DTENSOR_CHECK(!visible.unusable(), "make_nccl_backend: rank " + std::to_string(rank) +
                                          " has a GPU that CUDA cannot use: " + visible.reason());
@@ -632,17 +626,13 @@ inline std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Store> store, 
                      "make_nccl_backend (rank " + std::to_string(rank) + ")");
 
   auto rank_state = std::make_shared<detail::NcclRankState>();
-  rank_state->root =
-      store != nullptr ? std::make_shared<PrefixStore>(options.prefix, std::move(store)) : nullptr;
-  std::shared_ptr<Store> world =
-      rank_state->root != nullptr ? std::make_shared<PrefixStore>("world", rank_state->root) : nullptr;
+  rank_state->root = detail::prefixed_store(options.prefix, std::move(store)); // null without a store
+  std::shared_ptr<Store> world = detail::prefixed_store("world", rank_state->root);
   auto state = detail::init_nccl_comm(world.get(), rank, size, device, options, options.timeout,
                                       "nccl world of " + std::to_string(size) + " (rank " +
                                           std::to_string(rank) + ")");
-  std::vector<int> all(size);
-  std::iota(all.begin(), all.end(), 0);
-  return std::make_shared<detail::NcclBackendImpl>(std::move(state), std::move(all), rank, options.timeout,
-                                                   std::move(options), std::move(world),
+  return std::make_shared<detail::NcclBackendImpl>(std::move(state), detail::world_ranks(size), rank,
+                                                   options.timeout, std::move(options), std::move(world),
                                                    std::move(rank_state));
 }
 

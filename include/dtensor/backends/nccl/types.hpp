@@ -10,6 +10,7 @@
 //  - ReduceOp::avg is ncclAvg for every type (integers: wrap-around sum, then divide truncating, as the
 //    gloo backend does). ncclRedOpCreatePreMulSum is not needed for any op of the Backend interface.
 
+#include "dtensor/backends/type_tables.hpp"
 #include "dtensor/core/cuda_devices.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
@@ -24,53 +25,40 @@
 
 namespace dtensor::detail {
 
-/// NCCL's type of the same layout as element type T (no definition for a type NCCL lacks).
-template <class T>
-inline constexpr ncclDataType_t nccl_type_of = ncclNumTypes;
-template <>
-inline constexpr ncclDataType_t nccl_type_of<float> = ncclFloat32;
-template <>
-inline constexpr ncclDataType_t nccl_type_of<double> = ncclFloat64;
-template <>
-inline constexpr ncclDataType_t nccl_type_of<bfloat16> = ncclBfloat16;
-template <>
-inline constexpr ncclDataType_t nccl_type_of<half> = ncclFloat16;
-template <>
-inline constexpr ncclDataType_t nccl_type_of<std::int32_t> = ncclInt32;
-template <>
-inline constexpr ncclDataType_t nccl_type_of<std::int64_t> = ncclInt64;
-template <>
-inline constexpr ncclDataType_t nccl_type_of<std::uint8_t> = ncclUint8;
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
-template <>
-inline constexpr ncclDataType_t nccl_type_of<float8_e4m3> = ncclFloat8e4m3;
-template <>
-inline constexpr ncclDataType_t nccl_type_of<float8_e5m2> = ncclFloat8e5m2;
+inline constexpr ncclDataType_t nccl_float8_e4m3 = ncclFloat8e4m3;
+inline constexpr ncclDataType_t nccl_float8_e5m2 = ncclFloat8e5m2;
+#else // this NCCL has no 8-bit floats: nccl_type throws for them
+inline constexpr ncclDataType_t nccl_float8_e4m3 = ncclNumTypes;
+inline constexpr ncclDataType_t nccl_float8_e5m2 = ncclNumTypes;
 #endif
 
-/// NCCL's type for `d` (visit_dtype's list); Error for a type this NCCL lacks.
+/// NCCL's type of the same layout as each element type; ncclNumTypes where this NCCL lacks one (fp8 before
+/// NCCL 2.24).
+inline constexpr DTypeTable<ncclDataType_t> nccl_types{.float32 = ncclFloat32,
+                                                       .float64 = ncclFloat64,
+                                                       .bfloat16 = ncclBfloat16,
+                                                       .float16 = ncclFloat16,
+                                                       .int32 = ncclInt32,
+                                                       .int64 = ncclInt64,
+                                                       .uint8 = ncclUint8,
+                                                       .float8_e4m3 = nccl_float8_e4m3,
+                                                       .float8_e5m2 = nccl_float8_e5m2};
+
+/// NCCL's type for `d`; Error for a type this NCCL lacks.
 inline ncclDataType_t nccl_type(DType d) {
-  const ncclDataType_t t = visit_dtype(d, []<class T>(T) { return nccl_type_of<T>; });
+  const ncclDataType_t t = nccl_types.at(d, "NCCL backend");
   DTENSOR_CHECK(t != ncclNumTypes, "NCCL backend: " + std::string(dtype_name(d)) +
                                        " needs NCCL 2.24 or later (this is " +
                                        std::to_string(NCCL_VERSION_CODE) + ")");
   return t;
 }
 
+/// NCCL's reduction for `op` (avg is ncclAvg for every type).
 inline ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-  case ReduceOp::sum:
-    return ncclSum;
-  case ReduceOp::avg:
-    return ncclAvg;
-  case ReduceOp::max:
-    return ncclMax;
-  case ReduceOp::min:
-    return ncclMin;
-  case ReduceOp::product:
-    return ncclProd;
-  }
-  throw Error("NCCL backend: unsupported reduce op " + std::to_string(static_cast<int>(op)));
+  constexpr ReduceOpTable<ncclRedOp_t> ops{
+      .sum = ncclSum, .avg = ncclAvg, .max = ncclMax, .min = ncclMin, .product = ncclProd};
+  return ops.at(op, "NCCL backend");
 }
 
 /// "ncclInvalidUsage (invalid usage): <NCCL's last error>"
