@@ -31,9 +31,9 @@
 //    member making another group is an Error), then call MPI_Comm_create_group.
 //  - Timeouts: every op has a deadline (the group's timeout or the op's); at it, wait() throws
 //    TimeoutError naming the op, its sizes, this rank's last ops (the flight recorder) and, when the
-//    group has a store, what every member was running (backends/stuck_op_board.hpp); the group is then aborted
-//    (later ops fail at once). MPI cannot cancel a collective: after a timeout, end the job (work.hpp).
-//    A member that dies ends the job: mpirun kills the others (MPI's own rule).
+//    group has a store, what every member was running (backends/stuck_op_board.hpp); the group is then
+//    aborted (later ops fail at once). MPI cannot cancel a collective: after a timeout, end the job
+//    (work.hpp). A member that dies ends the job: mpirun kills the others (MPI's own rule).
 //  - Memory: host tensors; CUDA tensors too when the library is CUDA-aware (MpiRuntime::cuda_aware(): the
 //    tensor's stream is synchronised before MPI reads or writes it); reductions of CUDA tensors are an
 //    Error (OpenMPI's non-blocking reductions read device memory on the host): use NCCL for them.
