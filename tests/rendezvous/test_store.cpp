@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -731,19 +732,19 @@ TEST_CASE("TcpStore server: at its connection cap it closes the idlest, and serv
 
 namespace {
 
-/// A TcpStoreServer in a child process limited to 48 file descriptors; kill_server() ends it.
+/// A TcpStoreServer with `options` in a child process limited to `fds` file descriptors.
 struct ServerProcess {
   pid_t pid = -1;
   int port = 0;
 
-  ServerProcess() {
+  explicit ServerProcess(rlim_t fds = 48, dtensor::TcpStoreServerOptions options = {}) {
     int port_pipe[2];
     REQUIRE(::pipe(port_pipe) == 0);
     pid = ::fork();
     if (pid == 0) {
-      rlimit lim{48, 48};
+      rlimit lim{fds, fds};
       ::setrlimit(RLIMIT_NOFILE, &lim);
-      dtensor::TcpStoreServer s(0);
+      dtensor::TcpStoreServer s(0, std::move(options));
       const int p = s.port();
       [[maybe_unused]] auto w = ::write(port_pipe[1], &p, sizeof(p));
       std::this_thread::sleep_for(60s);
@@ -769,6 +770,28 @@ struct ServerProcess {
       }
     }
     return ticks;
+  }
+
+  /// Its resident memory in KiB (VmRSS).
+  long rss_kib() const {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) {
+        return std::stol(line.substr(6));
+      }
+    }
+    return -1;
+  }
+
+  /// How many descriptors it holds open.
+  long open_fds() const {
+    long n = 0;
+    for ([[maybe_unused]] const auto& e :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+      ++n;
+    }
+    return n;
   }
 
   /// True when it used under 20% of a core during the next second.
@@ -814,5 +837,145 @@ TEST_CASE("TcpStore server: out of file descriptors it neither spins nor turns c
     tcp::Fd late = raw_connection(server.port);
     CHECK(closed_by_peer(late.get()));
     CHECK(server.quiet());
+  }
+}
+
+// ---- strangers: connections that have not completed their hello (issue 32) --------------------------------
+
+namespace {
+
+/// The first `sent` bytes of a request that declares `declared` bytes: a hello that never completes.
+std::vector<char> unfinished_request(std::uint32_t declared, std::size_t sent) {
+  std::vector<char> bytes(4 + sent, 'x');
+  std::memcpy(bytes.data(), &declared, 4);
+  return bytes;
+}
+
+/// Sends what it can of `bytes` within `limit` (the peer may refuse it midway).
+void send_some(int fd, const std::vector<char>& bytes, std::chrono::milliseconds limit = 2s) {
+  int err = 0;
+  [[maybe_unused]] auto r = tcp::send_all(fd, bytes.data(), bytes.size(), tcp::Clock::now() + limit, err);
+}
+
+/// True when the peer has not closed `fd` within `wait`.
+bool still_open(int fd, std::chrono::milliseconds wait = 200ms) {
+  pollfd pfd{fd, POLLIN, 0};
+  return ::poll(&pfd, 1, static_cast<int>(wait.count())) == 0;
+}
+
+/// The error a refused connection was sent before being closed ("" when none).
+std::string refusal(int fd) {
+  std::uint32_t n = 0;
+  int err = 0;
+  if (tcp::recv_all(fd, reinterpret_cast<char*>(&n), 4, tcp::Clock::now() + 5s, err) != tcp::IoResult::ok ||
+      n > 65536) {
+    return "";
+  }
+  std::vector<char> body(n);
+  if (tcp::recv_all(fd, body.data(), n, tcp::Clock::now() + 5s, err) != tcp::IoResult::ok) {
+    return "";
+  }
+  tcp::Reader rd(body);
+  return rd.u8() == static_cast<std::uint8_t>(tcp::Status::error) ? rd.str() : "";
+}
+
+} // namespace
+
+TEST_CASE(
+    "TcpStore server: before its hello a connection may declare little, and strangers together hold little",
+    "[store]") {
+  dtensor::TcpStoreServerOptions so;
+  so.token = "job";
+  so.max_unauthenticated_bytes = 16 << 10;
+  dtensor::TcpStoreServer server(0, so);
+  TcpStoreOptions good = client();
+  good.token = "job";
+
+  // A first request declaring 60 MiB is refused at its header, before a byte of it is kept.
+  tcp::Fd big = raw_connection(server.port());
+  send_some(big.get(), unfinished_request(60u << 20, 1000));
+  CHECK_THAT(refusal(big.get()), Catch::Contains("a connection's first request must be its hello, of at most "
+                                                 "4096 bytes; this one declares 62914560"));
+  CHECK(closed_by_peer(big.get()));
+
+  // Six unfinished hellos of 3 KiB: the strangers' 16 KiB hold four or five; the oldest are closed first.
+  std::vector<tcp::Fd> strangers;
+  for (int i = 0; i < 6; ++i) {
+    strangers.push_back(raw_connection(server.port()));
+    send_some(strangers.back().get(), unfinished_request(4000, 3000));
+    std::this_thread::sleep_for(20ms); // accepted in this order
+  }
+  CHECK(closed_by_peer(strangers.front().get()));
+  CHECK(still_open(strangers.back().get()));
+  TcpStore c("127.0.0.1", server.port(), good); // a rank still gets in
+  c.set("k", std::string_view("v"));
+  CHECK(str(c.get("k")) == "v");
+}
+
+TEST_CASE("TcpStore server: a connection that does not complete its hello in time is closed", "[store]") {
+  dtensor::TcpStoreServerOptions so;
+  so.hello_timeout = 300ms;
+  dtensor::TcpStoreServer server(0, so);
+  tcp::Fd slow = raw_connection(server.port());
+  const auto t0 = std::chrono::steady_clock::now();
+  send_some(slow.get(), unfinished_request(100, 1));
+  CHECK(closed_by_peer(slow.get()));
+  CHECK(std::chrono::steady_clock::now() - t0 >= 250ms);
+  tcp::Fd prompt = raw_connection(server.port()); // greeted in time: kept past the deadline
+  REQUIRE(ask(prompt.get(), hello()) == "status 0");
+  std::this_thread::sleep_for(500ms);
+  CHECK(ask(prompt.get(), std::move(tcp::Writer().u8(static_cast<std::uint8_t>(tcp::Cmd::num_keys))).finish())
+            .rfind("status", 0) == 0);
+}
+
+TEST_CASE("TcpStore server: floods of strangers bound its memory and descriptors, and ranks get in",
+          "[store]") {
+  SECTION("eight connections each sending most of a 60 MiB request: memory stays put") {
+    ServerProcess server(64);
+    const long before = server.rss_kib();
+    std::vector<tcp::Fd> flood;
+    const auto request = unfinished_request(60u << 20, 56u << 20);
+    for (int i = 0; i < 8; ++i) {
+      flood.push_back(raw_connection(server.port));
+      send_some(flood.back().get(), request, 500ms);
+    }
+    const long grew = server.rss_kib() - before;
+    INFO("the server's RSS grew by " << grew << " KiB");
+    CHECK(grew < 8 * 1024);
+  }
+  SECTION("connections that sent 5 bytes fill its descriptors: a rank gets in at once") {
+    ServerProcess server(48);
+    std::vector<tcp::Fd> flood;
+    for (int i = 0; i < 100; ++i) { // more than the server can hold
+      flood.push_back(raw_connection(server.port));
+      send_some(flood.back().get(), unfinished_request(100, 1));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    TcpStore c("127.0.0.1", server.port, client(5s));
+    c.set("k", std::string_view("v"));
+    CHECK(str(c.get("k")) == "v");
+    INFO("in after " << std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count()
+                     << " ms");
+    CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+    CHECK(server.quiet());
+  }
+  SECTION("at max_connections, strangers with unfinished requests are closed: the cap holds") {
+    dtensor::TcpStoreServerOptions so;
+    so.max_connections = 16;
+    ServerProcess server(256, so);
+    const long base = server.open_fds(); // listener, epoll, wake pipe, reserve, stdio
+    std::vector<tcp::Fd> flood;
+    for (int i = 0; i < 80; ++i) {
+      flood.push_back(raw_connection(server.port));
+      send_some(flood.back().get(), unfinished_request(100, 1));
+    }
+    std::this_thread::sleep_for(200ms);
+    const long held = server.open_fds() - base;
+    INFO("connections held: " << held);
+    CHECK(held <= 16);
+    TcpStore c("127.0.0.1", server.port, client(5s));
+    CHECK(c.add("n", 1) == 1);
   }
 }

@@ -17,8 +17,15 @@
 //    token, if the server has one (else it is refused with an error and disconnected); a request larger
 //    than max_request_bytes, or more than that much pipelined behind a wait, is answered with an error and
 //    the connection closed; a store holding max_total_bytes of keys and values refuses to grow; at
-//    max_connections (or out of file descriptors) the connection idle the longest is closed to admit the
-//    new one (clients reconnect). The cost of a request does not grow with the number of connections.
+//    max_connections (or out of file descriptors) a connection is closed to admit the new one (clients
+//    reconnect): the oldest that has not completed its hello, else the one idle the longest. The cost of a
+//    request does not grow with the number of connections.
+//  - Before its hello a connection is a stranger and is held to less (the hello is a few dozen bytes and
+//    the token): its first request may declare at most max_hello_bytes (else it is refused at once, before
+//    anything is read into memory); all strangers together hold at most max_unauthenticated_bytes (beyond,
+//    the oldest of them with bytes held is closed); one that has not completed its hello within
+//    hello_timeout is closed. So connections that never authenticate cannot fill the server's memory or
+//    its descriptors, and a rank connecting during such a flood gets in.
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/timeout.hpp"
@@ -30,6 +37,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -60,8 +68,15 @@ struct TcpStoreServerOptions {
   std::size_t max_request_bytes = std::size_t{64} << 20;
   /// The most bytes of keys and values the store holds.
   std::size_t max_total_bytes = std::size_t{1} << 30;
-  /// The most open connections; beyond, the one idle the longest is closed.
+  /// The most open connections; beyond, the oldest stranger (no hello yet), else the one idle the longest,
+  /// is closed.
   std::size_t max_connections = 16384;
+  /// The most bytes a connection may send before its hello is complete.
+  std::size_t max_hello_bytes = 4096;
+  /// The most bytes all connections without a complete hello hold together.
+  std::size_t max_unauthenticated_bytes = std::size_t{1} << 20;
+  /// How long a connection may take from being accepted to completing its hello.
+  std::chrono::milliseconds hello_timeout = std::chrono::seconds(10);
 };
 
 /// The server half of TcpStore (see the top of this file).
@@ -125,7 +140,16 @@ private:
     bool dirty = false; // in dirty_
     std::vector<std::string> wait_keys;
     Clock::time_point deadline;
-    Clock::time_point active; // last request: the connection idle the longest is closed first
+    Clock::time_point active;   // last request: the connection idle the longest is closed first
+    Clock::time_point accepted; // for hello_timeout
+    std::uint64_t serial = 0;   // which connection this is (a descriptor number is reused)
+    std::size_t counted = 0;    // bytes of `in` counted in strangers_bytes_ (0 once greeted or dead)
+  };
+
+  /// A connection in accept order, until it greets or goes (see strangers_).
+  struct Stranger {
+    int fd;
+    std::uint64_t serial;
   };
 
   static std::vector<char> reply(detail::tcp::Status s) {
@@ -391,6 +415,12 @@ private:
         ok = false;
         break;
       }
+      if (!c.greeted && n > options_.max_hello_bytes) {
+        refuse(c, "a connection's first request must be its hello, of at most " +
+                      std::to_string(options_.max_hello_bytes) + " bytes; this one declares " +
+                      std::to_string(n) + " (TcpStoreServerOptions::max_hello_bytes)");
+        return true;
+      }
       if (n > options_.max_request_bytes) {
         refuse(c, "a request of " + std::to_string(n) + " bytes passes the store's limit of " +
                       std::to_string(options_.max_request_bytes) +
@@ -439,11 +469,80 @@ private:
       c.dead = true;
       dead_.push_back(c.fd.get());
     }
+    recount(c);
   }
 
-  /// Closes the connection idle the longest (not waiting, nothing pending either way), those that never
-  /// greeted first.
+  /// Brings strangers_bytes_ up to date with what `c` holds.
+  void recount(Client& c) {
+    const std::size_t now = c.greeted || c.dead ? 0 : c.in.size();
+    strangers_bytes_ = strangers_bytes_ - c.counted + now;
+    c.counted = now;
+  }
+
+  /// The stranger entry's connection, when it is still open and has not greeted.
+  Client* stranger(const Stranger& s) {
+    auto it = clients_.find(s.fd);
+    if (it == clients_.end() || it->second.serial != s.serial || it->second.greeted || it->second.dead) {
+      return nullptr;
+    }
+    return &it->second;
+  }
+
+  /// The oldest connection without a complete hello (holding bytes, when `with_bytes`), or null. Entries of
+  /// connections that greeted or went are forgotten on the way.
+  Client* oldest_stranger(bool with_bytes) {
+    while (!strangers_.empty() && stranger(strangers_.front()) == nullptr) {
+      strangers_.pop_front();
+    }
+    for (const Stranger& s : strangers_) {
+      Client* c = stranger(s);
+      if (c != nullptr && (!with_bytes || !c->in.empty())) {
+        return c;
+      }
+    }
+    return nullptr;
+  }
+
+  /// Closes the oldest strangers holding bytes until all of them together hold at most
+  /// max_unauthenticated_bytes.
+  void limit_strangers() {
+    while (strangers_bytes_ > options_.max_unauthenticated_bytes) {
+      Client* c = oldest_stranger(/*with_bytes=*/true);
+      if (c == nullptr) {
+        return;
+      }
+      c->in.clear();
+      drop(*c);
+    }
+  }
+
+  /// Closes the connections that did not complete their hello within hello_timeout; returns the
+  /// milliseconds until the next one may be due (-1: none).
+  int expire_strangers() {
+    const auto now = Clock::now();
+    while (Client* c = oldest_stranger(/*with_bytes=*/false)) {
+      if (now - c->accepted < options_.hello_timeout) {
+        return detail::tcp::ms_until(c->accepted + options_.hello_timeout) + 1;
+      }
+      strangers_.pop_front();
+      c->in.clear();
+      drop(*c);
+    }
+    return -1;
+  }
+
+  /// Closes a connection now, to free its descriptor: the oldest that has not completed its hello (whatever
+  /// it sent), else the one idle the longest (not waiting, nothing pending either way). False when every
+  /// connection is authenticated and busy.
   bool evict_idlest() {
+    if (Client* c = oldest_stranger(/*with_bytes=*/false)) {
+      const int fd = c->fd.get();
+      c->in.clear();
+      recount(*c);
+      strangers_.pop_front();
+      clients_.erase(fd);
+      return true;
+    }
     Client* idlest = nullptr;
     for (auto& [fd, c] : clients_) {
       int unread = 0;
@@ -493,14 +592,18 @@ private:
       if (fd < 0) {
         return; // EAGAIN: no more pending connections
       }
-      if (clients_.size() >= options_.max_connections) {
-        evict_idlest();
+      if (clients_.size() >= options_.max_connections && !evict_idlest()) {
+        ::close(fd); // every connection is authenticated and busy: this one retries
+        continue;
       }
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       Client& c = clients_[fd];
       c.fd = detail::tcp::Fd(fd);
       c.active = Clock::now();
+      c.accepted = c.active;
+      c.serial = ++serial_;
+      strangers_.push_back({fd, c.serial});
       watch(fd, EPOLLIN);
     }
   }
@@ -508,12 +611,34 @@ private:
   void read_from(Client& c) {
     char buf[65536];
     for (;;) {
-      const ssize_t k = ::recv(c.fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
+      // Before its hello a connection is read no further than its first request, which consume() refuses
+      // at its header when it declares more than max_hello_bytes.
+      const std::size_t hello_frame = options_.max_hello_bytes + 4;
+      const std::size_t room =
+          c.greeted || c.closing
+              ? sizeof(buf)
+              : std::min(sizeof(buf), hello_frame - std::min(c.in.size(), hello_frame - 1));
+      const ssize_t k = ::recv(c.fd.get(), buf, room, MSG_DONTWAIT);
       if (k > 0) {
         if (c.closing) {
+          if (!c.greeted) {
+            break; // a refused stranger: its error goes out and it is closed (settle), its rest unread
+          }
           continue; // discarded: a refused client's rest
         }
         c.in.insert(c.in.end(), buf, buf + k);
+        if (!c.greeted) {
+          if (!consume(c)) { // the hello, and what was sent behind it
+            drop(c);
+            return;
+          }
+          recount(c);
+          limit_strangers();
+          if (c.dead) {
+            return;
+          }
+          continue;
+        }
         // Requests pipelined behind a wait are kept, within a bound.
         if (c.in.size() > 2 * options_.max_request_bytes + 8) {
           refuse(c, "more than " + std::to_string(2 * options_.max_request_bytes) +
@@ -533,6 +658,7 @@ private:
     if (!consume(c)) {
       drop(c);
     }
+    recount(c);
   }
 
   /// Sends what the clients in dirty_ have queued, closes the finished and the dead.
@@ -599,6 +725,9 @@ private:
     std::vector<epoll_event> events(256);
     for (;;) {
       int timeout_ms = expire_waits();
+      if (const int ms = expire_strangers(); ms >= 0) {
+        timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+      }
       if (listener_paused_until_) {
         if (Clock::now() >= *listener_paused_until_) {
           listener_paused_until_.reset();
@@ -651,6 +780,9 @@ private:
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::unordered_map<int, Client> clients_;
+  std::deque<Stranger> strangers_;  // accepted connections in order, until they greet or go
+  std::size_t strangers_bytes_ = 0; // what connections without a complete hello hold
+  std::uint64_t serial_ = 0;
   std::set<int> waiting_;
   std::vector<int> dirty_;
   std::vector<int> released_;
