@@ -18,6 +18,7 @@ void control(const X<Shard<0>, Shard<1>>& heads, const X<Shard<0>, R>& kv, const
   (void)scaled_dot_product_attention(heads, kv, kv, {.causal = true});
   (void)scaled_dot_product_attention(q_seq, r, r, {.causal = true}, with_backward);
   (void)attention<Ulysses<"cp">>(q_seq, q_seq, q_seq);
+  (void)attention<Ring<"cp">>(q_seq, q_seq, q_seq, {.causal = true}, with_backward);
   (void)rotary_embedding<2>(q_seq, {}, with_backward);
 }
 
@@ -60,5 +61,12 @@ void f(const X<R, R>& q, const X<R, Shard<1>>& kv) {
 #ifdef CASE_rope_head_dim_sharded
 void f(const X<R, Shard<3>>& x) {
   (void)rotary_embedding<2>(x);
+}
+#endif
+
+//! CASE ring_placements_differ dtensor attention<Ring<axis>>: q, k and v must have the same placements
+#ifdef CASE_ring_placements_differ
+void f(const X<R, Shard<2>>& q, const X<Shard<0>, Shard<2>>& kv) {
+  (void)attention<Ring<"cp">>(q, kv, kv);
 }
 #endif

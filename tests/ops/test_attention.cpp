@@ -428,7 +428,59 @@ void check_ulysses(int ranks, const Sizes& s, bool causal) {
   });
 }
 
+// Ring attention over Mesh1's axis "x": as check_ulysses; the communication is point-to-point only.
+void check_ring(int ranks, const Sizes& s, bool causal) {
+  using X = DTensor<double, 4, Mesh1, S<2>>;
+  const double scale = 1 / std::sqrt(double(s.d));
+  const Vec q = values(1, s.b * s.h * s.sq * s.d, 0.25);
+  const Vec k = values(2, s.b * s.hk * s.sk * s.d, 0.25);
+  const Vec v = values(3, s.b * s.hk * s.sk * s.d, 0.5);
+  const Vec g = values(4, s.b * s.h * s.sq * s.d, 0.5);
+  const Ref want = reference(s, q, k, v, g, causal, scale);
+  testing::run_ranks(ranks, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh1>(world, ranks);
+    const auto scaled = [&](int seed, std::array<std::int64_t, 4> shape, double f) {
+      const X x = make<X>(mesh, shape, seed);
+      return X(x.mesh(), local::map(local::Scale{f}, x.local()), shape);
+    };
+    const X qd = scaled(1, {s.b, s.h, s.sq, s.d}, 0.25);
+    const X kd = scaled(2, {s.b, s.hk, s.sk, s.d}, 0.25);
+    const X vd = scaled(3, {s.b, s.hk, s.sk, s.d}, 0.5);
+    const X gd = scaled(4, {s.b, s.h, s.sq, s.d}, 0.5);
+    CommDebugMode forward;
+    auto [o, back] = attention<Ring<"x">>(qd, kd, vd, {.causal = causal}, with_backward);
+    // n - 1 rounds, each one batch_isend_irecv (k and v to the next rank, from the previous one)
+    const std::int64_t rounds = ranks - 1;
+    expect(forward.count("batch_isend_irecv") == rounds && forward.total_count() == rounds,
+           "ring forward: " + std::to_string(forward.total_count()) + " operations, want " +
+               std::to_string(rounds) + " batch_isend_irecv");
+    CommDebugMode backward;
+    auto [dq, dk, dv] = back(gd);
+    // k, v around again (n - 1 rounds), dk and dv after them (n rounds: home again)
+    const std::int64_t back_rounds = ranks == 1 ? 0 : (ranks - 1) + ranks;
+    expect(backward.count("batch_isend_irecv") == back_rounds && backward.total_count() == back_rounds,
+           "ring backward: " + std::to_string(backward.total_count()) + " operations, want " +
+               std::to_string(back_rounds) + " batch_isend_irecv");
+    const auto vec = [](const Vec& x) { return [&x](std::int64_t e) { return x[e]; }; };
+    check_full(o, vec(want.o), 1e-12, "o");
+    check_full(dq, vec(want.dq), 1e-12, "dq");
+    check_full(dk, vec(want.dk), 1e-12, "dk");
+    check_full(dv, vec(want.dv), 1e-12, "dv");
+  });
+}
+
 } // namespace
+
+TEST_CASE("ring attention equals one rank's attention, 1-4 ranks, uneven and empty chunks, GQA",
+          "[ops][attention]") {
+  for (int n = 1; n <= 4; ++n) {
+    for (bool causal : {false, true}) {
+      check_ring(n, {2, 4, 4, 13, 13, 5, 5}, causal);   // 13 over 4: chunks 4, 4, 4, 1
+      check_ring(n, {1, 8, 2, 3, 3, 4, 4}, causal);     // 3 over 4: an empty chunk; GQA
+      check_ring(n, {1, 2, 1, 150, 150, 4, 4}, causal); // chunks that span several kernel blocks
+    }
+  }
+}
 
 TEST_CASE("Ulysses context parallelism equals one rank's attention, 1-4 ranks, uneven sequence and heads",
           "[ops][attention]") {

@@ -31,8 +31,11 @@
 // Replicate but q is sharded: there each rank holds the part of the gradient its queries give, so they are
 // Partial<sum> (a valid gradient of a Replicate primal; reduce it where the parameter gradient is due).
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -41,10 +44,12 @@
 
 #include "dtensor/backward/redistribute.hpp"
 #include "dtensor/backward/with_backward.hpp"
+#include "dtensor/comm/p2p.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/core/fixed_string.hpp"
 #include "dtensor/local/attention.hpp"
 #include "dtensor/local/copy.hpp"
+#include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
@@ -427,6 +432,20 @@ using with_axis_shard_t =
     dtensor_from_t<typename X::value_type, X::rank, typename dtensor_traits<X>::shape_type,
                    &WithAxisShard<X, Axis, Dim>::list>;
 
+template <class X, int Axis>
+struct WithAxisReplicate {
+  static constexpr PlacementList list() {
+    PlacementList l = X::placements;
+    l[Axis] = Placement::replicate();
+    return l;
+  }
+};
+
+template <class X, int Axis>
+using with_axis_replicate_t =
+    dtensor_from_t<typename X::value_type, X::rank, typename dtensor_traits<X>::shape_type,
+                   &WithAxisReplicate<X, Axis>::list>;
+
 template <class D, class X>
 struct redistribute_with_backward_as;
 template <class T, int R, class Shape, class... P, class X>
@@ -486,6 +505,276 @@ struct attention_form<Ulysses<Axis>> {
       return std::tuple{q_back(dq), k_back(dk), v_back(dv)};
     };
     return WithBackward<Q, decltype(back)>{std::move(out), std::move(back)};
+  }
+};
+} // namespace detail
+
+/// Ring attention over mesh axis `Axis` (context parallelism for long sequences): q, k and v sharded on the
+/// sequence there, each rank keeps its queries and the k/v chunks go around the axis's ring, one
+/// batch_isend_irecv round per step posted before the step's local attention runs (so the next chunk moves
+/// while this one computes): n - 1 rounds forward, each step's (o, lse) merged by their log-sum-exps. The
+/// backward sends k/v around again (n - 1 rounds) and the dk/dv accumulators after them (n rounds: each
+/// returns to its chunk's owner). The causal mask compares global positions, so any chunking masks as one
+/// rank would; chunks wholly after a rank's queries are skipped by the kernel (contiguous chunks leave the
+/// last ranks most of the causal work). Uneven sequence lengths work (chunks of different sizes). q, k and v
+/// must have the same placements on every axis (e.g. batch over dp, heads over tp beside it).
+template <fixed_string Axis>
+struct Ring {};
+
+namespace detail {
+
+/// (o, lse) += the attention over other keys (o2, lse2): weights exp(lse - max), renormalised.
+template <class T, class C>
+void merge_attention(Tensor<T, 4>& o, Tensor<C, 3>& lse, const Tensor<T, 4>& o2, const Tensor<C, 3>& lse2) {
+  const std::int64_t rows = lse.numel();
+  const std::int64_t dv = rows == 0 ? 0 : o.numel() / rows;
+  const auto oc = o2.contiguous();
+  const auto lc = lse2.contiguous();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const C l1 = lse.data()[r];
+    const C l2 = lc.data()[r];
+    const C m = std::max(l1, l2);
+    if (m == -std::numeric_limits<C>::infinity()) {
+      continue; // no key seen yet by either
+    }
+    const C w1 = std::exp(l1 - m);
+    const C w2 = std::exp(l2 - m);
+    const C s = w1 + w2;
+    T* a = o.data() + r * dv;
+    const T* b = oc.data() + r * dv;
+    for (std::int64_t c = 0; c < dv; ++c) {
+      a[c] = T((w1 * static_cast<C>(a[c]) + w2 * static_cast<C>(b[c])) / s);
+    }
+    lse.data()[r] = m + std::log(s);
+  }
+}
+
+template <fixed_string Axis, class Q, class K, class V>
+struct RingPlan {
+  using T = typename Q::value_type;
+  using C = local::compute_t<T>;
+  using Shape = typename dtensor_traits<Q>::shape_type;
+  static constexpr int a = Shape::template index_of<Axis>();
+  static constexpr int R = Q::rank;
+  static constexpr int s_dim = R - 2;
+  static constexpr bool ok = [] {
+    constexpr Placement seq = Placement::shard(R - 2);
+    static_assert(
+        normalize(Q::placements[a], R) == seq,
+        "dtensor attention<Ring<axis>>: q, k and v must be Shard<seq> (dim rank - 2) on that mesh axis");
+    static_assert(Q::placements == K::placements && Q::placements == V::placements,
+                  "dtensor attention<Ring<axis>>: q, k and v must have the same placements");
+    return normalize(Q::placements[a], R) == seq && Q::placements == K::placements &&
+           Q::placements == V::placements;
+  }();
+  /// q's placements with the ring's axis Replicate: what the local attention of one chunk sees.
+  using QR = with_axis_replicate_t<Q, a>;
+  static constexpr bool rule_ok = ok && check_attention<AttentionRule<QR, QR, QR>::error>() &&
+                                  AttentionRule<QR, QR, QR>::error == AttentionError::none;
+
+  const Q& q;
+  int n, me;
+  ProcessGroup group;
+  MeshCoord coord;
+  Extents gq, gk, gv;
+  Block qb;
+  std::vector<std::int64_t> q_pos;
+  local::AttentionParams params;
+
+  RingPlan(const Q& q_, const K& k, const V& v, const AttentionOptions& o)
+      : q(q_), n(q_.mesh().size(a)), me(q_.mesh().coordinate()[a]), group(q_.mesh().group(a)),
+        coord(q_.mesh().coordinate()), gq(to_extents(q_.global_shape())), gk(to_extents(k.global_shape())),
+        gv(to_extents(v.global_shape())),
+        qb(spec_block(gq, Q::spec, q_.mesh().sizes(), coord)), params{o.causal, o.scale, o.dropout, o.seed,
+                                                                      o.offset} {
+    const std::string shapes = "attention<Ring<" + std::string(Axis.view()) + ">>: q " + shape_string(gq) +
+                               ", k " + shape_string(gk) + ", v " + shape_string(gv);
+    const std::int64_t h = gq[R - 3];
+    const std::int64_t hk = gk[R - 3];
+    DTENSOR_CHECK(
+        (R == 3 || (gk[0] == gq[0] && gv[0] == gq[0])) && gk[R - 1] == gq[R - 1] && gv[R - 3] == hk &&
+            gv[s_dim] == gk[s_dim] && ((h == 0 && hk == 0) || (hk > 0 && h % hk == 0)),
+        shapes + ": q (batch, heads, seq, d), k (batch, kv_heads, seq_k, d) and v (batch, kv_heads, "
+                 "seq_k, dv), kv_heads dividing heads");
+    check_head_groups<Q, K>(shapes, q_.mesh().sizes(), gq, gk);
+    q_pos.resize(static_cast<std::size_t>(qb.shape[s_dim]));
+    for (std::size_t i = 0; i < q_pos.size(); ++i) {
+      q_pos[i] = qb.offset[s_dim] + static_cast<std::int64_t>(i);
+    }
+  }
+
+  int origin(int step) const { return ((me - step) % n + n) % n; }
+  /// The block of k (v: global `g`, spec S) that the rank at position `j` of the ring holds.
+  template <class X>
+  Block block_of(const Extents& g, int j) const {
+    MeshCoord c = coord;
+    c[a] = j;
+    return spec_block(g, X::spec, q.mesh().sizes(), c);
+  }
+  std::vector<std::int64_t> positions(int j) const {
+    const Block b = block_of<K>(gk, j);
+    std::vector<std::int64_t> p(static_cast<std::size_t>(b.shape[s_dim]));
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      p[i] = b.offset[s_dim] + static_cast<std::int64_t>(i);
+    }
+    return p;
+  }
+  local::AttentionCoords coords(const std::vector<std::int64_t>& k_pos) const {
+    local::AttentionCoords c;
+    c.batch0 = R == 4 ? qb.offset[0] : 0;
+    c.head0 = qb.offset[R - 3];
+    c.heads = gq[R - 3];
+    c.kv_heads = gk[R - 3];
+    c.seq_q = gq[s_dim];
+    c.seq_k = gk[s_dim];
+    c.q_pos = q_pos.data();
+    c.k_pos = k_pos.data();
+    return c;
+  }
+  /// An empty local tensor for the chunk of ring position j of a tensor placed as X with global `g`.
+  template <class X>
+  Tensor<T, 4> buffer(const Extents& g, int j) const {
+    return as_rank4(Tensor<T, R>(to_array<R>(block_of<X>(g, j).shape)));
+  }
+  /// Posts the exchange of one step: `send` to the next rank, `recv` (fresh buffers) from the previous one.
+  std::vector<Work> rotate(const std::vector<Tensor<T, 4>>& send,
+                           const std::vector<Tensor<T, 4>>& recv) const {
+    std::vector<P2POp> ops;
+    for (const auto& t : send) {
+      ops.emplace_back(P2POp::isend, t, (me + 1) % n, group);
+    }
+    for (const auto& t : recv) {
+      ops.emplace_back(P2POp::irecv, t, (me + n - 1) % n, group);
+    }
+    return batch_isend_irecv(ops);
+  }
+};
+
+} // namespace detail
+
+/// The backward context of ring attention: keeps q, k, v, the output and its log-sum-exp.
+template <fixed_string Axis, class Q, class K, class V>
+class RingAttentionBackward {
+  using Plan = detail::RingPlan<Axis, Q, K, V>;
+  using T = typename Q::value_type;
+
+public:
+  RingAttentionBackward(Q q, K k, V v, Q o, Tensor<local::compute_t<T>, 3> lse, AttentionOptions opt)
+      : q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), o_(std::move(o)), lse_(std::move(lse)),
+        opt_(opt) {}
+
+  template <AnyDTensor G>
+  std::tuple<Q, K, V> operator()(const G& g) const {
+    static_assert(std::is_same_v<typename G::value_type, T> && G::rank == Q::rank,
+                  "backward: the gradient must have the forward output's element type and rank");
+    DTENSOR_CHECK(g.global_shape() == o_.global_shape(),
+                  "backward of ring attention: the gradient's global shape is not the output's");
+    const Q go = detail::redistribute_as<Q, G>::run(g);
+    const Plan p(q_, k_, v_, opt_);
+    const auto q4 = detail::as_rank4(q_.local());
+    const auto o4 = detail::as_rank4(o_.local());
+    const auto g4 = detail::as_rank4(go.local());
+    Tensor<T, 4> k_cur = detail::as_rank4(k_.local()).contiguous();
+    Tensor<T, 4> v_cur = detail::as_rank4(v_.local()).contiguous();
+    Tensor<T, 4> dq = Tensor<T, 4>::zeros(q4.shape());
+    Tensor<T, 4> dk_acc;
+    Tensor<T, 4> dv_acc;
+    for (int t = 0; t < p.n; ++t) {
+      const int j = p.origin(t);
+      std::vector<Work> moving;
+      Tensor<T, 4> k_next;
+      Tensor<T, 4> v_next;
+      if (t + 1 < p.n) { // the next chunk moves while this one computes
+        k_next = p.template buffer<K>(p.gk, p.origin(t + 1));
+        v_next = p.template buffer<V>(p.gv, p.origin(t + 1));
+        moving = p.rotate({k_cur, v_cur}, {k_next, v_next});
+      }
+      const auto k_pos = p.positions(j);
+      auto [dq_t, dk_t, dv_t] =
+          local::attention_backward(q4, k_cur, v_cur, o4, lse_, g4, p.params, p.coords(k_pos));
+      local::map_into(dq, local::Add{}, dq, dq_t);
+      if (t == 0) {
+        dk_acc = dk_t;
+        dv_acc = dv_t;
+      } else {
+        local::map_into(dk_acc, local::Add{}, dk_acc, dk_t);
+        local::map_into(dv_acc, local::Add{}, dv_acc, dv_t);
+      }
+      for (auto& w : moving) {
+        w.wait();
+      }
+      if (p.n > 1) { // the accumulators follow their chunks; after n passes each is home
+        Tensor<T, 4> dk_in = p.template buffer<K>(p.gk, p.origin(t + 1));
+        Tensor<T, 4> dv_in = p.template buffer<V>(p.gv, p.origin(t + 1));
+        for (auto& w : p.rotate({dk_acc, dv_acc}, {dk_in, dv_in})) {
+          w.wait();
+        }
+        dk_acc = dk_in;
+        dv_acc = dv_in;
+      }
+      k_cur = k_next;
+      v_cur = v_next;
+    }
+    return {Q(q_.mesh(), detail::from_rank4<Q::rank>(dq), q_.global_shape()),
+            K(q_.mesh(), detail::from_rank4<Q::rank>(dk_acc), k_.global_shape()),
+            V(q_.mesh(), detail::from_rank4<Q::rank>(dv_acc), v_.global_shape())};
+  }
+
+private:
+  Q q_;
+  K k_;
+  V v_;
+  Q o_;
+  Tensor<local::compute_t<T>, 3> lse_;
+  AttentionOptions opt_;
+};
+
+namespace detail {
+template <fixed_string Axis>
+struct attention_form<Ring<Axis>> {
+  template <class Q, class K, class V>
+  static auto run(const Q& q, const K& k, const V& v, const AttentionOptions& opt) {
+    using Plan = RingPlan<Axis, Q, K, V>;
+    using T = typename Q::value_type;
+    using Back = RingAttentionBackward<Axis, Q, K, V>;
+    if constexpr (!Plan::rule_ok) {
+      return WithBackward<Q, Back>{q, Back(q, k, v, q, {}, opt)}; // after the error: no second one
+    } else {
+      const Plan p(q, k, v, opt);
+      const auto q4 = as_rank4(q.local());
+      Tensor<T, 4> k_cur = as_rank4(k.local()).contiguous();
+      Tensor<T, 4> v_cur = as_rank4(v.local()).contiguous();
+      Tensor<T, 4> o;
+      Tensor<local::compute_t<T>, 3> lse;
+      for (int t = 0; t < p.n; ++t) {
+        std::vector<Work> moving;
+        Tensor<T, 4> k_next;
+        Tensor<T, 4> v_next;
+        if (t + 1 < p.n) { // posted before this step's kernel: the next chunk moves while this one computes
+          k_next = p.template buffer<K>(p.gk, p.origin(t + 1));
+          v_next = p.template buffer<V>(p.gv, p.origin(t + 1));
+          moving = p.rotate({k_cur, v_cur}, {k_next, v_next});
+        }
+        const auto k_pos = p.positions(p.origin(t));
+        auto [o_t, lse_t] = local::attention_forward(q4, k_cur, v_cur, p.params, p.coords(k_pos));
+        if (t == 0) {
+          o = std::move(o_t);
+          lse = std::move(lse_t);
+        } else {
+          merge_attention(o, lse, o_t, lse_t);
+        }
+        for (auto& w : moving) {
+          w.wait();
+        }
+        k_cur = k_next;
+        v_cur = v_next;
+      }
+      auto go = q.global_shape();
+      go[Q::rank - 1] = v.global_shape()[Q::rank - 1];
+      Q out(q.mesh(), from_rank4<Q::rank>(o), go);
+      Back back(q, k, v, out, std::move(lse), opt);
+      return WithBackward<Q, Back>{std::move(out), std::move(back)};
+    }
   }
 };
 } // namespace detail
