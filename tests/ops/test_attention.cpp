@@ -563,3 +563,36 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE("ring attention posts each step's exchange before the step's kernel runs, forward and backward",
+          "[ops][attention]") {
+  using X = DTensor<double, 4, Mesh1, S<2>>;
+  testing::run_ranks(3, [](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh1>(world, 3);
+    const X x = make<X>(mesh, {1, 2, 9, 4}, 1);
+    RingTrace trace;
+    auto [o, back] = attention<Ring<"x">>(x, x, x, {.causal = true}, with_backward);
+    (void)back(x);
+    const std::vector<std::string> want{"post 0",
+                                        "compute 0",
+                                        "wait 0",
+                                        "post 1",
+                                        "compute 1",
+                                        "wait 1",
+                                        "compute 2",
+                                        "wait 2",
+                                        "backward post 0",
+                                        "backward compute 0",
+                                        "backward wait 0",
+                                        "backward post 1",
+                                        "backward compute 1",
+                                        "backward wait 1",
+                                        "backward compute 2",
+                                        "backward wait 2"};
+    std::string got;
+    for (const auto& e : trace.events()) {
+      got += e + "; ";
+    }
+    expect(trace.events() == want, "ring attention's order on 3 ranks: " + got);
+  });
+}

@@ -521,6 +521,34 @@ struct attention_form<Ulysses<Axis>> {
 template <fixed_string Axis>
 struct Ring {};
 
+/// What ring attention did, in order, on this thread while one is alive (like CommDebugMode): "post t" when
+/// step t's exchange is posted, "compute t" when its kernel starts, "wait t" when it waits for the exchange
+/// (backward steps read "backward post t" and so on). For tests and debugging of the overlap.
+class RingTrace {
+public:
+  RingTrace() : parent_(active()) { active() = this; }
+  ~RingTrace() { active() = parent_; }
+  RingTrace(const RingTrace&) = delete;
+  RingTrace& operator=(const RingTrace&) = delete;
+
+  const std::vector<std::string>& events() const noexcept { return events_; }
+
+  /// Adds `what t` to the innermost live trace of this thread, if any.
+  static void note(const char* what, int step) {
+    if (RingTrace* t = active()) {
+      t->events_.push_back(std::string(what) + " " + std::to_string(step));
+    }
+  }
+
+private:
+  static RingTrace*& active() {
+    thread_local RingTrace* current = nullptr;
+    return current;
+  }
+  RingTrace* parent_;
+  std::vector<std::string> events_;
+};
+
 namespace detail {
 
 /// (o, lse) += the attention over other keys (o2, lse2): weights exp(lse - max), renormalised.
@@ -688,8 +716,10 @@ public:
         k_next = p.template buffer<K>(p.gk, p.origin(t + 1));
         v_next = p.template buffer<V>(p.gv, p.origin(t + 1));
         moving = p.rotate({k_cur, v_cur}, {k_next, v_next});
+        RingTrace::note("backward post", t);
       }
       const auto k_pos = p.positions(j);
+      RingTrace::note("backward compute", t);
       auto [dq_t, dk_t, dv_t] =
           local::attention_backward(q4, k_cur, v_cur, o4, lse_, g4, p.params, p.coords(k_pos));
       local::map_into(dq, local::Add{}, dq, dq_t);
@@ -700,6 +730,7 @@ public:
         local::map_into(dk_acc, local::Add{}, dk_acc, dk_t);
         local::map_into(dv_acc, local::Add{}, dv_acc, dv_t);
       }
+      RingTrace::note("backward wait", t);
       for (auto& w : moving) {
         w.wait();
       }
@@ -754,8 +785,10 @@ struct attention_form<Ring<Axis>> {
           k_next = p.template buffer<K>(p.gk, p.origin(t + 1));
           v_next = p.template buffer<V>(p.gv, p.origin(t + 1));
           moving = p.rotate({k_cur, v_cur}, {k_next, v_next});
+          RingTrace::note("post", t);
         }
         const auto k_pos = p.positions(p.origin(t));
+        RingTrace::note("compute", t);
         auto [o_t, lse_t] = local::attention_forward(q4, k_cur, v_cur, p.params, p.coords(k_pos));
         if (t == 0) {
           o = std::move(o_t);
@@ -763,6 +796,7 @@ struct attention_form<Ring<Axis>> {
         } else {
           merge_attention(o, lse, o_t, lse_t);
         }
+        RingTrace::note("wait", t);
         for (auto& w : moving) {
           w.wait();
         }
