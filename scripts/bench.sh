@@ -34,7 +34,7 @@ fi
 if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
 fi
-cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead bench_mlp bench_train bench_loss bench_pipeline bench_gemm
+cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead bench_mlp bench_train bench_loss bench_pipeline bench_gemm bench_attention
 have_mpi=0
 if cmake --build "$build" -j2 --target bench_collectives_mpi >/dev/null 2>&1 && command -v mpirun >/dev/null; then
   have_mpi=1
@@ -99,10 +99,11 @@ fi
 echo "== 4. host overhead"
 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_overhead" "${common[@]}"
 
-echo "== 5. transformer and parallel layers: loss_parallel vs gather + local loss, the pipeline bubble, local GEMM"
+echo "== 5. transformer and parallel layers: loss_parallel vs gather + local loss, the pipeline bubble, local GEMM, attention"
 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_loss" "${common[@]}"
 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_pipeline" "${common[@]}"
 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_gemm" "${common[@]}"
+OPENBLAS_NUM_THREADS=1 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_attention" "${common[@]}"
 
 echo "== 6. compile cost"
 bench/compile/compile_time.sh "$compile_reps"

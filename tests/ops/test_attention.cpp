@@ -243,7 +243,7 @@ TEST_CASE("the reference attention's backward equals finite differences of its f
 }
 
 TEST_CASE("local attention forward and backward equal the reference", "[ops][attention]") {
-  // several query and key blocks (64 x 128) with tails; GQA; head_dim 5; v_dim 3
+  // several query and key blocks (128 x 256) with tails; GQA; head_dim 5; v_dim 3
   const Sizes gqa{2, 8, 2, 150, 270, 5, 3};
   const Sizes mha{1, 3, 3, 70, 70, 8, 8};
   for (bool causal : {false, true}) {

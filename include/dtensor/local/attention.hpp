@@ -70,8 +70,8 @@ struct AttentionCoords {
 };
 
 /// Query rows and key rows handled together (the score block is block_q x block_k of the compute type).
-inline constexpr std::int64_t attention_block_q = 64;
-inline constexpr std::int64_t attention_block_k = 128;
+inline constexpr std::int64_t attention_block_q = 128;
+inline constexpr std::int64_t attention_block_k = 256;
 
 template <class T>
 struct AttentionOut {
