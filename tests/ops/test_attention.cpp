@@ -307,18 +307,23 @@ TEST_CASE("local attention: shapes that do not fit are errors naming them", "[op
 
 namespace {
 
+// The reference of the inputs the sharded tests make: value(seed, flat) scaled (q, k: 0.25; v, dO: 0.5;
+// seeds 1-4), v_dim = head_dim.
+Ref sharded_reference(const Sizes& s, bool causal) {
+  const Vec q = values(1, s.b * s.h * s.sq * s.d, 0.25);
+  const Vec k = values(2, s.b * s.hk * s.sk * s.d, 0.25);
+  const Vec v = values(3, s.b * s.hk * s.sk * s.d, 0.5);
+  const Vec g = values(4, s.b * s.h * s.sq * s.d, 0.5);
+  return reference(s, q, k, v, g, causal, 1 / std::sqrt(double(s.d)));
+}
+
 // The sharded op on a mesh: q, k, v of placements Pq, Pk (k and v alike), the output and gradients against
 // the reference of the whole tensors.
 template <class Mesh, class Pq, class Pk, class... MeshSizes>
 void check_sharded(int ranks, const Sizes& s, bool causal, MeshSizes... sizes) {
   using Q = typename dt<Mesh, 4, Pq>::type;
   using K = typename dt<Mesh, 4, Pk>::type;
-  const double scale = 1 / std::sqrt(double(s.d));
-  const Vec q = values(1, s.b * s.h * s.sq * s.d, 0.25);
-  const Vec k = values(2, s.b * s.hk * s.sk * s.d, 0.25);
-  const Vec v = values(3, s.b * s.hk * s.sk * s.d, 0.5);
-  const Vec g = values(4, s.b * s.h * s.sq * s.d, 0.5);
-  const Ref want = reference(s, q, k, v, g, causal, scale);
+  const Ref want = sharded_reference(s, causal);
   testing::run_ranks(ranks, [&](ProcessGroup& world) {
     auto mesh = init_device_mesh<Mesh>(world, sizes...);
     // make<> fills the global value(seed, flat) scaled below to the reference's inputs
@@ -389,15 +394,12 @@ TEST_CASE("sharded attention: GQA k/v heads that cannot follow q's heads are an 
 
 namespace {
 
-// Ulysses over Mesh1's axis "x": q, k, v sequence-sharded; against the reference, and its communication.
-void check_ulysses(int ranks, const Sizes& s, bool causal) {
+// A context-parallel form over Mesh1's axis "x": q, k, v sequence-sharded, against the reference; `comm`
+// checks the CommDebugMode of the forward (false) and of the backward (true).
+template <class Form, class Comm>
+void check_cp(int ranks, const Sizes& s, bool causal, Comm comm) {
   using X = DTensor<double, 4, Mesh1, S<2>>;
-  const double scale = 1 / std::sqrt(double(s.d));
-  const Vec q = values(1, s.b * s.h * s.sq * s.d, 0.25);
-  const Vec k = values(2, s.b * s.hk * s.sk * s.d, 0.25);
-  const Vec v = values(3, s.b * s.hk * s.sk * s.d, 0.5);
-  const Vec g = values(4, s.b * s.h * s.sq * s.d, 0.5);
-  const Ref want = reference(s, q, k, v, g, causal, scale);
+  const Ref want = sharded_reference(s, causal);
   testing::run_ranks(ranks, [&](ProcessGroup& world) {
     auto mesh = init_device_mesh<Mesh1>(world, ranks);
     const auto scaled = [&](int seed, std::array<std::int64_t, 4> shape, double f) {
@@ -409,16 +411,11 @@ void check_ulysses(int ranks, const Sizes& s, bool causal) {
     const X vd = scaled(3, {s.b, s.hk, s.sk, s.d}, 0.5);
     const X gd = scaled(4, {s.b, s.h, s.sq, s.d}, 0.5);
     CommDebugMode forward;
-    auto [o, back] = attention<Ulysses<"x">>(qd, kd, vd, {.causal = causal}, with_backward);
-    const std::int64_t moves = 4; // q, k, v to heads; o back to the sequence (a 1-rank axis records them too)
-    expect(forward.total_count() == moves && forward.count("all_to_all") == moves,
-           "Ulysses forward: " + std::to_string(forward.total_count()) + " collectives, want " +
-               std::to_string(moves) + " all_to_all");
+    auto [o, back] = attention<Form>(qd, kd, vd, {.causal = causal}, with_backward);
+    comm(forward, ranks, false);
     CommDebugMode backward;
     auto [dq, dk, dv] = back(gd);
-    expect(backward.total_count() == moves && backward.count("all_to_all") == moves,
-           "Ulysses backward: " + std::to_string(backward.total_count()) + " collectives, want " +
-               std::to_string(moves) + " all_to_all");
+    comm(backward, ranks, true);
     static_assert(std::is_same_v<decltype(dq), X> && std::is_same_v<decltype(dk), X>);
     const auto vec = [](const Vec& x) { return [&x](std::int64_t e) { return x[e]; }; };
     check_full(o, vec(want.o), 1e-12, "o");
@@ -428,44 +425,23 @@ void check_ulysses(int ranks, const Sizes& s, bool causal) {
   });
 }
 
-// Ring attention over Mesh1's axis "x": as check_ulysses; the communication is point-to-point only.
+// Ulysses: q, k, v to heads and o back (4 all_to_all; a 1-rank axis records them too); the duals backward.
+void check_ulysses(int ranks, const Sizes& s, bool causal) {
+  check_cp<Ulysses<"x">>(ranks, s, causal, [](const CommDebugMode& m, int, bool is_backward) {
+    expect(m.total_count() == 4 && m.count("all_to_all") == 4,
+           std::string(is_backward ? "Ulysses backward: " : "Ulysses forward: ") +
+               std::to_string(m.total_count()) + " collectives, want 4 all_to_all");
+  });
+}
+
+// Ring: n - 1 rounds forward, each one batch_isend_irecv (k and v to the next rank, from the previous one);
+// backward k, v around again (n - 1 rounds) and dk, dv after them (n rounds: home again).
 void check_ring(int ranks, const Sizes& s, bool causal) {
-  using X = DTensor<double, 4, Mesh1, S<2>>;
-  const double scale = 1 / std::sqrt(double(s.d));
-  const Vec q = values(1, s.b * s.h * s.sq * s.d, 0.25);
-  const Vec k = values(2, s.b * s.hk * s.sk * s.d, 0.25);
-  const Vec v = values(3, s.b * s.hk * s.sk * s.d, 0.5);
-  const Vec g = values(4, s.b * s.h * s.sq * s.d, 0.5);
-  const Ref want = reference(s, q, k, v, g, causal, scale);
-  testing::run_ranks(ranks, [&](ProcessGroup& world) {
-    auto mesh = init_device_mesh<Mesh1>(world, ranks);
-    const auto scaled = [&](int seed, std::array<std::int64_t, 4> shape, double f) {
-      const X x = make<X>(mesh, shape, seed);
-      return X(x.mesh(), local::map(local::Scale{f}, x.local()), shape);
-    };
-    const X qd = scaled(1, {s.b, s.h, s.sq, s.d}, 0.25);
-    const X kd = scaled(2, {s.b, s.hk, s.sk, s.d}, 0.25);
-    const X vd = scaled(3, {s.b, s.hk, s.sk, s.d}, 0.5);
-    const X gd = scaled(4, {s.b, s.h, s.sq, s.d}, 0.5);
-    CommDebugMode forward;
-    auto [o, back] = attention<Ring<"x">>(qd, kd, vd, {.causal = causal}, with_backward);
-    // n - 1 rounds, each one batch_isend_irecv (k and v to the next rank, from the previous one)
-    const std::int64_t rounds = ranks - 1;
-    expect(forward.count("batch_isend_irecv") == rounds && forward.total_count() == rounds,
-           "ring forward: " + std::to_string(forward.total_count()) + " operations, want " +
-               std::to_string(rounds) + " batch_isend_irecv");
-    CommDebugMode backward;
-    auto [dq, dk, dv] = back(gd);
-    // k, v around again (n - 1 rounds), dk and dv after them (n rounds: home again)
-    const std::int64_t back_rounds = ranks == 1 ? 0 : (ranks - 1) + ranks;
-    expect(backward.count("batch_isend_irecv") == back_rounds && backward.total_count() == back_rounds,
-           "ring backward: " + std::to_string(backward.total_count()) + " operations, want " +
-               std::to_string(back_rounds) + " batch_isend_irecv");
-    const auto vec = [](const Vec& x) { return [&x](std::int64_t e) { return x[e]; }; };
-    check_full(o, vec(want.o), 1e-12, "o");
-    check_full(dq, vec(want.dq), 1e-12, "dq");
-    check_full(dk, vec(want.dk), 1e-12, "dk");
-    check_full(dv, vec(want.dv), 1e-12, "dv");
+  check_cp<Ring<"x">>(ranks, s, causal, [](const CommDebugMode& m, int n, bool is_backward) {
+    const std::int64_t rounds = !is_backward ? n - 1 : (n == 1 ? 0 : (n - 1) + n);
+    expect(m.count("batch_isend_irecv") == rounds && m.total_count() == rounds,
+           std::string(is_backward ? "ring backward: " : "ring forward: ") + std::to_string(m.total_count()) +
+               " operations, want " + std::to_string(rounds) + " batch_isend_irecv");
   });
 }
 

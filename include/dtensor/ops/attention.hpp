@@ -324,33 +324,58 @@ constexpr bool attention_ok() {
          AttentionRule<Q, K, V>::error == AttentionError::none;
 }
 
+/// What an attention backward keeps (q, k, v, the output and the log-sum-exp of each query row), and dO
+/// brought to the output's placements.
+template <class Q, class K, class V>
+class SavedAttention {
+protected:
+  using T = typename Q::value_type;
+
+  SavedAttention(Q q, K k, V v, Q o, Tensor<local::compute_t<T>, 3> lse, AttentionOptions opt)
+      : q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), o_(std::move(o)), lse_(std::move(lse)),
+        opt_(opt) {}
+
+  template <class G>
+  Q output_gradient(const G& g, const char* op) const {
+    static_assert(std::is_same_v<typename G::value_type, T> && G::rank == Q::rank,
+                  "backward: the gradient must have the forward output's element type and rank");
+    DTENSOR_CHECK(g.global_shape() == o_.global_shape(),
+                  std::string("backward of ") + op + ": the gradient's global shape " +
+                      shape_string(to_extents(g.global_shape())) + " is not the output's " +
+                      shape_string(to_extents(o_.global_shape())));
+    return redistribute_as<Q, G>::run(g);
+  }
+
+  Q q_;
+  K k_;
+  V v_;
+  Q o_;
+  Tensor<local::compute_t<T>, 3> lse_;
+  AttentionOptions opt_;
+};
+
 } // namespace detail
 
 /// The backward context of attention: keeps q, k, v, the output and the log-sum-exp of each query row.
 template <class Q, class K, class V>
-class AttentionBackward {
+class AttentionBackward : detail::SavedAttention<Q, K, V> {
+  using Base = detail::SavedAttention<Q, K, V>;
   using T = typename Q::value_type;
   using Rule = detail::AttentionRule<Q, K, V>;
   using Shape = typename detail::dtensor_traits<Q>::shape_type;
+  using Base::k_, Base::lse_, Base::o_, Base::opt_, Base::q_, Base::v_;
 
 public:
   using DK = dtensor_from_t<T, Q::rank, Shape, &Rule::dk>;
   using DV = dtensor_from_t<T, Q::rank, Shape, &Rule::dv>;
 
   AttentionBackward(Q q, K k, V v, Q o, Tensor<local::compute_t<T>, 3> lse, AttentionOptions opt)
-      : q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), o_(std::move(o)), lse_(std::move(lse)),
-        opt_(opt) {}
+      : Base(std::move(q), std::move(k), std::move(v), std::move(o), std::move(lse), opt) {}
 
   /// {dq, dk, dv} from dO (any placements).
   template <AnyDTensor G>
   std::tuple<Q, DK, DV> operator()(const G& g) const {
-    static_assert(std::is_same_v<typename G::value_type, T> && G::rank == Q::rank,
-                  "backward: the gradient must have the forward output's element type and rank");
-    DTENSOR_CHECK(g.global_shape() == o_.global_shape(),
-                  "backward of attention: the gradient's global shape " +
-                      detail::shape_string(detail::to_extents(g.global_shape())) + " is not the output's " +
-                      detail::shape_string(detail::to_extents(o_.global_shape())));
-    const Q go = detail::redistribute_as<Q, G>::run(g);
+    const Q go = this->output_gradient(g, "attention");
     const detail::AttentionLocal<Q, K, V> l(q_, k_, v_, opt_);
     auto [dq, dk, dv] = local::attention_backward(l.q, l.k, l.v, detail::as_rank4(o_.local()), lse_,
                                                   detail::as_rank4(go.local()), l.params, l.coords);
@@ -359,14 +384,6 @@ public:
             DK(q_.mesh(), L::template place<Q::rank>(dk, l.k_held, l.k_need), k_.global_shape()),
             DV(q_.mesh(), L::template place<Q::rank>(dv, l.v_held, l.v_need), v_.global_shape())};
   }
-
-private:
-  Q q_;
-  K k_;
-  V v_;
-  Q o_;
-  Tensor<local::compute_t<T>, 3> lse_;
-  AttentionOptions opt_;
 };
 
 namespace detail {
@@ -682,22 +699,19 @@ struct RingPlan {
 
 /// The backward context of ring attention: keeps q, k, v, the output and its log-sum-exp.
 template <fixed_string Axis, class Q, class K, class V>
-class RingAttentionBackward {
+class RingAttentionBackward : detail::SavedAttention<Q, K, V> {
+  using Base = detail::SavedAttention<Q, K, V>;
   using Plan = detail::RingPlan<Axis, Q, K, V>;
   using T = typename Q::value_type;
+  using Base::k_, Base::lse_, Base::o_, Base::opt_, Base::q_, Base::v_;
 
 public:
   RingAttentionBackward(Q q, K k, V v, Q o, Tensor<local::compute_t<T>, 3> lse, AttentionOptions opt)
-      : q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), o_(std::move(o)), lse_(std::move(lse)),
-        opt_(opt) {}
+      : Base(std::move(q), std::move(k), std::move(v), std::move(o), std::move(lse), opt) {}
 
   template <AnyDTensor G>
   std::tuple<Q, K, V> operator()(const G& g) const {
-    static_assert(std::is_same_v<typename G::value_type, T> && G::rank == Q::rank,
-                  "backward: the gradient must have the forward output's element type and rank");
-    DTENSOR_CHECK(g.global_shape() == o_.global_shape(),
-                  "backward of ring attention: the gradient's global shape is not the output's");
-    const Q go = detail::redistribute_as<Q, G>::run(g);
+    const Q go = this->output_gradient(g, "ring attention");
     const Plan p(q_, k_, v_, opt_);
     const auto q4 = detail::as_rank4(q_.local());
     const auto o4 = detail::as_rank4(o_.local());
@@ -750,14 +764,6 @@ public:
             K(q_.mesh(), detail::from_rank4<Q::rank>(dk_acc), k_.global_shape()),
             V(q_.mesh(), detail::from_rank4<Q::rank>(dv_acc), v_.global_shape())};
   }
-
-private:
-  Q q_;
-  K k_;
-  V v_;
-  Q o_;
-  Tensor<local::compute_t<T>, 3> lse_;
-  AttentionOptions opt_;
 };
 
 namespace detail {
