@@ -572,3 +572,48 @@ TEST_CASE("ring attention posts each step's exchange before the step's kernel ru
     expect(trace.events() == want, "ring attention's order on 3 ranks: " + got);
   });
 }
+
+TEST_CASE("batch-less attention (heads, seq, head_dim): heads or queries sharded, and its Ulysses form",
+          "[ops][attention]") {
+  using Q1 = DTensor<double, 3, Mesh1, S<0>>; // heads over x
+  using Q2 = DTensor<double, 3, Mesh1, S<1>>; // queries over x
+  using KV = DTensor<double, 3, Mesh1, R>;
+  const Sizes s{1, 8, 2, 13, 13, 5, 5}; // GQA
+  for (bool causal : {false, true}) {
+    const Ref want = sharded_reference(s, causal);
+    for (int n = 1; n <= 4; ++n) {
+      testing::run_ranks(n, [&](ProcessGroup& world) {
+        auto mesh = init_device_mesh<Mesh1>(world, n);
+        const auto scaled = [&]<class X>(int seed, std::array<std::int64_t, 3> shape, double f) {
+          const X x = make<X>(mesh, shape, seed);
+          return X(x.mesh(), local::map(local::Scale{f}, x.local()), shape);
+        };
+        const auto vec = [](const Vec& x) { return [&x](std::int64_t e) { return x[e]; }; };
+        const KV k = scaled.template operator()<KV>(2, {s.hk, s.sk, s.d}, 0.25);
+        const KV v = scaled.template operator()<KV>(3, {s.hk, s.sk, s.d}, 0.5);
+        const auto run = [&]<class Q>() {
+          const Q q = scaled.template operator()<Q>(1, {s.h, s.sq, s.d}, 0.25);
+          auto [o, back] = scaled_dot_product_attention(q, k, v, {.causal = causal}, with_backward);
+          auto [dq, dk, dv] = back(scaled.template operator()<Q>(4, {s.h, s.sq, s.d}, 0.5));
+          check_full(o, vec(want.o), 1e-12, "o");
+          check_full(dq, vec(want.dq), 1e-12, "dq");
+          check_full(dk, vec(want.dk), 1e-12, "dk");
+          check_full(dv, vec(want.dv), 1e-12, "dv");
+        };
+        run.template operator()<Q1>();
+        run.template operator()<Q2>();
+        if (8 % n == 0 && 2 % n == 0) { // Ulysses: k/v heads whole groups per rank
+          const Q2 kq = scaled.template operator()<Q2>(2, {s.hk, s.sk, s.d}, 0.25);
+          const Q2 vq = scaled.template operator()<Q2>(3, {s.hk, s.sk, s.d}, 0.5);
+          const Q2 q = scaled.template operator()<Q2>(1, {s.h, s.sq, s.d}, 0.25);
+          auto [o, back] = attention<Ulysses<"x">>(q, kq, vq, {.causal = causal}, with_backward);
+          auto [dq, dk, dv] = back(scaled.template operator()<Q2>(4, {s.h, s.sq, s.d}, 0.5));
+          check_full(o, vec(want.o), 1e-12, "Ulysses o");
+          check_full(dq, vec(want.dq), 1e-12, "Ulysses dq");
+          check_full(dk, vec(want.dk), 1e-12, "Ulysses dk");
+          check_full(dv, vec(want.dv), 1e-12, "Ulysses dv");
+        }
+      });
+    }
+  }
+}
