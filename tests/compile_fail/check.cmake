@@ -5,22 +5,23 @@
 # instantiation of" and "required from" lines before it are context, and the errors after it do not count:
 # a case pins the message a user reads first.
 #
-# PCH (optional): a header holding SOURCE's #include lines, precompiled next to it (PCH.gch, same flags); the
-# compile starts from it (-include), unless a header under INCLUDE is newer than the .gch (not rebuilt yet:
-# GCC does not check), then it compiles the headers from source as before.
+# PCH (optional): a header holding SOURCE's preprocessor lines before its cases, precompiled next to it
+# (PCH.gch, same flags); the compile starts from it (-include), unless a header under INCLUDE is newer than
+# the .gch (not rebuilt yet: GCC does not check), then it compiles the headers from source as before. A .gch
+# GCC would skip (other flags or macros) is an error (-Werror=invalid-pch), not a silent slow compile.
 set(args -std=c++20 -fsyntax-only -I${INCLUDE} ${SOURCE})
 if(PCH AND EXISTS ${PCH}.gch)
   file(GLOB_RECURSE headers ${INCLUDE}/*.hpp ${INCLUDE}/*.cuh)
   set(fresh TRUE)
   foreach(h IN LISTS headers)
-    if(h IS_NEWER_THAN ${PCH}.gch)
+    if("${h}" IS_NEWER_THAN "${PCH}.gch") # quoted: if() reads a bare h as a file named h
       set(fresh FALSE)
       message(STATUS "${h} is newer than ${PCH}.gch: compiling without it (build the tests to refresh it)")
       break()
     endif()
   endforeach()
   if(fresh)
-    list(PREPEND args -include ${PCH})
+    list(PREPEND args -include ${PCH} -Werror=invalid-pch)
   endif()
 endif()
 if(CASE)
