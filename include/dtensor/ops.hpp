@@ -1,11 +1,11 @@
 #pragma once
 // dtensor/ops.hpp: compute on DTensors (ops/): the sharding rules, pointwise ops, reductions, shapes,
-// matmul / linear, softmax, norms, embedding, loss, attention (and Ulysses context parallelism), rotary
-// embeddings, users' ops, local_map, rand / randn / dropout, and the local kernels under them. Kept out
-// of <dtensor/dtensor.hpp>: with them there, every new (element type, rank, mesh) combination of a TU
-// that only moves data cost ~0.5 s more to compile (bench/compile/combination_*.cpp); include this where
-// you compute. matmul, linear and attention need the dtensor::blas target (OpenBLAS) on the host; rand,
-// randn and dropout need Random123's headers (the dtensor::random target).
+// matmul / linear, softmax, norms, embedding, loss, attention (Ulysses and ring context parallelism, the
+// zigzag layout), rotary embeddings, users' ops, local_map, rand / randn / dropout, and the local kernels
+// under them. Kept out of <dtensor/dtensor.hpp>: with them there, every new (element type, rank, mesh)
+// combination of a TU that only moves data cost ~0.5 s more to compile (bench/compile/combination_*.cpp);
+// include this where you compute. matmul, linear and attention need the dtensor::blas target (OpenBLAS)
+// on the host; rand, randn and dropout need Random123's headers (the dtensor::random target).
 
 #include "dtensor/dtensor.hpp"
 
@@ -28,3 +28,4 @@
 #include "dtensor/ops/shape.hpp"
 #include "dtensor/ops/softmax.hpp"
 #include "dtensor/ops/typed_rules.hpp"
+#include "dtensor/ops/zigzag.hpp"

@@ -20,6 +20,10 @@ void control(const X<Shard<0>, Shard<1>>& heads, const X<Shard<0>, R>& kv, const
   (void)attention<Ulysses<"cp">>(q_seq, q_seq, q_seq);
   (void)attention<Ring<"cp">>(q_seq, q_seq, q_seq, {.causal = true}, with_backward);
   (void)rotary_embedding<2>(q_seq, {}, with_backward);
+  const auto z = zigzag<"cp", 2>(q_seq);
+  (void)attention<Ring<"cp">>(z, z, z, {.causal = true}, with_backward);
+  (void)rotary_embedding<2>(zigzag<"cp", 2>(r), {}, with_backward);
+  (void)unzigzag(z);
 }
 
 //! CASE kv_sharded_on_seq dtensor attention: k or v is sharded on the sequence dim.*Ulysses.*Ring
@@ -69,4 +73,24 @@ void f(const X<R, Shard<3>>& x) {
 void f(const X<R, Shard<2>>& q, const X<Shard<0>, Shard<2>>& kv) {
   (void)attention<Ring<"cp">>(q, kv, kv);
 }
+#endif
+
+//! CASE zigzag_not_ring dtensor attention: q, k and v in the Zigzag layout over a mesh axis run as attention<
+#ifdef CASE_zigzag_not_ring
+void f(const X<R, Shard<2>>& q) {
+  const auto z = zigzag<"cp", 2>(q);
+  (void)attention<Ulysses<"cp">>(z, z, z);
+}
+#endif
+
+//! CASE zigzag_from_other_dim dtensor zigzag<axis, seq_dim>.x.: x must be Shard<seq_dim> .natural order.
+#ifdef CASE_zigzag_from_other_dim
+void f(const X<R, Shard<1>>& x) {
+  (void)zigzag<"cp", 2>(x);
+}
+#endif
+
+//! CASE zigzag_not_sharded dtensor Zigzag<axis, X>: X must be sharded on the sequence dim over that mesh axis
+#ifdef CASE_zigzag_not_sharded
+Zigzag<"cp", X<R, R>> z;
 #endif

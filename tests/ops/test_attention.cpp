@@ -127,12 +127,58 @@ Ref reference(const Sizes& s, const Vec& q, const Vec& k, const Vec& v, const Ve
       s, q, k, v, g, causal, scale, [](auto...) { return true; }, 1.0, qpos, kpos);
 }
 
+// An integer in [-3, 3] from a hash of (seed, flat index). Not the shared value(): that repeats every 35
+// elements, so with head_dim 5 the rows of a sequence repeat every 7 positions, and a ring step that used
+// another chunk's positions or data could compute the same numbers.
+double input_value(int seed, std::int64_t flat) {
+  std::uint64_t x = static_cast<std::uint64_t>(flat) * 0x9E3779B97F4A7C15ULL +
+                    static_cast<std::uint64_t>(seed) * 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBULL;
+  x ^= x >> 29;
+  return static_cast<double>(x % 7) - 3;
+}
+
+// The shared value(seed, .) of make<> (support/ops_tensors.hpp), for tests with Partial inputs.
+Vec shared_values(int seed, std::int64_t n) {
+  Vec v(static_cast<std::size_t>(n));
+  for (std::int64_t e = 0; e < n; ++e) {
+    v[e] = value(seed, e);
+  }
+  return v;
+}
+
 Vec values(int seed, std::int64_t n, double scale) {
   Vec v(static_cast<std::size_t>(n));
   for (std::int64_t e = 0; e < n; ++e) {
-    v[e] = scale * value(seed, e);
+    v[e] = scale * input_value(seed, e);
   }
   return v;
+}
+
+// This rank's block of the DTensor X (no Partial axes) whose global element at flat index e is
+// scale * input_value(seed, e).
+template <class X, class Mesh>
+X filled(const Mesh& mesh, const typename X::shape_type& shape, int seed, double scale) {
+  const Extents global = detail::to_extents(shape);
+  const Block b = spec_block(global, X::spec, mesh.sizes(), mesh.coordinate());
+  typename X::shape_type local_shape{};
+  for (int d = 0; d < X::rank; ++d) {
+    local_shape[d] = b.shape[d];
+  }
+  typename X::local_type t(local_shape);
+  for (std::int64_t e = 0; e < t.numel(); ++e) {
+    std::int64_t rest = e;
+    std::int64_t flat = 0;
+    std::int64_t stride = 1;
+    for (int d = X::rank - 1; d >= 0; --d) {
+      flat += (b.offset[d] + rest % b.shape[d]) * stride;
+      rest /= b.shape[d];
+      stride *= global[d];
+    }
+    t.data()[e] = scale * input_value(seed, flat);
+  }
+  return X(mesh, t, shape);
 }
 
 template <class T>
@@ -326,10 +372,8 @@ void check_sharded(int ranks, const Sizes& s, bool causal, MeshSizes... sizes) {
   const Ref want = sharded_reference(s, causal);
   testing::run_ranks(ranks, [&](ProcessGroup& world) {
     auto mesh = init_device_mesh<Mesh>(world, sizes...);
-    // make<> fills the global value(seed, flat) scaled below to the reference's inputs
     const auto scaled = [&]<class X>(int seed, std::array<std::int64_t, 4> shape, double f) {
-      const X x = make<X>(mesh, shape, seed);
-      return X(x.mesh(), local::map(local::Scale{f}, x.local()), shape);
+      return filled<X>(mesh, shape, seed, f);
     };
     const Q qd = scaled.template operator()<Q>(1, {s.b, s.h, s.sq, s.d}, 0.25);
     const K kd = scaled.template operator()<K>(2, {s.b, s.hk, s.sk, s.d}, 0.25);
@@ -394,29 +438,47 @@ TEST_CASE("sharded attention: GQA k/v heads that cannot follow q's heads are an 
 
 namespace {
 
-// A context-parallel form over Mesh1's axis "x": q, k, v sequence-sharded, against the reference; `comm`
-// checks the CommDebugMode of the forward (false) and of the backward (true).
-template <class Form, class Comm>
+// A context-parallel form over Mesh1's axis "x": q, k, v sequence-sharded (Zz: in the zigzag layout), against
+// the reference; `comm` checks the CommDebugMode of the forward (false) and of the backward (true).
+template <class Form, bool Zz = false, class Comm>
 void check_cp(int ranks, const Sizes& s, bool causal, Comm comm) {
   using X = DTensor<double, 4, Mesh1, S<2>>;
   const Ref want = sharded_reference(s, causal);
   testing::run_ranks(ranks, [&](ProcessGroup& world) {
     auto mesh = init_device_mesh<Mesh1>(world, ranks);
     const auto scaled = [&](int seed, std::array<std::int64_t, 4> shape, double f) {
-      const X x = make<X>(mesh, shape, seed);
-      return X(x.mesh(), local::map(local::Scale{f}, x.local()), shape);
+      return filled<X>(mesh, shape, seed, f);
     };
     const X qd = scaled(1, {s.b, s.h, s.sq, s.d}, 0.25);
     const X kd = scaled(2, {s.b, s.hk, s.sk, s.d}, 0.25);
     const X vd = scaled(3, {s.b, s.hk, s.sk, s.d}, 0.5);
     const X gd = scaled(4, {s.b, s.h, s.sq, s.d}, 0.5);
-    CommDebugMode forward;
-    auto [o, back] = attention<Form>(qd, kd, vd, {.causal = causal}, with_backward);
-    comm(forward, ranks, false);
-    CommDebugMode backward;
-    auto [dq, dk, dv] = back(gd);
-    comm(backward, ranks, true);
-    static_assert(std::is_same_v<decltype(dq), X> && std::is_same_v<decltype(dk), X>);
+    const auto [o, dq, dk, dv] = [&] {
+      if constexpr (Zz) { // in the zigzag layout, and back to natural order to compare
+        const auto zq = zigzag<"x", 2>(qd);
+        const auto zk = zigzag<"x", 2>(kd);
+        const auto zv = zigzag<"x", 2>(vd);
+        const auto zg = zigzag<"x", 2>(gd);
+        CommDebugMode forward;
+        auto [zo, back] = attention<Form>(zq, zk, zv, {.causal = causal}, with_backward);
+        comm(forward, ranks, false);
+        CommDebugMode backward;
+        auto [zdq, zdk, zdv] = back(zg);
+        comm(backward, ranks, true);
+        static_assert(std::is_same_v<decltype(zdq), Zigzag<"x", X>> &&
+                      std::is_same_v<decltype(zo), Zigzag<"x", X>>);
+        return std::tuple{unzigzag(zo), unzigzag(zdq), unzigzag(zdk), unzigzag(zdv)};
+      } else {
+        CommDebugMode forward;
+        auto [o, back] = attention<Form>(qd, kd, vd, {.causal = causal}, with_backward);
+        comm(forward, ranks, false);
+        CommDebugMode backward;
+        auto [dq, dk, dv] = back(gd);
+        comm(backward, ranks, true);
+        static_assert(std::is_same_v<decltype(dq), X> && std::is_same_v<decltype(dk), X>);
+        return std::tuple{o, dq, dk, dv};
+      }
+    }();
     const auto vec = [](const Vec& x) { return [&x](std::int64_t e) { return x[e]; }; };
     check_full(o, vec(want.o), 1e-12, "o");
     check_full(dq, vec(want.dq), 1e-12, "dq");
@@ -435,9 +497,11 @@ void check_ulysses(int ranks, const Sizes& s, bool causal) {
 }
 
 // Ring: n - 1 rounds forward, each one batch_isend_irecv (k and v to the next rank, from the previous one);
-// backward k, v around again (n - 1 rounds) and dk, dv after them (n rounds: home again).
+// backward k, v around again (n - 1 rounds) and dk, dv after them (n rounds: home again). Zz: in the zigzag
+// layout (the same rounds).
+template <bool Zz = false>
 void check_ring(int ranks, const Sizes& s, bool causal) {
-  check_cp<Ring<"x">>(ranks, s, causal, [](const CommDebugMode& m, int n, bool is_backward) {
+  check_cp<Ring<"x">, Zz>(ranks, s, causal, [](const CommDebugMode& m, int n, bool is_backward) {
     const std::int64_t rounds = !is_backward ? n - 1 : (n == 1 ? 0 : (n - 1) + n);
     expect(m.count("batch_isend_irecv") == rounds && m.total_count() == rounds,
            std::string(is_backward ? "ring backward: " : "ring forward: ") + std::to_string(m.total_count()) +
@@ -454,6 +518,83 @@ TEST_CASE("ring attention equals one rank's attention, 1-4 ranks, uneven and emp
       check_ring(n, {2, 4, 4, 13, 13, 5, 5}, causal);   // 13 over 4: chunks 4, 4, 4, 1
       check_ring(n, {1, 8, 2, 3, 3, 4, 4}, causal);     // 3 over 4: an empty chunk; GQA
       check_ring(n, {1, 2, 1, 150, 150, 4, 4}, causal); // chunks that span several kernel blocks
+    }
+  }
+}
+
+TEST_CASE("the zigzag layout: each rank a piece from the front and one from the back, every position once",
+          "[ops][attention][zigzag]") {
+  for (int n = 1; n <= 4; ++n) {
+    for (std::int64_t len = 0; len <= 21; ++len) {
+      std::vector<int> seen(static_cast<std::size_t>(len));
+      for (int i = 0; i < n; ++i) {
+        const std::vector<std::int64_t> p = zigzag_positions(len, n, i);
+        const std::string at =
+            "zigzag of " + std::to_string(len) + " over " + std::to_string(n) + ", rank " + std::to_string(i);
+        expect(static_cast<std::int64_t>(p.size()) == chunk_size(len, n, i), at + ": torch.chunk's size");
+        expect(std::is_sorted(p.begin(), p.end()), at + ": ascending");
+        for (std::int64_t x : p) {
+          expect(x >= 0 && x < len && ++seen[static_cast<std::size_t>(x)] == 1, at + ": a position twice");
+        }
+        if (len % (2 * n) == 0) { // chunks i and 2n - 1 - i of 2n
+          const std::int64_t c = len / (2 * n);
+          const ZigzagRuns z = zigzag_runs(len, n, i);
+          expect(z.front == i * c && z.front_len == c && z.back == (2 * n - 1 - i) * c && z.back_len == c,
+                 at + ": chunks i and 2n - 1 - i");
+        }
+      }
+      expect(std::count(seen.begin(), seen.end(), 1) == len, "zigzag: every position once");
+    }
+  }
+  static_assert(zigzag_runs(13, 4, 3).front == 6 && zigzag_runs(13, 4, 3).front_len == 1 &&
+                zigzag_runs(13, 4, 0).back == 11 && zigzag_runs(13, 4, 0).back_len == 2);
+}
+
+TEST_CASE("zigzag and unzigzag: from Shard<seq> by one all_to_all, from Replicate locally, 1-4 ranks",
+          "[ops][attention][zigzag]") {
+  using X = DTensor<double, 4, Mesh1, S<2>>;
+  using XR = DTensor<double, 4, Mesh1, R>;
+  for (int n = 1; n <= 4; ++n) {
+    for (const std::array<std::int64_t, 4> shape :
+         {std::array<std::int64_t, 4>{2, 3, 13, 4}, {1, 2, 3, 2}, {1, 1, 16, 3}, {1, 2, 0, 2}}) {
+      std::vector<std::int64_t> order; // natural position of each row of the zigzag layout's global order
+      for (int r = 0; r < n; ++r) {
+        const auto p = zigzag_positions(shape[2], n, r);
+        order.insert(order.end(), p.begin(), p.end());
+      }
+      const auto want = [&](std::int64_t e) { // input 1 at the natural position of zigzag element e
+        const std::int64_t d = e % shape[3];
+        const std::int64_t j = (e / shape[3]) % shape[2];
+        const std::int64_t bh = e / (shape[3] * shape[2]);
+        return input_value(1, (bh * shape[2] + order[static_cast<std::size_t>(j)]) * shape[3] + d);
+      };
+      testing::run_ranks(n, [&](ProcessGroup& world) {
+        auto mesh = init_device_mesh<Mesh1>(world, n);
+        const X x = filled<X>(mesh, shape, 1, 1);
+        CommDebugMode sharded;
+        const Zigzag<"x", X> z = zigzag<"x", 2>(x);
+        expect(sharded.count("all_to_all") == (n > 1 ? 1 : 0) && sharded.total_count() == (n > 1 ? 1 : 0),
+               "zigzag of Shard<seq>: one all_to_all_single");
+        check_full(z.tensor, want, 0, "zigzag of Shard<seq>");
+        CommDebugMode replicated;
+        const Zigzag<"x", X> zr = zigzag<"x", 2>(filled<XR>(mesh, shape, 1, 1));
+        expect(replicated.total_count() == 0, "zigzag of Replicate communicates");
+        check_full(zr.tensor, want, 0, "zigzag of Replicate");
+        const X back = unzigzag(z);
+        check_full(
+            back, [](std::int64_t e) { return input_value(1, e); }, 0, "unzigzag");
+      });
+    }
+  }
+}
+
+TEST_CASE("load-balanced ring attention (zigzag layout) equals one rank's attention, 1-4 ranks, uneven, GQA",
+          "[ops][attention][zigzag]") {
+  for (int n = 1; n <= 4; ++n) {
+    for (bool causal : {false, true}) {
+      check_ring<true>(n, {2, 4, 4, 13, 13, 5, 5}, causal);   // 13 over 4: pieces 2+2, 2+2, 2+2, 1+0
+      check_ring<true>(n, {1, 8, 2, 3, 3, 4, 4}, causal);     // 3 over 4: empty pieces; GQA
+      check_ring<true>(n, {1, 2, 1, 300, 300, 4, 4}, causal); // pieces that span several kernel blocks
     }
   }
 }
@@ -499,8 +640,8 @@ void check_rope(int ranks, bool interleaved) {
   using X = typename dt<Mesh1, 4, PL>::type;
   const std::array<std::int64_t, 4> n{2, 3, 13, 6};
   const RotaryOptions o{.base = 100, .interleaved = interleaved, .offset = 5};
-  const Vec x = values(1, n[0] * n[1] * n[2] * n[3], 1);
-  const Vec g = values(4, n[0] * n[1] * n[2] * n[3], 1);
+  const Vec x = shared_values(1, n[0] * n[1] * n[2] * n[3]); // make<> fills these
+  const Vec g = shared_values(4, n[0] * n[1] * n[2] * n[3]);
   const Vec want = rope_reference(x, n, interleaved, 100, 1, 5);
   const Vec want_dx = rope_reference(g, n, interleaved, 100, -1, 5);
   testing::run_ranks(ranks, [&](ProcessGroup& world) {
@@ -585,8 +726,7 @@ TEST_CASE("batch-less attention (heads, seq, head_dim): heads or queries sharded
       testing::run_ranks(n, [&](ProcessGroup& world) {
         auto mesh = init_device_mesh<Mesh1>(world, n);
         const auto scaled = [&]<class X>(int seed, std::array<std::int64_t, 3> shape, double f) {
-          const X x = make<X>(mesh, shape, seed);
-          return X(x.mesh(), local::map(local::Scale{f}, x.local()), shape);
+          return filled<X>(mesh, shape, seed, f);
         };
         const auto vec = [](const Vec& x) { return [&x](std::int64_t e) { return x[e]; }; };
         const KV k = scaled.template operator()<KV>(2, {s.hk, s.sk, s.d}, 0.25);
@@ -615,5 +755,25 @@ TEST_CASE("batch-less attention (heads, seq, head_dim): heads or queries sharded
         }
       });
     }
+  }
+}
+
+TEST_CASE("rotary_embedding of a zigzag layout turns each row by its natural position, 1-4 ranks",
+          "[ops][rope][zigzag]") {
+  using X = DTensor<double, 4, Mesh1, S<2>>;
+  const std::array<std::int64_t, 4> n{2, 3, 13, 6};
+  const RotaryOptions o{.base = 100, .offset = 5};
+  const Vec want = rope_reference(values(1, n[0] * n[1] * n[2] * n[3], 1), n, false, 100, 1, 5);
+  const Vec want_dx = rope_reference(values(4, n[0] * n[1] * n[2] * n[3], 1), n, false, 100, -1, 5);
+  for (int ranks = 1; ranks <= 4; ++ranks) {
+    testing::run_ranks(ranks, [&](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh1>(world, ranks);
+      auto [y, back] = rotary_embedding<2>(zigzag<"x", 2>(filled<X>(mesh, n, 1, 1)), o, with_backward);
+      const Zigzag<"x", X> dx = back(zigzag<"x", 2>(filled<X>(mesh, n, 4, 1)));
+      check_full(
+          unzigzag(y), [&](std::int64_t e) { return want[e]; }, 1e-12, "zigzag rope");
+      check_full(
+          unzigzag(dx), [&](std::int64_t e) { return want_dx[e]; }, 1e-12, "zigzag rope backward");
+    });
   }
 }

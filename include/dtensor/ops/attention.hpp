@@ -51,6 +51,7 @@
 #include "dtensor/local/copy.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/typed_rules.hpp"
+#include "dtensor/ops/zigzag.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {
@@ -435,20 +436,6 @@ struct Ulysses {};
 
 namespace detail {
 
-/// X's placements with mesh axis `axis` sharding dim `dim` instead.
-template <class X, int Axis, int Dim>
-struct WithAxisShard {
-  static constexpr PlacementList list() {
-    PlacementList l = X::placements;
-    l[Axis] = Placement::shard(Dim);
-    return l;
-  }
-};
-template <class X, int Axis, int Dim>
-using with_axis_shard_t =
-    dtensor_from_t<typename X::value_type, X::rank, typename dtensor_traits<X>::shape_type,
-                   &WithAxisShard<X, Axis, Dim>::list>;
-
 template <class X, int Axis>
 struct WithAxisReplicate {
   static constexpr PlacementList list() {
@@ -532,9 +519,11 @@ struct attention_form<Ulysses<Axis>> {
 /// while this one computes): n - 1 rounds forward, each step's (o, lse) merged by their log-sum-exps. The
 /// backward sends k/v around again (n - 1 rounds) and the dk/dv accumulators after them (n rounds: each
 /// returns to its chunk's owner). The causal mask compares global positions, so any chunking masks as one
-/// rank would; chunks wholly after a rank's queries are skipped by the kernel (contiguous chunks leave the
-/// last ranks most of the causal work). Uneven sequence lengths work (chunks of different sizes). q, k and v
-/// must have the same placements on every axis (e.g. batch over dp, heads over tp beside it).
+/// rank would; chunks wholly after a rank's queries are skipped by the kernel. Contiguous chunks leave the
+/// last ranks most of the causal work: pass q, k and v as Zigzag<Axis, .> (zigzag<Axis, seq>(x),
+/// ops/zigzag.hpp) and each rank holds a piece from the front and one from the back of the sequence, the
+/// same work on every rank. Uneven sequence lengths work (chunks of different sizes). q, k and v must have
+/// the same placements on every axis (e.g. batch over dp, heads over tp beside it).
 template <fixed_string Axis>
 struct Ring {};
 
@@ -623,15 +612,15 @@ struct RingPlan {
   MeshCoord coord;
   Extents gq, gk, gv;
   Block qb;
+  bool zigzag; ///< the sequence in the zigzag layout (Zigzag<Axis, Q>), not in torch.chunk's blocks
   std::vector<std::int64_t> q_pos;
   local::AttentionParams params;
 
-  RingPlan(const Q& q_, const K& k, const V& v, const AttentionOptions& o)
+  RingPlan(const Q& q_, const K& k, const V& v, const AttentionOptions& o, bool zz)
       : q(q_), n(q_.mesh().size(a)), me(q_.mesh().coordinate()[a]), group(q_.mesh().group(a)),
         coord(q_.mesh().coordinate()), gq(to_extents(q_.global_shape())), gk(to_extents(k.global_shape())),
-        gv(to_extents(v.global_shape())),
-        qb(spec_block(gq, Q::spec, q_.mesh().sizes(), coord)), params{o.causal, o.scale, o.dropout, o.seed,
-                                                                      o.offset} {
+        gv(to_extents(v.global_shape())), qb(spec_block(gq, Q::spec, q_.mesh().sizes(), coord)),
+        zigzag(zz), params{o.causal, o.scale, o.dropout, o.seed, o.offset} {
     const std::string shapes = "attention<Ring<" + std::string(Axis.view()) + ">>: q " + shape_string(gq) +
                                ", k " + shape_string(gk) + ", v " + shape_string(gv);
     const std::int64_t h = gq[R - 3];
@@ -642,10 +631,7 @@ struct RingPlan {
         shapes + ": q (batch, heads, seq, d), k (batch, kv_heads, seq_k, d) and v (batch, kv_heads, "
                  "seq_k, dv), kv_heads dividing heads");
     check_head_groups<Q, K>(shapes, q_.mesh().sizes(), gq, gk);
-    q_pos.resize(static_cast<std::size_t>(qb.shape[s_dim]));
-    for (std::size_t i = 0; i < q_pos.size(); ++i) {
-      q_pos[i] = qb.offset[s_dim] + static_cast<std::int64_t>(i);
-    }
+    q_pos = zigzag ? zigzag_positions(gq[s_dim], n, me) : block_positions(qb);
   }
 
   int origin(int step) const { return ((me - step) % n + n) % n; }
@@ -656,13 +642,16 @@ struct RingPlan {
     c[a] = j;
     return spec_block(g, X::spec, q.mesh().sizes(), c);
   }
-  std::vector<std::int64_t> positions(int j) const {
-    const Block b = block_of<K>(gk, j);
+  static std::vector<std::int64_t> block_positions(const Block& b) {
     std::vector<std::int64_t> p(static_cast<std::size_t>(b.shape[s_dim]));
     for (std::size_t i = 0; i < p.size(); ++i) {
       p[i] = b.offset[s_dim] + static_cast<std::int64_t>(i);
     }
     return p;
+  }
+  /// The global positions of the keys the rank at ring position j holds.
+  std::vector<std::int64_t> positions(int j) const {
+    return zigzag ? zigzag_positions(gk[s_dim], n, j) : block_positions(block_of<K>(gk, j));
   }
   local::AttentionCoords coords(const std::vector<std::int64_t>& k_pos) const {
     local::AttentionCoords c;
@@ -697,8 +686,9 @@ struct RingPlan {
 
 } // namespace detail
 
-/// The backward context of ring attention: keeps q, k, v, the output and its log-sum-exp.
-template <fixed_string Axis, class Q, class K, class V>
+/// The backward context of ring attention: keeps q, k, v, the output and its log-sum-exp. Zigzag: the
+/// sequence in the zigzag layout (the gradients take and give Zigzag<Axis, .>).
+template <fixed_string Axis, class Q, class K, class V, bool Zz = false>
 class RingAttentionBackward : detail::SavedAttention<Q, K, V> {
   using Base = detail::SavedAttention<Q, K, V>;
   using Plan = detail::RingPlan<Axis, Q, K, V>;
@@ -709,10 +699,23 @@ public:
   RingAttentionBackward(Q q, K k, V v, Q o, Tensor<local::compute_t<T>, 3> lse, AttentionOptions opt)
       : Base(std::move(q), std::move(k), std::move(v), std::move(o), std::move(lse), opt) {}
 
-  template <AnyDTensor G>
-  std::tuple<Q, K, V> operator()(const G& g) const {
+  /// {dq, dk, dv} from dO (any placements; with Zz, Zigzag<Axis, .> in and out).
+  template <class G>
+  auto operator()(const G& g) const {
+    if constexpr (Zz) {
+      auto [dq, dk, dv] = run(g.tensor);
+      return std::tuple<Zigzag<Axis, Q>, Zigzag<Axis, K>, Zigzag<Axis, V>>{
+          {std::move(dq)}, {std::move(dk)}, {std::move(dv)}};
+    } else {
+      return run(g);
+    }
+  }
+
+private:
+  template <class G>
+  std::tuple<Q, K, V> run(const G& g) const {
     const Q go = this->output_gradient(g, "ring attention");
-    const Plan p(q_, k_, v_, opt_);
+    const Plan p(q_, k_, v_, opt_, Zz);
     const auto q4 = detail::as_rank4(q_.local());
     const auto o4 = detail::as_rank4(o_.local());
     const auto g4 = detail::as_rank4(go.local());
@@ -769,15 +772,17 @@ public:
 namespace detail {
 template <fixed_string Axis>
 struct attention_form<Ring<Axis>> {
-  template <class Q, class K, class V>
-  static auto run(const Q& q, const K& k, const V& v, const AttentionOptions& opt) {
+  template <class Q, class K, class V, bool Zz = false>
+  static auto run(const Q& q, const K& k, const V& v, const AttentionOptions& opt,
+                  std::bool_constant<Zz> = {}) {
     using Plan = RingPlan<Axis, Q, K, V>;
     using T = typename Q::value_type;
-    using Back = RingAttentionBackward<Axis, Q, K, V>;
+    using Back = RingAttentionBackward<Axis, Q, K, V, Zz>;
+    using Out = std::conditional_t<Zz, Zigzag<Axis, Q>, Q>;
     if constexpr (!Plan::rule_ok) {
-      return WithBackward<Q, Back>{q, Back(q, k, v, q, {}, opt)}; // after the error: no second one
+      return WithBackward<Out, Back>{Out{q}, Back(q, k, v, q, {}, opt)}; // after the error: no second one
     } else {
-      const Plan p(q, k, v, opt);
+      const Plan p(q, k, v, opt, Zz);
       const auto q4 = as_rank4(q.local());
       Tensor<T, 4> k_cur = as_rank4(k.local()).contiguous();
       Tensor<T, 4> v_cur = as_rank4(v.local()).contiguous();
@@ -813,10 +818,20 @@ struct attention_form<Ring<Axis>> {
       go[Q::rank - 1] = v.global_shape()[Q::rank - 1];
       Q out(q.mesh(), from_rank4<Q::rank>(o), go);
       Back back(q, k, v, out, std::move(lse), opt);
-      return WithBackward<Q, Back>{std::move(out), std::move(back)};
+      return WithBackward<Out, Back>{Out{std::move(out)}, std::move(back)};
     }
   }
 };
+
+template <class Form, fixed_string Axis>
+constexpr bool zigzag_form_ok() {
+  static_assert(std::is_same_v<Form, Ring<Axis>>,
+                "dtensor attention: q, k and v in the Zigzag layout over a mesh axis run as attention<Ring<"
+                "that axis>> (the layout balances ring attention's causal work); for another form, "
+                "unzigzag them first");
+  return std::is_same_v<Form, Ring<Axis>>;
+}
+
 } // namespace detail
 
 /// With the backward: `auto [o, back] = attention<Ulysses<"cp">>(q, k, v, opts, with_backward);
@@ -824,6 +839,27 @@ struct attention_form<Ring<Axis>> {
 template <class Form, AnyDTensor Q, AnyDTensor K, AnyDTensor V>
 auto attention(const Q& q, const K& k, const V& v, const AttentionOptions& o, WithBackwardTag) {
   return detail::attention_form<Form>::run(q, k, v, o);
+}
+
+/// Ring attention with load-balanced causal work: q, k and v in the zigzag layout over the ring's axis
+/// (ops/zigzag.hpp); the output and, with the backward, dO and dq/dk/dv are Zigzag too.
+template <class Form, fixed_string Axis, class Q, class K, class V>
+auto attention(const Zigzag<Axis, Q>& q, const Zigzag<Axis, K>& k, const Zigzag<Axis, V>& v,
+               const AttentionOptions& o, WithBackwardTag) {
+  if constexpr (!detail::zigzag_form_ok<Form, Axis>()) {
+    return q;
+  } else {
+    return detail::attention_form<Form>::run(q.tensor, k.tensor, v.tensor, o, std::true_type{});
+  }
+}
+template <class Form, fixed_string Axis, class Q, class K, class V>
+Zigzag<Axis, Q> attention(const Zigzag<Axis, Q>& q, const Zigzag<Axis, K>& k, const Zigzag<Axis, V>& v,
+                          const AttentionOptions& o = {}) {
+  if constexpr (!detail::zigzag_form_ok<Form, Axis>()) {
+    return q;
+  } else {
+    return attention<Form>(q, k, v, o, with_backward).output;
+  }
 }
 
 } // namespace dtensor

@@ -9,7 +9,9 @@
 // Hugging Face's Llama), or (2i, 2i + 1) with `interleaved` (the original RoFormer / Meta Llama layout).
 // The position of a row is its global index along dim SeqDim plus `offset`: a rank holding rows 8..11 of a
 // sequence-sharded tensor rotates them by positions 8..11, so sequence parallelism and context parallelism
-// get the angles one rank would (the silent bug of adding sharding by hand: every shard starting at 0).
+// get the angles one rank would (the silent bug of adding sharding by hand: every shard starting at 0). A
+// sequence in the zigzag layout of load-balanced ring attention (Zigzag<"cp", X>, ops/zigzag.hpp) turns
+// each row by its natural position, which the layout gives.
 //
 // Placements pass through: the rotation is linear, so Partial stays Partial; the sequence may be sharded;
 // head_dim may not (a pair would straddle ranks; a compile error says so). The backward rotates the
@@ -24,8 +26,10 @@
 
 #include "dtensor/backward/with_backward.hpp"
 #include "dtensor/core/extents.hpp"
+#include "dtensor/core/fixed_string.hpp"
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/ops/typed_rules.hpp"
+#include "dtensor/ops/zigzag.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {
@@ -57,9 +61,11 @@ consteval bool rotary_ok() {
   return X::rank >= 2 && SeqDim >= 0 && SeqDim < X::rank - 1 && head_dim_whole;
 }
 
-/// x's local tensor rotated by the angles of its rows' global positions (`sign` -1: the opposite angles).
+/// x's local tensor rotated by the angles of its rows' global positions (`sign` -1: the opposite angles);
+/// `pos`: each local row's position along SeqDim (empty: the rows' global indices).
 template <int SeqDim, class X>
-typename X::local_type rotate(const X& x, const RotaryOptions& o, double sign) {
+typename X::local_type rotate(const X& x, const RotaryOptions& o, double sign,
+                              const std::vector<std::int64_t>& pos = {}) {
   using T = typename X::value_type;
   using C = local::compute_t<T>;
   const auto& t = x.local();
@@ -72,7 +78,8 @@ typename X::local_type rotate(const X& x, const RotaryOptions& o, double sign) {
   const std::int64_t seq = t.shape()[SeqDim];
   std::vector<C> cs(static_cast<std::size_t>(seq * half)), sn(cs.size());
   for (std::int64_t s = 0; s < seq; ++s) {
-    const double p = static_cast<double>(b.offset[SeqDim] + s + o.offset);
+    const std::int64_t at = pos.empty() ? b.offset[SeqDim] + s : pos[static_cast<std::size_t>(s)];
+    const double p = static_cast<double>(at + o.offset);
     for (std::int64_t i = 0; i < half; ++i) {
       const double angle = p * std::pow(o.base, -2.0 * static_cast<double>(i) / static_cast<double>(d));
       cs[static_cast<std::size_t>(s * half + i)] = static_cast<C>(std::cos(angle));
@@ -124,6 +131,18 @@ public:
     return G(g.mesh(), detail::rotate<SeqDim>(g, o_, -1), g.global_shape());
   }
 
+  /// The gradient of a zigzag-laid-out x (rotary_embedding of a Zigzag).
+  template <fixed_string Axis, class G>
+  Zigzag<Axis, G> operator()(const Zigzag<Axis, G>& g) const {
+    static_assert(std::is_same_v<typename G::value_type, typename X::value_type> && G::rank == X::rank,
+                  "backward: the gradient must have the forward output's element type and rank");
+    DTENSOR_CHECK(g.tensor.global_shape() == global_,
+                  "backward of rotary_embedding: the gradient's global shape " +
+                      detail::shape_string(detail::to_extents(g.tensor.global_shape())) +
+                      " is not the output's");
+    return {G(g.tensor.mesh(), detail::rotate<SeqDim>(g.tensor, o_, -1, g.positions()), global_)};
+  }
+
 private:
   RotaryOptions o_;
   typename X::shape_type global_;
@@ -142,6 +161,24 @@ template <int SeqDim, AnyDTensor X>
 auto rotary_embedding(const X& x, const RotaryOptions& o, WithBackwardTag) {
   return WithBackward<X, RotaryBackward<SeqDim, X>>{rotary_embedding<SeqDim>(x, o),
                                                     RotaryBackward<SeqDim, X>(o, x.global_shape())};
+}
+
+/// RoPE of a sequence in the zigzag layout (ops/zigzag.hpp): each row turns by its natural position.
+template <int SeqDim, fixed_string Axis, class X>
+Zigzag<Axis, X> rotary_embedding(const Zigzag<Axis, X>& z, const RotaryOptions& o = {}) {
+  static_assert((SeqDim < 0 ? SeqDim + X::rank : SeqDim) == Zigzag<Axis, X>::seq_dim,
+                "dtensor rotary_embedding: SeqDim must be the dim the Zigzag layout orders");
+  if constexpr (!detail::rotary_ok<SeqDim, X>()) {
+    return z;
+  } else {
+    return {
+        X(z.tensor.mesh(), detail::rotate<SeqDim>(z.tensor, o, 1, z.positions()), z.tensor.global_shape())};
+  }
+}
+template <int SeqDim, fixed_string Axis, class X>
+auto rotary_embedding(const Zigzag<Axis, X>& z, const RotaryOptions& o, WithBackwardTag) {
+  return WithBackward<Zigzag<Axis, X>, RotaryBackward<SeqDim, X>>{
+      rotary_embedding<SeqDim>(z, o), RotaryBackward<SeqDim, X>(o, z.tensor.global_shape())};
 }
 
 } // namespace dtensor
