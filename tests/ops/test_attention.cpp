@@ -681,8 +681,9 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("ring attention posts each step's exchange before the step's kernel runs, forward and backward",
-          "[ops][attention]") {
+TEST_CASE(
+    "ring attention posts each round before the kernel it overlaps, forward and backward (k/v, gradients)",
+    "[ops][attention]") {
   using X = DTensor<double, 4, Mesh1, S<2>>;
   testing::run_ranks(3, [](ProcessGroup& world) {
     auto mesh = init_device_mesh<Mesh1>(world, 3);
@@ -701,11 +702,15 @@ TEST_CASE("ring attention posts each step's exchange before the step's kernel ru
                                         "backward post 0",
                                         "backward compute 0",
                                         "backward wait 0",
+                                        "backward post grads 0",
                                         "backward post 1",
                                         "backward compute 1",
                                         "backward wait 1",
+                                        "backward post grads 1",
                                         "backward compute 2",
-                                        "backward wait 2"};
+                                        "backward wait 2",
+                                        "backward post grads 2",
+                                        "backward wait grads 2"};
     std::string got;
     for (const auto& e : trace.events()) {
       got += e + "; ";

@@ -518,12 +518,13 @@ struct attention_form<Ulysses<Axis>> {
 /// batch_isend_irecv round per step posted before the step's local attention runs (so the next chunk moves
 /// while this one computes): n - 1 rounds forward, each step's (o, lse) merged by their log-sum-exps. The
 /// backward sends k/v around again (n - 1 rounds) and the dk/dv accumulators after them (n rounds: each
-/// returns to its chunk's owner). The causal mask compares global positions, so any chunking masks as one
-/// rank would; chunks wholly after a rank's queries are skipped by the kernel. Contiguous chunks leave the
-/// last ranks most of the causal work: pass q, k and v as Zigzag<Axis, .> (zigzag<Axis, seq>(x),
-/// ops/zigzag.hpp) and each rank holds a piece from the front and one from the back of the sequence, the
-/// same work on every rank. Uneven sequence lengths work (chunks of different sizes). q, k and v must have
-/// the same placements on every axis (e.g. batch over dp, heads over tp beside it).
+/// returns to its chunk's owner; each round moves while the next step's kernel runs). The causal mask
+/// compares global positions, so any chunking masks as one rank would; chunks wholly after a rank's queries
+/// are skipped by the kernel. Contiguous chunks leave the last ranks most of the causal work: pass q, k and
+/// v as Zigzag<Axis, .> (zigzag<Axis, seq>(x), ops/zigzag.hpp) and each rank holds a piece from the front and
+/// one from the back of the sequence, the same work on every rank. Uneven sequence lengths work (chunks of
+/// different sizes). q, k and v must have the same placements on every axis (e.g. batch over dp, heads over
+/// tp beside it).
 template <fixed_string Axis>
 struct Ring {};
 
@@ -722,8 +723,13 @@ private:
     Tensor<T, 4> k_cur = detail::as_rank4(k_.local()).contiguous();
     Tensor<T, 4> v_cur = detail::as_rank4(v_.local()).contiguous();
     Tensor<T, 4> dq = Tensor<T, 4>::zeros(q4.shape());
+    // The dk/dv accumulator of chunk origin(t) arrives from the previous rank during step t (posted at the
+    // end of step t - 1, so it moves while step t's kernel runs), takes this rank's part, and goes on; after
+    // n passes each is home.
     Tensor<T, 4> dk_acc;
     Tensor<T, 4> dv_acc;
+    std::vector<Work> grads_moving;
+    std::vector<Tensor<T, 4>> grads_sent; // alive until their sends complete
     for (int t = 0; t < p.n; ++t) {
       const int j = p.origin(t);
       std::vector<Work> moving;
@@ -740,28 +746,37 @@ private:
       auto [dq_t, dk_t, dv_t] =
           local::attention_backward(q4, k_cur, v_cur, o4, lse_, g4, p.params, p.coords(k_pos));
       local::map_into(dq, local::Add{}, dq, dq_t);
+      RingTrace::note("backward wait", t);
+      for (auto& w : grads_moving) {
+        w.wait();
+      }
+      for (auto& w : moving) {
+        w.wait();
+      }
       if (t == 0) {
         dk_acc = dk_t;
         dv_acc = dv_t;
       } else {
-        local::map_into(dk_acc, local::Add{}, dk_acc, dk_t);
-        local::map_into(dv_acc, local::Add{}, dv_acc, dv_t);
+        local::map_into(dk_t, local::Add{}, dk_t, dk_acc);
+        local::map_into(dv_t, local::Add{}, dv_t, dv_acc);
+        dk_acc = dk_t;
+        dv_acc = dv_t;
       }
-      RingTrace::note("backward wait", t);
-      for (auto& w : moving) {
-        w.wait();
-      }
-      if (p.n > 1) { // the accumulators follow their chunks; after n passes each is home
+      if (p.n > 1) { // on to the next rank; received into fresh buffers (the sent ones stay untouched)
         Tensor<T, 4> dk_in = p.template buffer<K>(p.gk, p.origin(t + 1));
         Tensor<T, 4> dv_in = p.template buffer<V>(p.gv, p.origin(t + 1));
-        for (auto& w : p.rotate({dk_acc, dv_acc}, {dk_in, dv_in})) {
-          w.wait();
-        }
+        grads_sent = {dk_acc, dv_acc};
+        grads_moving = p.rotate(grads_sent, {dk_in, dv_in});
+        RingTrace::note("backward post grads", t);
         dk_acc = dk_in;
         dv_acc = dv_in;
       }
       k_cur = k_next;
       v_cur = v_next;
+    }
+    RingTrace::note("backward wait grads", p.n - 1);
+    for (auto& w : grads_moving) {
+      w.wait();
     }
     return {Q(q_.mesh(), detail::from_rank4<Q::rank>(dq), q_.global_shape()),
             K(q_.mesh(), detail::from_rank4<Q::rank>(dk_acc), k_.global_shape()),
