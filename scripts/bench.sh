@@ -12,8 +12,10 @@
 #      Megatron TP + SP, DDP), with the time split, FSDP's prefetch on vs off and the heap per rank
 #      (bench/train/train_vs_torch.sh);
 #   4. host overhead per call (one process);
-#   5. compile cost (bench/compile/compile_time.sh).
-# About 17-20 minutes on the 2-core dev machine (3b takes about 9).
+#   5. transformer ops, the pipeline bubble, local GEMM and attention (one process); 5b. context parallelism
+#      at 4 processes on gloo and MPI (all-gather k/v, Ulysses, ring, ring zigzag; about 5 minutes each);
+#   6. compile cost (bench/compile/compile_time.sh).
+# About 27-30 minutes on the 2-core dev machine (3b takes about 9, 5b about 10).
 #
 # usage: scripts/bench.sh [--quick]     (--quick: half the samples, sweeps up to 1 MiB, one pass, 1 compile rep)
 #   BUILD_DIR (default build-bench) is configured and built here if needed (Release, no CUDA language).
@@ -34,7 +36,7 @@ fi
 if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
 fi
-cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead bench_mlp bench_train bench_loss bench_pipeline bench_gemm bench_attention
+cmake --build "$build" -j2 --target dtensor-run bench_collectives bench_redistribution bench_overhead bench_mlp bench_train bench_loss bench_pipeline bench_gemm bench_attention bench_cp
 have_mpi=0
 if cmake --build "$build" -j2 --target bench_collectives_mpi >/dev/null 2>&1 && command -v mpirun >/dev/null; then
   have_mpi=1
@@ -104,6 +106,12 @@ env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_loss" "${common[@]}"
 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_pipeline" "${common[@]}"
 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_gemm" "${common[@]}"
 OPENBLAS_NUM_THREADS=1 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_attention" "${common[@]}"
+
+echo "== 5b. context parallelism (causal attention, 4 processes, 1 thread each: gloo, then MPI)"
+OPENBLAS_NUM_THREADS=1 $run --nproc-per-node 4 "$build/bench/bench_cp" "${common[@]}"
+if [[ $have_mpi == 1 ]]; then
+  OPENBLAS_NUM_THREADS=1 "${mpirun[@]}" -np 4 "$build/bench/bench_cp" "${common[@]}" --backend mpi
+fi
 
 echo "== 6. compile cost"
 bench/compile/compile_time.sh "$compile_reps"
