@@ -1,16 +1,21 @@
 // Local data movement (local/copy.hpp) on Device::cuda(0), as Thrust kernels: strided copies,
 // fills and scalings of narrowed device views of ranks 1-4 against the host path, every element type,
-// and the fp8 conversions in device code against the host ones. Every test case exits with
+// and the fp8 conversions in device code against the host ones. Local attention of CUDA tensors
+// (local/attention_cuda.hpp) against the host kernel: forward and backward, GQA, causal, dropout, given
+// positions and a head offset, float, double and bfloat16. Every test case exits with
 // DTENSOR_SKIP_CODE when no GPU is visible (CI only compiles this file).
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -18,6 +23,7 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/core/tensor_io.hpp"
+#include "dtensor/local/attention.hpp"
 #include "dtensor/local/copy.hpp"
 
 #include "../support/cuda_device.hpp"
@@ -89,7 +95,85 @@ __global__ void fp8_round_trip(const float* in, std::uint8_t* e4m3, std::uint8_t
   }
 }
 
+/// Host inputs: multiples of 1/8 in [-1, 1] (exact in every element type).
+template <class T>
+Tensor<T, 4> attention_input(std::array<std::int64_t, 4> shape, int seed) {
+  Tensor<T, 4> t(shape);
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    t.data()[i] = T(0.125f * static_cast<float>((i * 7 + seed * 13 + (i * i) % 5) % 17 - 8));
+  }
+  return t;
+}
+
+/// The largest |device - host| relative to 1 + |host| (device copied back).
+template <class T, int R>
+double max_rel_diff(const Tensor<T, R>& device, const Tensor<T, R>& host) {
+  const auto d = device.to(Device::cpu());
+  REQUIRE(d.shape() == host.shape());
+  double m = 0;
+  for (std::int64_t i = 0; i < d.numel(); ++i) {
+    const double a = static_cast<double>(static_cast<float>(d.data()[i]));
+    const double b = static_cast<double>(static_cast<float>(host.data()[i]));
+    m = std::max(m, (a == b) ? 0.0 : std::abs(a - b) / (1 + std::abs(b)));
+  }
+  return m;
+}
+
 } // namespace
+
+TEMPLATE_TEST_CASE("attention of CUDA tensors equals the host kernel's, forward and backward",
+                   "[cuda][attention]", float, double, dtensor::bfloat16) {
+  require_cuda_device();
+  using T = TestType;
+  const double tol = std::is_same_v<T, double> ? 1e-10 : std::is_same_v<T, float> ? 1e-4 : 2e-2;
+  // GQA: local q heads 4 of a global 8 starting at head 4, k/v heads 2 of 4; a batch offset; 37 queries
+  // and 45 keys at ascending global positions of a sequence of 91 (as a shard of a zigzag layout holds)
+  const auto q = attention_input<T>({2, 4, 37, 5}, 1);
+  const auto k = attention_input<T>({2, 2, 45, 5}, 2);
+  const auto v = attention_input<T>({2, 2, 45, 3}, 3);
+  const auto g = attention_input<T>({2, 4, 37, 3}, 4);
+  std::vector<std::int64_t> q_pos, k_pos;
+  for (std::int64_t i = 0; i < 37; ++i) {
+    q_pos.push_back(i < 19 ? 2 * i : 91 - 37 + i); // two runs, front and back
+  }
+  for (std::int64_t j = 0; j < 45; ++j) {
+    k_pos.push_back(2 * j);
+  }
+  struct Case {
+    bool causal;
+    double dropout;
+    bool coords;
+  };
+  for (const Case c : {Case{false, 0, false}, Case{true, 0, false}, Case{true, 0.25, false},
+                       Case{true, 0, true}, Case{false, 0.5, true}}) {
+    INFO("causal " << c.causal << ", dropout " << c.dropout << ", positions and offsets " << c.coords);
+    const local::AttentionParams params{
+        .causal = c.causal, .scale = 0, .dropout = c.dropout, .seed = 7, .offset = 3};
+    local::AttentionCoords coords;
+    if (c.coords) {
+      coords = {.batch0 = 1,
+                .head0 = 4,
+                .heads = 8,
+                .kv_heads = 4,
+                .seq_q = 91,
+                .seq_k = 91,
+                .q_pos = q_pos.data(),
+                .k_pos = k_pos.data()};
+    }
+    const auto [o, lse] = local::attention_forward(q, k, v, params, coords);
+    const auto [dq, dk, dv] = local::attention_backward(q, k, v, o, lse, g, params, coords);
+    const Device gpu = Device::cuda();
+    const auto [o_d, lse_d] = local::attention_forward(q.to(gpu), k.to(gpu), v.to(gpu), params, coords);
+    CHECK(o_d.device() == gpu);
+    CHECK(max_rel_diff(o_d, o) <= tol);
+    CHECK(max_rel_diff(lse_d, lse) <= tol);
+    const auto [dq_d, dk_d, dv_d] =
+        local::attention_backward(q.to(gpu), k.to(gpu), v.to(gpu), o_d, lse_d, g.to(gpu), params, coords);
+    CHECK(max_rel_diff(dq_d, dq) <= tol);
+    CHECK(max_rel_diff(dk_d, dk) <= tol);
+    CHECK(max_rel_diff(dv_d, dv) <= tol);
+  }
+}
 
 TEMPLATE_TEST_CASE("device copies and fills match the host path", "[cuda][local_ops]", float, double,
                    dtensor::bfloat16, dtensor::half, dtensor::float8_e4m3, dtensor::float8_e5m2, std::int32_t,

@@ -27,6 +27,9 @@
 // sharding-invariant generator (local/random.hpp's dropout_keeps) at the global flat index of (batch,
 // head, query position, key position) in a (batch, heads, seq_q, seq_k) tensor, and scales kept ones by
 // 1 / (1 - p): any sharding of batch, heads or sequence drops the same weights. It needs dtensor::random.
+//
+// CUDA tensors (all on one device) run the kernels of local/attention_cuda.hpp, the same attention with one
+// thread per row, in translation units compiled by nvcc; in other TUs they are an error saying so.
 
 #include <algorithm>
 #include <cmath>
@@ -40,6 +43,7 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
+#include "dtensor/local/attention_cuda.hpp"
 #include "dtensor/local/blas.hpp"
 #include "dtensor/local/gemm.hpp"
 #include "dtensor/local/math.hpp"
@@ -84,6 +88,7 @@ struct AttentionGrads {
   Tensor<T, 4> dq, dk, dv;
 };
 
+inline namespace DTENSOR_LOCAL_OPS_NS {
 namespace attention_detail {
 
 /// c = alpha op(a) op(b) + beta c, row-major (m x n), k the contracted size.
@@ -191,8 +196,9 @@ Dims check_dims(const char* op, const Tensor<T, 4>& q, const Tensor<T, 4>& k, co
                 const AttentionCoords& at) {
   const auto s = [](const auto& t) { return ::dtensor::detail::shape_to_string(t.shape()); };
   const std::string shapes = std::string(op) + ": q " + s(q) + ", k " + s(k) + ", v " + s(v);
-  DTENSOR_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
-                shapes + ": the host kernel takes host tensors");
+  DTENSOR_CHECK(k.device() == q.device() && v.device() == q.device(),
+                shapes + ": q, k and v must be on one device (q on " + q.device().to_string() + ", k on " +
+                    k.device().to_string() + ", v on " + v.device().to_string() + ")");
   const Dims d{q.shape()[0], q.shape()[1], k.shape()[1], q.shape()[2],
                k.shape()[2], q.shape()[3], v.shape()[3], 1};
   DTENSOR_CHECK(k.shape()[0] == d.batch && v.shape()[0] == d.batch,
@@ -306,6 +312,96 @@ struct Problem {
   }
 };
 
+#if DTENSOR_LOCAL_OPS_CUDA
+/// The kernels' view of a problem (attention_cuda.hpp): contiguous inputs and positions on the device.
+template <class T, class C>
+attention_cuda::Problem<T, C> cuda_problem(const Problem<C>& pr, const Tensor<T, 4>& q, const Tensor<T, 4>& k,
+                                           const Tensor<T, 4>& v, const Tensor<std::int64_t, 1>& qp,
+                                           const Tensor<std::int64_t, 1>& kp) {
+  const Dims& d = pr.dims;
+  DTENSOR_CHECK(pr.p == 0 || DTENSOR_HAS_RANDOM123,
+                "attention: dropout needs Random123 (link the dtensor::random CMake target)");
+  return {q.data(), k.data(), v.data(),  d.batch,   d.heads,    d.kv_heads, d.sq,     d.sk,
+          d.d,      d.dv,     d.group,   pr.head0,  qp.data(),  kp.data(),  pr.scale, pr.causal,
+          pr.p,     pr.seed,  pr.offset, pr.batch0, pr.heads_g, pr.sq_g,    pr.sk_g};
+}
+#endif
+
+/// Attention of CUDA tensors (attention_cuda.hpp): (o, lse).
+template <class T, class C>
+AttentionOut<T> forward_cuda(const Problem<C>& pr, const Tensor<T, 4>& q, const Tensor<T, 4>& k,
+                             const Tensor<T, 4>& v) {
+#if DTENSOR_LOCAL_OPS_CUDA
+  const Dims& d = pr.dims;
+  const Device dev = q.device();
+  const cudaStream_t st = q.stream();
+  const auto qp = attention_cuda::device_positions(pr.qp.data(), d.sq, dev, st);
+  const auto kp = attention_cuda::device_positions(pr.kp.data(), d.sk, dev, st);
+  const auto qc = attention_cuda::ready(q, st);
+  const auto kc = attention_cuda::ready(k, st);
+  const auto vc = attention_cuda::ready(v, st);
+  const std::int64_t rows = d.batch * d.heads * d.sq;
+  Tensor<T, 4> out({d.batch, d.heads, d.sq, d.dv}, dev, st);
+  Tensor<C, 3> lse({d.batch, d.heads, d.sq}, dev, st);
+  Tensor<C, 2> acc({rows, d.dv}, dev, st);
+  attention_cuda::launch_rows(attention_cuda::ForwardRows<T, C>{cuda_problem(pr, qc, kc, vc, qp, kp),
+                                                                out.data(), acc.data(), lse.data()},
+                              rows, dev, st, "attention");
+  return {std::move(out), std::move(lse)};
+#else
+  (void)pr, (void)k, (void)v;
+  DTENSOR_CHECK(false, "attention of CUDA tensors (" + q.device().to_string() +
+                           ") runs as kernels in a translation unit compiled by nvcc with the CUDA Toolkit's "
+                           "Thrust: compile this file as CUDA");
+  return {};
+#endif
+}
+
+/// The backward of forward_cuda: (dq, dk, dv).
+template <class T, class C>
+AttentionGrads<T> backward_cuda(const Problem<C>& pr, const Tensor<T, 4>& q, const Tensor<T, 4>& k,
+                                const Tensor<T, 4>& v, const Tensor<T, 4>& o, const Tensor<C, 3>& lse,
+                                const Tensor<T, 4>& d_o) {
+#if DTENSOR_LOCAL_OPS_CUDA
+  const Dims& d = pr.dims;
+  const Device dev = q.device();
+  DTENSOR_CHECK(o.device() == dev && lse.device() == dev && d_o.device() == dev,
+                "attention backward: o, lse and dO must be on q's device, " + dev.to_string());
+  const cudaStream_t st = q.stream();
+  const auto qp = attention_cuda::device_positions(pr.qp.data(), d.sq, dev, st);
+  const auto kp = attention_cuda::device_positions(pr.kp.data(), d.sk, dev, st);
+  const auto qc = attention_cuda::ready(q, st);
+  const auto kc = attention_cuda::ready(k, st);
+  const auto vc = attention_cuda::ready(v, st);
+  const auto oc = attention_cuda::ready(o, st);
+  const auto gc = attention_cuda::ready(d_o, st);
+  const auto lc = attention_cuda::ready(lse, st);
+  const auto a = cuda_problem(pr, qc, kc, vc, qp, kp);
+  const std::int64_t rows_q = d.batch * d.heads * d.sq;
+  const std::int64_t rows_k = d.batch * d.kv_heads * d.sk;
+  Tensor<T, 4> dq(qc.shape(), dev, st);
+  Tensor<T, 4> dk(kc.shape(), dev, st);
+  Tensor<T, 4> dv(vc.shape(), dev, st);
+  Tensor<C, 1> big_d({rows_q}, dev, st);
+  Tensor<C, 2> acc_q({rows_q, d.d}, dev, st);
+  attention_cuda::launch_rows(attention_cuda::QueryRows<T, C>{a, oc.data(), gc.data(), lc.data(),
+                                                              big_d.data(), acc_q.data(), dq.data()},
+                              rows_q, dev, st, "attention backward");
+  Tensor<C, 2> acc_k({rows_k, d.d}, dev, st);
+  Tensor<C, 2> acc_v({rows_k, d.dv}, dev, st);
+  attention_cuda::launch_rows(attention_cuda::KeyRows<T, C>{a, gc.data(), lc.data(), big_d.data(),
+                                                            acc_k.data(), acc_v.data(), dk.data(), dv.data()},
+                              rows_k, dev, st, "attention backward");
+  return {std::move(dq), std::move(dk), std::move(dv)};
+#else
+  (void)pr, (void)k, (void)v, (void)o, (void)lse, (void)d_o;
+  DTENSOR_CHECK(false, "attention backward of CUDA tensors (" + q.device().to_string() +
+                           ") runs as kernels in a translation unit compiled by nvcc with the CUDA Toolkit's "
+                           "Thrust: compile this file as CUDA");
+  return {};
+#endif
+}
+
 } // namespace attention_detail
 
 /// Attention of host tensors: (o, lse); see the top of the file. Throws Error naming the shapes when they
@@ -318,6 +414,9 @@ AttentionOut<T> attention_forward(const Tensor<T, 4>& q, const Tensor<T, 4>& k, 
   static_assert(detail::gemm_element_v<T>, "attention: float, double, bfloat16 or half");
   const Dims d = check_dims("attention", q, k, v, coords);
   const Problem<C> pr(d, params, coords);
+  if (q.device().is_cuda()) {
+    return forward_cuda(pr, q, k, v);
+  }
   const Tensor<C, 4> qc = as_compute<C>(q);
   const Tensor<C, 4> kc = as_compute<C>(k);
   const Tensor<C, 4> vc = as_compute<C>(v);
@@ -411,6 +510,9 @@ AttentionGrads<T> attention_backward(const Tensor<T, 4>& q, const Tensor<T, 4>& 
                 "attention backward: lse " + ::dtensor::detail::shape_to_string(lse.shape()) +
                     " is not (batch, heads, seq_q)");
   const Problem<C> pr(d, params, coords);
+  if (q.device().is_cuda()) {
+    return backward_cuda(pr, q, k, v, o, lse, d_o);
+  }
   const Tensor<C, 4> qc = as_compute<C>(q);
   const Tensor<C, 4> kc = as_compute<C>(k);
   const Tensor<C, 4> vc = as_compute<C>(v);
@@ -503,4 +605,5 @@ AttentionGrads<T> attention_backward(const Tensor<T, 4>& q, const Tensor<T, 4>& 
   return {from_compute<T>(std::move(dq)), from_compute<T>(std::move(dk)), from_compute<T>(std::move(dv))};
 }
 
+} // namespace DTENSOR_LOCAL_OPS_NS
 } // namespace dtensor::local

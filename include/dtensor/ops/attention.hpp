@@ -185,6 +185,9 @@ void check_head_groups(const std::string& shapes, const MeshSizes& sizes, const 
                        const Extents& gk) {
   constexpr int h = Q::rank - 3;
   const std::int64_t group = gk[h] > 0 ? gq[h] / gk[h] : 1;
+  if (group == 1) {
+    return; // one k/v head per q head: the rule placed k/v heads as q's or whole, so each rank has its own
+  }
   for (int r = 0; r < mesh_numel(sizes); ++r) {
     const MeshCoord c = rank_to_coord(r, sizes);
     const Block qb = spec_block(gq, Q::spec, sizes, c);
@@ -561,6 +564,9 @@ namespace detail {
 /// (o, lse) += the attention over other keys (o2, lse2): weights exp(lse - max), renormalised.
 template <class T, class C>
 void merge_attention(Tensor<T, 4>& o, Tensor<C, 3>& lse, const Tensor<T, 4>& o2, const Tensor<C, 3>& lse2) {
+  DTENSOR_CHECK(o.device().is_cpu(),
+                "ring attention merges its steps' outputs on host tensors; on CUDA tensors "
+                "use head-parallel attention or Ulysses (both run the CUDA kernel)");
   const std::int64_t rows = lse.numel();
   const std::int64_t dv = rows == 0 ? 0 : o.numel() / rows;
   const auto oc = o2.contiguous();
