@@ -313,18 +313,29 @@ struct Problem {
 };
 
 #if DTENSOR_LOCAL_OPS_CUDA
-/// The kernels' view of a problem (attention_cuda.hpp): contiguous inputs and positions on the device.
+/// The kernels' inputs: q, k and v contiguous on q's stream, the positions on the device, and the problem
+/// the kernels read (attention_cuda.hpp).
 template <class T, class C>
-attention_cuda::Problem<T, C> cuda_problem(const Problem<C>& pr, const Tensor<T, 4>& q, const Tensor<T, 4>& k,
-                                           const Tensor<T, 4>& v, const Tensor<std::int64_t, 1>& qp,
-                                           const Tensor<std::int64_t, 1>& kp) {
-  const Dims& d = pr.dims;
-  DTENSOR_CHECK(pr.p == 0 || DTENSOR_HAS_RANDOM123,
-                "attention: dropout needs Random123 (link the dtensor::random CMake target)");
-  return {q.data(), k.data(), v.data(),  d.batch,   d.heads,    d.kv_heads, d.sq,     d.sk,
-          d.d,      d.dv,     d.group,   pr.head0,  qp.data(),  kp.data(),  pr.scale, pr.causal,
-          pr.p,     pr.seed,  pr.offset, pr.batch0, pr.heads_g, pr.sq_g,    pr.sk_g};
-}
+struct CudaInputs {
+  Device dev;
+  cudaStream_t st;
+  Tensor<std::int64_t, 1> qp, kp;
+  Tensor<T, 4> q, k, v;
+  attention_cuda::Problem<T, C> problem;
+
+  CudaInputs(const Problem<C>& pr, const Tensor<T, 4>& q_, const Tensor<T, 4>& k_, const Tensor<T, 4>& v_)
+      : dev(q_.device()), st(q_.stream()),
+        qp(attention_cuda::device_positions(pr.qp.data(), pr.dims.sq, dev, st)),
+        kp(attention_cuda::device_positions(pr.kp.data(), pr.dims.sk, dev, st)),
+        q(attention_cuda::ready(q_, st)), k(attention_cuda::ready(k_, st)), v(attention_cuda::ready(v_, st)) {
+    const Dims& d = pr.dims;
+    DTENSOR_CHECK(pr.p == 0 || DTENSOR_HAS_RANDOM123,
+                  "attention: dropout needs Random123 (link the dtensor::random CMake target)");
+    problem = {q.data(), k.data(), v.data(),  d.batch,   d.heads,    d.kv_heads, d.sq,     d.sk,
+               d.d,      d.dv,     d.group,   pr.head0,  qp.data(),  kp.data(),  pr.scale, pr.causal,
+               pr.p,     pr.seed,  pr.offset, pr.batch0, pr.heads_g, pr.sq_g,    pr.sk_g};
+  }
+};
 #endif
 
 /// Attention of CUDA tensors (attention_cuda.hpp): (o, lse).
@@ -333,20 +344,16 @@ AttentionOut<T> forward_cuda(const Problem<C>& pr, const Tensor<T, 4>& q, const 
                              const Tensor<T, 4>& v) {
 #if DTENSOR_LOCAL_OPS_CUDA
   const Dims& d = pr.dims;
-  const Device dev = q.device();
-  const cudaStream_t st = q.stream();
-  const auto qp = attention_cuda::device_positions(pr.qp.data(), d.sq, dev, st);
-  const auto kp = attention_cuda::device_positions(pr.kp.data(), d.sk, dev, st);
-  const auto qc = attention_cuda::ready(q, st);
-  const auto kc = attention_cuda::ready(k, st);
-  const auto vc = attention_cuda::ready(v, st);
+  const CudaInputs<T, C> in(pr, q, k, v);
+  const Device dev = in.dev;
+  const cudaStream_t st = in.st;
   const std::int64_t rows = d.batch * d.heads * d.sq;
   Tensor<T, 4> out({d.batch, d.heads, d.sq, d.dv}, dev, st);
   Tensor<C, 3> lse({d.batch, d.heads, d.sq}, dev, st);
   Tensor<C, 2> acc({rows, d.dv}, dev, st);
-  attention_cuda::launch_rows(attention_cuda::ForwardRows<T, C>{cuda_problem(pr, qc, kc, vc, qp, kp),
-                                                                out.data(), acc.data(), lse.data()},
-                              rows, dev, st, "attention");
+  attention_cuda::launch_rows(
+      attention_cuda::ForwardRows<T, C>{in.problem, out.data(), acc.data(), lse.data()}, rows, dev, st,
+      "attention");
   return {std::move(out), std::move(lse)};
 #else
   (void)pr, (void)k, (void)v;
@@ -364,24 +371,20 @@ AttentionGrads<T> backward_cuda(const Problem<C>& pr, const Tensor<T, 4>& q, con
                                 const Tensor<T, 4>& d_o) {
 #if DTENSOR_LOCAL_OPS_CUDA
   const Dims& d = pr.dims;
-  const Device dev = q.device();
-  DTENSOR_CHECK(o.device() == dev && lse.device() == dev && d_o.device() == dev,
-                "attention backward: o, lse and dO must be on q's device, " + dev.to_string());
-  const cudaStream_t st = q.stream();
-  const auto qp = attention_cuda::device_positions(pr.qp.data(), d.sq, dev, st);
-  const auto kp = attention_cuda::device_positions(pr.kp.data(), d.sk, dev, st);
-  const auto qc = attention_cuda::ready(q, st);
-  const auto kc = attention_cuda::ready(k, st);
-  const auto vc = attention_cuda::ready(v, st);
+  DTENSOR_CHECK(o.device() == q.device() && lse.device() == q.device() && d_o.device() == q.device(),
+                "attention backward: o, lse and dO must be on q's device, " + q.device().to_string());
+  const CudaInputs<T, C> in(pr, q, k, v);
+  const Device dev = in.dev;
+  const cudaStream_t st = in.st;
   const auto oc = attention_cuda::ready(o, st);
   const auto gc = attention_cuda::ready(d_o, st);
   const auto lc = attention_cuda::ready(lse, st);
-  const auto a = cuda_problem(pr, qc, kc, vc, qp, kp);
+  const auto& a = in.problem;
   const std::int64_t rows_q = d.batch * d.heads * d.sq;
   const std::int64_t rows_k = d.batch * d.kv_heads * d.sk;
-  Tensor<T, 4> dq(qc.shape(), dev, st);
-  Tensor<T, 4> dk(kc.shape(), dev, st);
-  Tensor<T, 4> dv(vc.shape(), dev, st);
+  Tensor<T, 4> dq(in.q.shape(), dev, st);
+  Tensor<T, 4> dk(in.k.shape(), dev, st);
+  Tensor<T, 4> dv(in.v.shape(), dev, st);
   Tensor<C, 1> big_d({rows_q}, dev, st);
   Tensor<C, 2> acc_q({rows_q, d.d}, dev, st);
   attention_cuda::launch_rows(attention_cuda::QueryRows<T, C>{a, oc.data(), gc.data(), lc.data(),
