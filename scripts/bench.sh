@@ -106,6 +106,9 @@ env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_loss" "${common[@]}"
 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_pipeline" "${common[@]}"
 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_gemm" "${common[@]}"
 OPENBLAS_NUM_THREADS=1 env -u RANK -u WORLD_SIZE -u LOCAL_RANK "$build/bench/bench_attention" "${common[@]}"
+if [[ $have_torch == 1 ]]; then # torch 1.13's own softmax(q k^T) v at the same shapes
+  OPENBLAS_NUM_THREADS=1 "$torch_py" bench/ops/torch_attention.py --out bench/results 2>&1 | grep -v Warning || true
+fi
 
 echo "== 5b. context parallelism (causal attention, 4 processes, 1 thread each: gloo, then MPI)"
 OPENBLAS_NUM_THREADS=1 $run --nproc-per-node 4 "$build/bench/bench_cp" "${common[@]}"
