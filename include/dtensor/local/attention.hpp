@@ -156,6 +156,46 @@ C row_sum(const C* x, std::int64_t n) {
   return s;
 }
 
+/// x[c] = exp(x[c] - shift) for c < n (exactly 0 where x[c] is -inf, a masked score), in blocks of
+/// host_block elements: a loop of fixed trip count over math::exp vectorises, one up to n does not.
+template <class C>
+void exp_shifted_blocks(C* x, std::int64_t n, C shift) {
+  std::int64_t c = 0;
+  for (; c + host_block <= n; c += host_block) {
+    C* b = x + c;
+    for (int j = 0; j < host_block; ++j) {
+      b[j] = math::exp(b[j] - shift);
+    }
+  }
+  for (; c < n; ++c) {
+    x[c] = math::exp(x[c] - shift);
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX2__)
+#define DTENSOR_ATTENTION_AVX2_CLONE 1
+/// The same loop compiled for AVX2 (8 floats a vector instead of SSE2's 4), chosen at run time where the
+/// CPU has it. Without FMA: GCC contracts nothing, so each element is the same IEEE operations and the
+/// results are bit-identical to the SSE2 loop's.
+[[gnu::target("avx2"), gnu::flatten]] inline void exp_shifted_avx2(float* x, std::int64_t n, float shift) {
+  exp_shifted_blocks(x, n, shift);
+}
+#endif
+
+template <class C>
+void exp_shifted(C* x, std::int64_t n, C shift) {
+#if DTENSOR_ATTENTION_AVX2_CLONE
+  if constexpr (std::is_same_v<C, float>) {
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    if (avx2) {
+      exp_shifted_avx2(x, n, shift);
+      return;
+    }
+  }
+#endif
+  exp_shifted_blocks(x, n, shift);
+}
+
 /// t as a contiguous tensor of the compute type C (t itself when it already is one).
 template <class C, class T>
 Tensor<C, 4> as_compute(const Tensor<T, 4>& t) {
@@ -462,10 +502,7 @@ AttentionOut<T> attention_forward(const Tensor<T, 4>& q, const Tensor<T, 4>& k, 
               alpha[r] = C(1);
               continue;
             }
-            for (std::int64_t c = 0; c < nj; ++c) { // a masked score gives exactly 0 (math::exp clamps)
-              const C e = math::exp(row[c] - mx);
-              row[c] = row[c] == ninf ? C(0) : e;
-            }
+            exp_shifted(row, nj, mx);
             const C sum = row_sum(row, nj);
             alpha[r] = math::exp(m[r] - mx);
             l[r] = l[r] * alpha[r] + sum;
@@ -570,19 +607,25 @@ AttentionGrads<T> attention_backward(const Tensor<T, 4>& q, const Tensor<T, 4>& 
               std::fill(row, row + nj, C(0));
               continue;
             }
-            for (std::int64_t c = 0; c < nj; ++c) {
-              const C e = math::exp(row[c] - lr);
-              row[c] = row[c] == ninf ? C(0) : e;
-            }
+            exp_shifted(row, nj, lr);
           }
           // dp = dO v^T, through the dropout mask as the forward's p was
           gemm<C>(false, true, mi, nj, d.dv, C(1), G + i0 * d.dv, d.dv, V + j0 * d.dv, d.dv, C(0), dp.data(),
                   bk);
           if (pr.p != 0) {
-            pr.drop(dp.data(), bk, b, h, i0, mi, j0, nj);
-            // dv += (p * mask)^T dO: the dropped probabilities; dp (masked) now pairs with the plain p
-            std::copy(p.begin(), p.end(), pd.begin());
+            // z, the forward's dropout factors (0 or 1 / (1 - p)), drawn once into pd: dp *= z, so that dp
+            // pairs with the plain p below, and dv += (p z)^T dO, the dropped probabilities
+            std::fill(pd.begin(), pd.end(), C(1));
             pr.drop(pd.data(), bk, b, h, i0, mi, j0, nj);
+            for (std::int64_t r = 0; r < mi; ++r) {
+              C* z = pd.data() + r * bk;
+              C* g = dp.data() + r * bk;
+              const C* prob = p.data() + r * bk;
+              for (std::int64_t c = 0; c < nj; ++c) {
+                g[c] *= z[c];
+                z[c] *= prob[c];
+              }
+            }
             gemm<C>(true, false, nj, d.dv, mi, C(1), pd.data(), bk, G + i0 * d.dv, d.dv, C(1), dV + j0 * d.dv,
                     d.dv);
           } else {

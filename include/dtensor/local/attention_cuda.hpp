@@ -68,6 +68,15 @@ struct Problem {
   DTENSOR_HOST_DEVICE std::int64_t kv_head(std::int64_t h) const {
     return (head0 + h) / group - head0 / group;
   }
+  /// The local q heads [first, end) that read local k/v head hk: kv_head(h) == hk exactly for them.
+  DTENSOR_HOST_DEVICE std::int64_t first_head(std::int64_t hk) const {
+    const std::int64_t h = (hk + head0 / group) * group - head0;
+    return h < 0 ? 0 : h;
+  }
+  DTENSOR_HOST_DEVICE std::int64_t end_head(std::int64_t hk) const {
+    const std::int64_t h = (hk + head0 / group + 1) * group - head0;
+    return h > heads ? heads : h;
+  }
   DTENSOR_HOST_DEVICE bool visible(std::int64_t i, std::int64_t j) const { return !causal || kp[j] <= qp[i]; }
   DTENSOR_HOST_DEVICE C dot(const T* a, const T* b, std::int64_t n) const {
     C s = 0;
@@ -99,6 +108,14 @@ DTENSOR_HOST_DEVICE C minus_infinity() {
   return static_cast<C>(-HUGE_VAL);
 }
 
+/// Row r of a contiguous (batch, heads, seq, ...) tensor as (b, h, i).
+struct RowIndex {
+  std::int64_t b, h, i;
+};
+DTENSOR_HOST_DEVICE inline RowIndex row_index(std::int64_t r, std::int64_t heads, std::int64_t seq) {
+  return {r / (seq * heads), (r / seq) % heads, r % seq};
+}
+
 /// One query row: o and lse (acc: the row's accumulator, compute type).
 template <class T, class C>
 struct ForwardRows {
@@ -108,9 +125,7 @@ struct ForwardRows {
   C* lse;
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t r) const {
-    const std::int64_t i = r % a.sq;
-    const std::int64_t h = (r / a.sq) % a.heads;
-    const std::int64_t b = r / (a.sq * a.heads);
+    const auto [b, h, i] = row_index(r, a.heads, a.sq);
     const std::int64_t hk = a.kv_head(h);
     const T* qr = a.q + r * a.d;
     const T* K = a.k + (b * a.kv_heads + hk) * a.sk * a.d;
@@ -164,9 +179,7 @@ struct QueryRows {
   T* dq;
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t r) const {
-    const std::int64_t i = r % a.sq;
-    const std::int64_t h = (r / a.sq) % a.heads;
-    const std::int64_t b = r / (a.sq * a.heads);
+    const auto [b, h, i] = row_index(r, a.heads, a.sq);
     const std::int64_t hk = a.kv_head(h);
     const T* qr = a.q + r * a.d;
     const T* gr = d_o + r * a.dv;
@@ -210,9 +223,7 @@ struct KeyRows {
   T* dv;
 
   DTENSOR_HOST_DEVICE void operator()(std::int64_t r) const {
-    const std::int64_t j = r % a.sk;
-    const std::int64_t hk = (r / a.sk) % a.kv_heads;
-    const std::int64_t b = r / (a.sk * a.kv_heads);
+    const auto [b, hk, j] = row_index(r, a.kv_heads, a.sk);
     const T* kr = a.k + r * a.d;
     const T* vr = a.v + r * a.dv;
     C* ak = acc_k + r * a.d;
@@ -223,10 +234,7 @@ struct KeyRows {
     for (std::int64_t c = 0; c < a.dv; ++c) {
       av[c] = 0;
     }
-    for (std::int64_t h = 0; h < a.heads; ++h) {
-      if (a.kv_head(h) != hk) {
-        continue;
-      }
+    for (std::int64_t h = a.first_head(hk); h < a.end_head(hk); ++h) {
       for (std::int64_t i = 0; i < a.sq; ++i) {
         const std::int64_t row = (b * a.heads + h) * a.sq + i;
         const C l = lse[row];

@@ -82,6 +82,20 @@ inline constexpr PlacementList placements_of = detail::dtensor_traits<std::remov
 
 namespace detail {
 
+/// X's placements with mesh axis `Axis` sharding dim `Dim`.
+template <class X, int Axis, int Dim>
+struct WithAxisShard {
+  static constexpr PlacementList list() {
+    PlacementList l = X::placements;
+    l[Axis] = Placement::shard(Dim);
+    return l;
+  }
+};
+template <class X, int Axis, int Dim>
+using with_axis_shard_t =
+    dtensor_from_t<typename X::value_type, X::rank, typename dtensor_traits<X>::shape_type,
+                   &WithAxisShard<X, Axis, Dim>::list>;
+
 /// static_asserts naming what to redistribute when `E` is not none (the rule's message, the only error).
 /// @post true (see the top of this file).
 template <RuleError E>

@@ -118,20 +118,6 @@ requires(detail::ZigzagAxis<Axis, X>::ok) struct Zigzag {
 
 namespace detail {
 
-/// X's placements with mesh axis `Axis` sharding dim `Dim`.
-template <class X, int Axis, int Dim>
-struct WithAxisShard {
-  static constexpr PlacementList list() {
-    PlacementList l = X::placements;
-    l[Axis] = Placement::shard(Dim);
-    return l;
-  }
-};
-template <class X, int Axis, int Dim>
-using with_axis_shard_t =
-    dtensor_from_t<typename X::value_type, X::rank, typename dtensor_traits<X>::shape_type,
-                   &WithAxisShard<X, Axis, Dim>::list>;
-
 /// The natural positions each rank of an axis of n holds: torch.chunk's blocks, or the zigzag layout.
 inline std::vector<std::int64_t> sequence_positions(bool zigzag, std::int64_t len, int n, int i) {
   if (zigzag) {
@@ -163,6 +149,32 @@ Tensor<T, 3> pack_rows(const Tensor<T, R>& t, int dim, const std::vector<std::in
     for (std::int64_t o = 0; o < outer; ++o) {
       const T* src = c.data() + (o * len + rows[j]) * inner;
       std::copy(src, src + inner, out.data() + (static_cast<std::int64_t>(j) * outer + o) * inner);
+    }
+  }
+  return out;
+}
+
+/// The rows of `t` at local indices `rows` along `dim`, in that order, as a tensor of t's rank (one copy).
+template <class T, int R>
+Tensor<T, R> take_rows(const Tensor<T, R>& t, int dim, const std::vector<std::int64_t>& rows) {
+  const auto c = t.contiguous();
+  std::int64_t outer = 1;
+  std::int64_t inner = 1;
+  for (int d = 0; d < dim; ++d) {
+    outer *= c.shape()[d];
+  }
+  for (int d = dim + 1; d < R; ++d) {
+    inner *= c.shape()[d];
+  }
+  const std::int64_t len = c.shape()[dim];
+  const auto m = static_cast<std::int64_t>(rows.size());
+  auto shape = c.shape();
+  shape[dim] = m;
+  Tensor<T, R> out(shape);
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (std::int64_t j = 0; j < m; ++j) {
+      const T* src = c.data() + (o * len + rows[static_cast<std::size_t>(j)]) * inner;
+      std::copy(src, src + inner, out.data() + (o * m + j) * inner);
     }
   }
   return out;
@@ -273,15 +285,7 @@ auto zigzag(const X& x) {
                   "zigzag: the sequence dim of x is sharded over another mesh axis");
     const std::vector<std::int64_t> rows =
         zigzag_positions(x.global_shape()[seq], x.mesh().size(a), x.mesh().coordinate()[a]);
-    auto shape = t.shape();
-    shape[seq] = static_cast<std::int64_t>(rows.size());
-    typename X::local_type out(shape);
-    std::vector<std::int64_t> all(rows.size());
-    for (std::size_t j = 0; j < all.size(); ++j) {
-      all[j] = static_cast<std::int64_t>(j);
-    }
-    detail::unpack_rows(out, seq, detail::pack_rows(t, seq, rows), all);
-    return Zigzag<Axis, Y>{Y(x.mesh(), std::move(out), x.global_shape())};
+    return Zigzag<Axis, Y>{Y(x.mesh(), detail::take_rows(t, seq, rows), x.global_shape())};
   } else {
     return Zigzag<Axis, Y>{detail::resequence_as<Axis>(x, false, true)};
   }
