@@ -33,13 +33,15 @@
 //   tp       (1, 1, 4)  parameters replicated over the batch axes, gradients reduced by DDPReducer over dp
 //   ddp      (1, 4, 1)  the same code: DDP's buckets all-reduced over dp while the backward runs
 //   fsdp     (1, 4, 1)  one FlatParamGroup per block (and one for the embedding, one for the head),
-//                       Fsdp<"dp">: prefetch (the next group's all_gather issued before the current group
-//                       computes), reshard_after_forward (the backward gathers again and recomputes the
-//                       block's forward from its saved input), one reduce_scatter per group, asynchronous
-//                       (at most two in flight: each holds its group's unsharded gradient buffer)
+//                       Fsdp<"dp">, run by FsdpSchedule (parallel/schedule.hpp): prefetch (the next group's
+//                       all_gather issued before the current group computes), reshard_after_forward (the
+//                       backward gathers again and recomputes the block's forward from its saved input),
+//                       one reduce_scatter per group, asynchronous (at most two in flight: each holds its
+//                       group's unsharded gradient buffer)
 //   hsdp     (2, 2, 1)  the same with Hsdp<"rep", "dp">: reduce_scatter over dp, all_reduce over rep
 //   fsdp_tp  (1, 2, 2)  FSDP over dp of parameters that are tensor-parallel over tp
-// Every layout then clips the gradients by their global norm and steps AdamW on its local shards. The
+// Every layout then clips the gradients by their global norm (clip_grad_norm, over the flat groups for the
+// sharded layouts) and steps AdamW on its local shards (Optimizer::step(index, group)). The
 // parameters start from the sharding-invariant RNG (parallel/param_init.hpp), so every layout starts from the
 // one-rank weights. The default sizes are uneven: 38 tokens, hidden 18, ffn 30, vocab 37 on 4 ranks.
 //
@@ -227,7 +229,9 @@ CommCounts expected_comms(Layout layout, int buckets) {
   } else {
     c[{"all_reduce", "rep"}] += groups; // HSDP: each group's reduced shard over the replicas
   }
-  c[{"all_reduce", ""}] += 1; // the global norm of the gradients (one double over the world group)
+  // clip_grad_norm over the groups: one double over the axes where gradient shards differ (the FSDP axis dp,
+  // and tp, where the matrices are sharded); the replicas over rep hold the same sum.
+  c[{"all_reduce", "dp*tp"}] += 1;
   return c;
 }
 
@@ -607,34 +611,6 @@ struct Model {
   // ---- fsdp, hsdp, fsdp_tp: one FlatParamGroup per block
   // ---------------------------------------------------
 
-  /// Starts a group's all_gather; with overlap off, waits for it at once (timed).
-  template <class G>
-  static void prefetch(G& group, CommClock& clock) {
-    FsdpWork work = group.unshard(async_op);
-    if (!clock.overlap) {
-      clock([&] { work.wait(); });
-    }
-  }
-
-  /// Adds to `sq` the squares of this rank's gradient shard, each element counted once over the mesh: only
-  /// on rep coordinate 0 (the replicas hold the same shard) and, for a parameter replicated over tp (the
-  /// gains, parameter 0 of a block or the head), only on tp coordinate 0. Each piece's sum is
-  /// local_norm_sum's (clip_grad_norm's per-shard sum: in double, on the shard's device).
-  template <class G>
-  static void add_squares(const G& group, bool param0_on_tp, const DeviceMesh<Mesh>& mesh, double& sq) {
-    const auto& c = mesh.coordinate();
-    if (c[0] != 0) {
-      return;
-    }
-    const Tensor<T, 1> g = group.local_grad();
-    for (const FlatPiece& piece : group.flat_layout().pieces(mesh.size(1), c[1])) {
-      if (piece.param == 0 && param0_on_tp && c[2] != 0) {
-        continue;
-      }
-      sq += local_norm_sum(g.narrow(0, piece.shard_at, piece.numel));
-    }
-  }
-
   template <class FsdpLayout>
   static Trained train_sharded(const DeviceMesh<Mesh>& mesh, Layout layout, int steps, bool print,
                                bool print_comm) {
@@ -671,92 +647,51 @@ struct Model {
       CommClock clock{.overlap = !Timing::serial_step(step, steps)};
       const auto [ids, targets] = batch(mesh, step);
       double loss = 0, norm = 0;
+      // The FSDP schedule (parallel/schedule.hpp) over the groups in forward order: the next group's
+      // all_gather in flight while one computes, each group resharded after its forward and gathered again
+      // for its backward, at most two reductions in flight (each holds its group's unsharded gradient
+      // buffer); with overlap off, each collective waited for as soon as it is issued.
+      FsdpSchedule sched(
+          {.prefetch = 1, .reshard_after_forward = true, .max_reductions = 2, .overlap = clock.overlap});
+      sched.add(*ge);
+      for (const auto& g : gb) {
+        sched.add(g);
+      }
+      sched.add(*gh);
       const Timed took = timed([&] {
-        std::vector<FsdpWork> reductions;
-        auto reduce = [&](auto& group, const auto&... grads) {
-          clock([&] { // a Partial over rep (Fsdp) or tp (the gains) is all-reduced first, blocking
-            reductions.push_back(group.reduce_gradients(async_op, grads...));
-            if (!clock.overlap) {
-              reductions.back().wait();
-            } else if (reductions.size() >= 2) {
-              // At most two in flight: a reduction holds its group's unsharded gradient buffer until it
-              // finishes, so waiting for the previous group's bounds them to two groups'.
-              reductions[reductions.size() - 2].wait();
-            }
-          });
-        };
-        // Forward: the next group's all_gather in flight while the current one computes; each group's
-        // gathered buffer dropped after its forward (only the block inputs are kept).
-        prefetch(*ge, clock);
-        prefetch(gb[0], clock);
+        // Forward: only the block inputs are kept.
         std::vector<Act> inputs;
-        inputs.push_back([&] {
-          auto [w_emb] = clock([&] { return ge->params(); });
-          return embed(ids, w_emb, clock).h;
-        }());
-        ge->reshard();
+        inputs.push_back(sched.forward(*ge, [&](const ColW& w_emb) { return embed(ids, w_emb, clock).h; }));
         for (int b = 0; b < kBlocks; ++b) {
-          if (b + 1 < kBlocks) {
-            prefetch(gb[b + 1], clock);
-          } else {
-            prefetch(*gh, clock);
-          }
-          auto [g, w1, w2] = clock([&] { return gb[b].params(); });
-          inputs.push_back(block(inputs.back(), g, w1, w2, clock).h);
-          gb[b].reshard();
+          inputs.push_back(sched.forward(gb[b], [&](const Gain& g, const ColW& w1, const RowW& w2) {
+            return block(inputs.back(), g, w1, w2, clock).h;
+          }));
         }
-        // The head: forward and backward at once (its parameters stay gathered in between).
-        prefetch(gb[kBlocks - 1], clock); // for the backward
-        Act dh = [&] {
-          auto [gf, w_out] = clock([&] { return gh->params(); });
+        // The head: forward and backward in one call (its parameters stay gathered in between).
+        std::optional<Act> dh;
+        sched.backward(*gh, [&](const Gain& gf, const ColW& w_out) {
           auto hd = head(inputs.back(), targets, gf, w_out, clock);
           loss = hd.loss;
           auto hg = hd.back();
-          reduce(*gh, hg.dg, hg.dw);
-          return hg.dh;
-        }();
-        gh->reshard();
-        // Backward: gather the block again (group b - 1's all_gather in flight), recompute its forward from
-        // its saved input with the backward's context, run the backward, reduce-scatter its gradients.
-        for (int b = kBlocks - 1; b >= 0; --b) {
-          if (b > 0) {
-            prefetch(gb[b - 1], clock);
-          } else {
-            prefetch(*ge, clock);
-          }
-          dh = [&] {
-            auto [g, w1, w2] = clock([&] { return gb[b].params(); });
-            auto bg = block(inputs[static_cast<std::size_t>(b)], g, w1, w2, clock).back(dh);
-            reduce(gb[b], bg.dg, bg.dw1, bg.dw2);
-            return bg.dh;
-          }();
-          gb[b].reshard();
-        }
-        {
-          auto [w_emb] = clock([&] { return ge->params(); });
-          reduce(*ge, embed(ids, w_emb, clock).back(dh));
-        }
-        ge->reshard();
-        clock([&] {
-          for (FsdpWork& r : reductions) {
-            r.wait();
-          }
+          dh.emplace(hg.dh);
+          return std::tuple{hg.dg, hg.dw};
         });
-        // Clip by the global norm (one all_reduce of one double over every rank), then AdamW on the shards.
-        double sq = 0;
-        add_squares(*ge, false, mesh, sq);
-        for (const auto& g : gb) {
-          add_squares(g, true, mesh, sq);
+        // Backward: each block recomputes its forward from its saved input with the backward's context.
+        for (int b = kBlocks - 1; b >= 0; --b) {
+          sched.backward(gb[b], [&](const Gain& g, const ColW& w1, const RowW& w2) {
+            auto bg = block(inputs[static_cast<std::size_t>(b)], g, w1, w2, clock).back(*dh);
+            dh.emplace(bg.dh);
+            return std::tuple{bg.dg, bg.dw1, bg.dw2};
+          });
         }
-        add_squares(*gh, true, mesh, sq);
-        Tensor<double, 1> total = on_device(Tensor<double, 1>::full({1}, sq));
-        all_reduce(total, ReduceOp::sum, mesh.world());
-        norm = std::sqrt(total.item());
+        sched.backward(*ge,
+                       [&](const ColW& w_emb) { return std::tuple{embed(ids, w_emb, clock).back(*dh)}; });
+        sched.finish();
+        // Clip by the global norm over the groups (one all_reduce of one double), then AdamW on the shards.
+        norm = clip_grad_norm(kMaxNorm, *ge, gb, *gh);
         int index = 0;
         auto step_group = [&](auto& group) {
-          // Scales the gradient shard when the norm exceeds kMaxNorm (clip_grad_norm's coefficient).
-          clip_grads_with_norm(kMaxNorm, norm, group.grad());
-          opt.step(index++, group.local_param(), group.local_grad());
+          opt.step(index++, group);
           group.zero_grad();
         };
         step_group(*ge);
@@ -765,6 +700,7 @@ struct Model {
         }
         step_group(*gh);
       });
+      clock.blocked += sched.stats().blocked_seconds;
       timing.record(step, steps, took, clock.blocked);
       out.pin(step, comm, want, print_comm);
       out.losses.push_back(loss);

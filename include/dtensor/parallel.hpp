@@ -15,4 +15,5 @@
 #include "dtensor/parallel/optim.hpp"
 #include "dtensor/parallel/param_init.hpp"
 #include "dtensor/parallel/pipeline.hpp"
+#include "dtensor/parallel/schedule.hpp"
 #include "dtensor/parallel/tp.hpp"

@@ -16,12 +16,16 @@
 #include <dtensor/ops/matmul.hpp>
 #include <dtensor/ops/pointwise.hpp>
 #include <dtensor/ops/random.hpp>
+#include <dtensor/parallel/clip.hpp>
 #include <dtensor/parallel/fsdp.hpp>
+#include <dtensor/parallel/optim.hpp>
+#include <dtensor/parallel/schedule.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -300,6 +304,139 @@ void trains_as_one_rank(int ranks, double tol, FsdpOptions options, double loss_
   });
 }
 
+/// What a scheduled training saw besides the losses and parameters.
+struct Scheduled {
+  Trained trained;
+  std::vector<double> norms, inf_norms; // total_norm of the reduced gradients, every step, before clipping
+  std::vector<double> clipped;          // total_norm after clip_grad_norm
+  FsdpScheduleStats stats;              // of the last step
+  std::int64_t all_gathers = 0, reduce_scatters = 0; // CommDebugMode, the last step
+  std::vector<int> unsharded; // groups unsharded as g1's forward and g2's and g1's backward compute, step 0
+};
+
+/// The MLP trained by FsdpSchedule as examples/06 trains its blocks: g1's forward (g2's all_gather in
+/// flight), then g2's forward and backward in one backward call (the head: g1's all_gather in flight), then
+/// g1's backward (gathered again, its bias add rebuilt from the gathered parameters); finish(), the norms of
+/// the flat groups' gradients (l2 and inf), clip_grad_norm over the groups, SGD stepping each group.
+template <class L, class T>
+Scheduled train_scheduled(const DeviceMesh<typename L::Mesh>& mesh, int steps, FsdpScheduleOptions options,
+                          double max_norm) {
+  using M = Model<L, T>;
+  using X = typename L::template X<T>;
+  auto g1 = M::group1(mesh, {});
+  auto g2 = M::group2(mesh, {});
+  optim::SGD opt({.lr = kLr});
+  FsdpSchedule sched(options);
+  sched.add(g1);
+  sched.add(g2);
+  Scheduled out;
+  auto unsharded = [&] { return int(g1.is_unsharded()) + int(g2.is_unsharded()); };
+  for (int step = 0; step < steps; ++step) {
+    const X x = Random<X>::make(mesh, {kBatch, kIn}, 100 + static_cast<std::uint64_t>(step), 1.0);
+    const auto target = targets<typename L::Target>(mesh, step);
+    CommDebugMode comm;
+    sched.reset_stats();
+    auto [u, act] = sched.forward(g1, [&](const auto& w1, const auto& b1) {
+      out.unsharded.push_back(unsharded());
+      auto u = linear(x, w1);
+      return std::pair{u, gelu(add(u, b1), with_backward)};
+    });
+    std::optional<std::remove_cvref_t<decltype(act.output)>> da;
+    sched.backward(g2, [&](const auto& w2, const auto& b2) {
+      out.unsharded.push_back(unsharded());
+      auto z = linear(act.output, w2);
+      auto [zr, rs_back] = [&] {
+        if constexpr (L::tensor_parallel) { // row parallel: [S(0),P] -> [S(0),R], all_reduce over tp
+          return redistribute_with_backward<S<0>, R>(z);
+        } else {
+          auto identity = [](const auto& g) { return g; };
+          return std::pair{z, identity};
+        }
+      }();
+      auto lw = cross_entropy(add(zr, b2), target, with_backward);
+      out.trained.losses.push_back(static_cast<double>(lw.output.local().item()));
+      auto [dzr, db2] = add(zr, b2, with_backward).backward(lw.backward());
+      auto [d_act, dw2] =
+          ProductBackward<true, std::remove_cvref_t<decltype(act.output)>, std::remove_cvref_t<decltype(w2)>>(
+              act.output, w2)(rs_back(dzr));
+      da.emplace(d_act);
+      return std::tuple{dw2, db2};
+    });
+    sched.backward(g1, [&](const auto& w1, const auto& b1) {
+      out.unsharded.push_back(unsharded());
+      auto [du, db1] = add(u, b1, with_backward).backward(act.backward(*da));
+      auto [dx, dw1] = ProductBackward<true, X, std::remove_cvref_t<decltype(w1)>>(x, w1)(du);
+      return std::tuple{dw1, db1};
+    });
+    sched.finish();
+    expect(sched.reductions_in_flight() == 0, "finish() leaves no reduction in flight");
+    out.norms.push_back(total_norm(l2_norm, g1, g2));
+    out.inf_norms.push_back(total_norm(inf_norm, g2, g1));
+    const double norm = clip_grad_norm(max_norm, g1, g2);
+    expect(norm == out.norms.back(), "clip_grad_norm returns the norm before clipping");
+    out.clipped.push_back(total_norm(l2_norm, g1, g2));
+    opt.step(0, g1);
+    opt.step(1, g2);
+    g1.zero_grad();
+    g2.zero_grad();
+    out.stats = sched.stats();
+    out.all_gathers = comm.count("all_gather");
+    out.reduce_scatters = comm.count("reduce_scatter");
+  }
+  g1.unshard();
+  g2.unshard();
+  auto [w1, b1] = g1.params();
+  auto [w2, b2] = g2.params();
+  out.trained.params = {values_of(w1.full_tensor()), values_of(b1.full_tensor()), values_of(w2.full_tensor()),
+                        values_of(b2.full_tensor())};
+  return out;
+}
+
+/// The scheduled training on `ranks` ranks against the same on one rank (losses, parameters, norms before
+/// and after clipping), and the schedule's collectives and prefetch pinned.
+template <class L, class... Sizes>
+void schedule_trains_as_one_rank(int ranks, FsdpScheduleOptions options, double max_norm, Sizes... sizes) {
+  constexpr double tol = 1e-12;
+  Scheduled want;
+  testing::run_ranks(1, [&](ProcessGroup& one) {
+    want = train_scheduled<L, double>(init_device_mesh<typename L::Mesh>(one, (sizes * 0 + 1)...), kSteps,
+                                      options, max_norm);
+  });
+  testing::run_ranks(ranks, [&](ProcessGroup& world) {
+    const auto mesh = init_device_mesh<typename L::Mesh>(world, sizes...);
+    const Scheduled got = train_scheduled<L, double>(mesh, kSteps, options, max_norm);
+    const std::string what = "rank " + std::to_string(world.rank()) + " of " + std::to_string(ranks);
+    compare(got.trained, want.trained, tol, what);
+    auto close = [&](double a, double b) { return std::abs(a - b) <= tol * (1 + std::abs(b)); };
+    for (std::size_t s = 0; s < want.norms.size(); ++s) {
+      expect(close(got.norms[s], want.norms[s]) && close(got.inf_norms[s], want.inf_norms[s]) &&
+                 close(got.clipped[s], want.clipped[s]),
+             what + ": step " + std::to_string(s) + " norms " + std::to_string(got.norms[s]) + ", " +
+                 std::to_string(got.inf_norms[s]) + ", clipped " + std::to_string(got.clipped[s]) +
+                 "; one rank's " + std::to_string(want.norms[s]) + ", " + std::to_string(want.inf_norms[s]) +
+                 ", " + std::to_string(want.clipped[s]));
+      expect(want.norms[s] <= max_norm ||
+                 close(want.clipped[s], max_norm * want.norms[s] / (want.norms[s] + 1e-6)),
+             "clipping scales the norm to max_norm");
+    }
+    // g1 is resharded after its forward (not the last group) and gathered again for its backward; g2, the
+    // last group, is gathered once; each group reduced once.
+    const int gathers = options.reshard_after_forward ? 3 : 2;
+    expect(got.all_gathers == gathers && got.stats.all_gathers == gathers,
+           what + ": " + std::to_string(got.all_gathers) + " all_gathers (schedule: " +
+               std::to_string(got.stats.all_gathers) + "), want " + std::to_string(gathers));
+    expect(got.reduce_scatters == 2 && got.stats.reductions == 2, what + ": one reduce_scatter per group");
+    // prefetch 1: the next group (forward order in the forward, reverse in the backward) is in flight as a
+    // group computes; prefetch 0: only the computing group (and g1, when kept gathered, in the backward).
+    const int p = options.prefetch > 0 ? 1 : 0;
+    const std::vector<int> unsharded{1 + p, options.reshard_after_forward ? 1 + p : 2, 1};
+    expect(std::vector<int>(got.unsharded.begin(), got.unsharded.begin() + 3) == unsharded,
+           what + ": groups unsharded as each call computes " + std::to_string(got.unsharded[0]) + ", " +
+               std::to_string(got.unsharded[1]) + ", " + std::to_string(got.unsharded[2]));
+    expect(got.stats.blocked_seconds >= 0, "blocked time is measured");
+  });
+}
+
 } // namespace
 
 TEST_CASE("FSDP on 1-4 ranks trains the MLP as one rank does (uneven shards)", "[parallel][fsdp]") {
@@ -426,6 +563,39 @@ TEST_CASE("memory: a rank holds 1/n of the group, plus the gathered buffer while
     expect(gathered.expired(),
            who + ": the gathered buffer is freed once the group resharded and the views are gone");
   });
+}
+
+TEST_CASE("FsdpSchedule: prefetch, reshard after forward, reductions in flight, clip and step on groups",
+          "[parallel][fsdp][schedule]") {
+  SECTION("FSDP on 1-4 ranks, clipping active") {
+    for (int n = 1; n <= 4; ++n) {
+      INFO("ranks " << n);
+      schedule_trains_as_one_rank<FsdpLayout>(n, {}, 0.05, n);
+    }
+  }
+  SECTION("options: no prefetch, kept gathered (ZeRO-2), one reduction in flight, overlap off") {
+    schedule_trains_as_one_rank<FsdpLayout>(3, {.prefetch = 0}, 0.05, 3);
+    schedule_trains_as_one_rank<FsdpLayout>(3, {.reshard_after_forward = false, .max_reductions = 1}, 0.05,
+                                            3);
+    schedule_trains_as_one_rank<FsdpLayout>(2, {.overlap = false}, 1e9, 2);
+  }
+  SECTION("HSDP and FSDP x TP: each gradient element counted once in the norm") {
+    schedule_trains_as_one_rank<HsdpLayout>(4, {}, 0.05, 2, 2);
+    schedule_trains_as_one_rank<FsdpTpLayout>(4, {}, 0.05, 2, 2);
+  }
+  SECTION("a group not added is an error naming the call") {
+    testing::run_ranks(1, [&](ProcessGroup& world) {
+      const auto mesh = init_device_mesh<FsdpLayout::Mesh>(world, 1);
+      auto g1 = Model<FsdpLayout, double>::group1(mesh, {});
+      auto g2 = Model<FsdpLayout, double>::group2(mesh, {});
+      FsdpSchedule sched;
+      sched.add(g1);
+      CHECK_THROWS_WITH(sched.forward(g2, [](const auto&, const auto&) { return 0; }),
+                        Catch::Contains("FsdpSchedule::forward: the group was not added"));
+      CHECK_THROWS_WITH(sched.add(g1), Catch::Contains("was added already"));
+      CHECK_THROWS_WITH(FsdpSchedule({.max_reductions = 0}), Catch::Contains("max_reductions must be >= 1"));
+    });
+  }
 }
 
 TEST_CASE("FlatLayout: parameters in order, torch.chunk shards, pieces per rank", "[parallel][fsdp]") {

@@ -19,12 +19,19 @@
 // The sums run as a local kernel on the library's launcher: one partial sum per tile (a whole run on the
 // host, a block of elements per thread on CUDA), added on the host; the one double the ranks all_reduce is
 // on the gradients' device (host or CUDA: gloo, MPI or NCCL). `local_norm_sum(x)` is that per-shard sum for
-// a plain local tensor, for gradients held outside DTensors (e.g. the pieces of a FlatParamGroup's gradient
-// shard, examples/06_train.cpp), whose caller completes the sum over the ranks itself.
+// a plain local tensor, whose caller completes the sum over the ranks itself.
+//
+// FSDP's flat groups are gradient holders (the GradientHolder concept): `clip_grad_norm(1.0, emb, blocks...,
+// head)` takes FlatParamGroups, mixed with DTensors of the same mesh. A group's gradient shard holds pieces
+// of its parameters; a piece counts on the ranks at coordinate 0 of each axis of the call's group where its
+// parameter is not Shard (the FSDP shard axis excepted: its ranks hold disjoint pieces), and clipping scales
+// the gradient shard in place.
 
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <limits>
+#include <ranges>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -165,6 +172,28 @@ double local_norm_sum(const Tensor<T, R>& x, NormType type = l2_norm) {
 
 } // namespace DTENSOR_LOCAL_OPS_NS
 
+/// A holder of gradient shards that the norm functions take besides DTensors (FlatParamGroup,
+/// parallel/fsdp.hpp): the mesh axes where its ranks' shards differ, this rank's share of the sum over
+/// `group_axes` (each element counted once over the mesh), and scaling in place.
+template <class H>
+concept GradientHolder = requires(const H& h, NormType type, AxisMask axes, double coef) {
+  { H::grad_norm_axes() } -> std::same_as<AxisMask>;
+  { h.local_grad_norm_sum(type, axes) } -> std::same_as<double>;
+  h.scale_grad(coef);
+  h.local_grad();
+  h.mesh();
+};
+
+/// One gradient: a DTensor or a gradient holder.
+template <class G>
+concept GradientTensorOrHolder = AnyDTensor<G> || GradientHolder<std::remove_cvref_t<G>>;
+
+/// What total_norm and clip_grad_norm take: gradient DTensors, gradient holders, and ranges of either (a
+/// std::vector of the blocks' groups), mixed.
+template <class G>
+concept GradientSource = GradientTensorOrHolder<G> ||
+    (std::ranges::input_range<const G>&& GradientTensorOrHolder<std::ranges::range_value_t<const G>>);
+
 namespace detail {
 
 /// Whether this rank contributes gradient G's sum: it sits at coordinate 0 of every axis in `group_axes`
@@ -179,63 +208,128 @@ bool counts_here(const G& g, AxisMask group_axes) {
   return true;
 }
 
+/// The one gradient type of a source (its elements' for a range).
+template <class G>
+struct gradient_of {
+  using type = G;
+};
+template <class G>
+requires(!GradientTensorOrHolder<G>) struct gradient_of<G> {
+  using type = std::ranges::range_value_t<const G>;
+};
+template <class G>
+using gradient_of_t = typename gradient_of<G>::type;
+
+/// f(gradient) for the source's gradient, or for each element of a range.
+template <class G, class F>
+void for_each_gradient(const G& g, F&& f) {
+  if constexpr (GradientTensorOrHolder<G>) {
+    f(g);
+  } else {
+    for (const auto& e : g) {
+      f(e);
+    }
+  }
+}
+
+/// The axes where a gradient's shards differ, this rank's share of its sum, its device, scaling.
+template <class G>
+constexpr AxisMask norm_axes() {
+  if constexpr (AnyDTensor<G>) {
+    static_assert(check_clip_grad<G>());
+    return shard_axes(G::placements);
+  } else {
+    return G::grad_norm_axes();
+  }
+}
+template <class G>
+double norm_share(const G& g, NormType type, AxisMask group_axes) {
+  if constexpr (AnyDTensor<G>) {
+    // Every rank adds to the max (replicas hold the same values); sums only once per block.
+    return type.is_inf() || counts_here(g, group_axes) ? detail::local_norm_sum(g.local(), type) : 0.0;
+  } else {
+    return g.local_grad_norm_sum(type, group_axes);
+  }
+}
+template <class G>
+Device norm_device(const G& g) {
+  if constexpr (AnyDTensor<G>) {
+    return g.local().device();
+  } else {
+    return g.local_grad().device();
+  }
+}
+template <class G>
+void scale_gradient(const G& g, double coef) {
+  if constexpr (AnyDTensor<G>) {
+    local::scale(g.local(), coef);
+  } else {
+    g.scale_grad(coef);
+  }
+}
+
 } // namespace detail
 
-/// The norm of all the gradients' global elements together (see the header comment); the same value on
-/// every rank. Collective over the mesh axes where any gradient is Shard.
-template <AnyDTensor G0, AnyDTensor... G>
+/// The norm of all the gradients' global elements together (see the header comment): gradient DTensors,
+/// gradient holders (FlatParamGroup) and ranges of them, on one mesh; the same value on every rank.
+/// Collective over the mesh axes where any gradient is Shard.
+template <GradientSource G0, GradientSource... G>
 double total_norm(NormType type, const G0& g0, const G&... grads) {
-  static_assert((detail::check_clip_grad<std::remove_cvref_t<G0>>() && ... &&
-                 detail::check_clip_grad<std::remove_cvref_t<G>>()));
-  static_assert((std::is_same_v<typename detail::dtensor_traits<std::remove_cvref_t<G0>>::shape_type,
-                                typename detail::dtensor_traits<std::remove_cvref_t<G>>::shape_type> &&
-                 ...),
-                "clip_grad_norm: every gradient must be on the same mesh");
-  DTENSOR_CHECK(type.p > 0, "clip_grad_norm: norm_type must be positive, not " + std::to_string(type.p));
-  DTENSOR_CHECK(
-      ((grads.mesh().sizes() == g0.mesh().sizes() && grads.mesh().coordinate() == g0.mesh().coordinate()) &&
+  using Mesh0 = std::remove_cvref_t<decltype(std::declval<const detail::gradient_of_t<G0>&>().mesh())>;
+  static_assert(
+      (std::is_same_v<
+           Mesh0, std::remove_cvref_t<decltype(std::declval<const detail::gradient_of_t<G>&>().mesh())>> &&
        ...),
       "clip_grad_norm: every gradient must be on the same mesh");
-  constexpr AxisMask axes = (detail::shard_axes(G0::placements) | ... | detail::shard_axes(G::placements));
+  DTENSOR_CHECK(type.p > 0, "clip_grad_norm: norm_type must be positive, not " + std::to_string(type.p));
+  constexpr AxisMask axes =
+      (detail::norm_axes<detail::gradient_of_t<G0>>() | ... | detail::norm_axes<detail::gradient_of_t<G>>());
   double acc = 0;
+  const Mesh0* mesh = nullptr; // the first gradient's: the others must match it
+  Device device;
   auto add = [&](const auto& g) {
-    // Every rank of the group adds to the max (replicas hold the same values); sums only once per block.
-    if (type.is_inf() || detail::counts_here(g, axes)) {
-      const double s = detail::local_norm_sum(g.local(), type);
-      acc = type.is_inf() ? (s > acc || s != s ? s : acc) : acc + s;
+    if (mesh == nullptr) {
+      mesh = &g.mesh();
+      device = detail::norm_device(g);
     }
+    DTENSOR_CHECK(g.mesh().sizes() == mesh->sizes() && g.mesh().coordinate() == mesh->coordinate(),
+                  "clip_grad_norm: every gradient must be on the same mesh");
+    const double s = detail::norm_share(g, type, axes);
+    acc = type.is_inf() ? (s > acc || s != s ? s : acc) : acc + s;
   };
-  add(g0);
-  (add(grads), ...);
+  detail::for_each_gradient(g0, add);
+  (detail::for_each_gradient(grads, add), ...);
   if constexpr (axes != 0) {
-    // On the gradients' device: NCCL reduces device memory only.
-    Tensor<double, 1> total = Tensor<double, 1>::full({1}, acc, g0.local().device());
-    all_reduce(total, type.is_inf() ? ReduceOp::max : ReduceOp::sum, g0.mesh().group_over(axes));
-    acc = total.item();
+    if (mesh != nullptr) { // every rank holds the same sources, so all of them call or none does
+      // On the gradients' device: NCCL reduces device memory only.
+      Tensor<double, 1> total = Tensor<double, 1>::full({1}, acc, device);
+      all_reduce(total, type.is_inf() ? ReduceOp::max : ReduceOp::sum, mesh->group_over(axes));
+      acc = total.item();
+    }
   }
   return type.is_inf() ? acc : (type.p == 2 ? std::sqrt(acc) : std::pow(acc, 1.0 / type.p));
 }
 
 /// Scales every gradient's shard in place by clip_coef = max_norm / (norm + 1e-6) when that is below 1
 /// (torch.nn.utils.clip_grads_with_norm_); `norm` is total_norm's result. No communication.
-template <AnyDTensor... G>
+template <GradientSource... G>
 void clip_grads_with_norm(double max_norm, double norm, const G&... grads) {
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1 || coef != coef) {
-    (local::scale(grads.local(), coef), ...);
+    (detail::for_each_gradient(grads, [&](const auto& g) { detail::scale_gradient(g, coef); }), ...);
   }
 }
 
 /// Clips the gradients by their global p-norm (torch.nn.utils.clip_grad_norm_): returns the norm before
 /// clipping and scales the gradients' shards in place when it exceeds max_norm.
-template <AnyDTensor G0, AnyDTensor... G>
+template <GradientSource G0, GradientSource... G>
 double clip_grad_norm(double max_norm, NormType type, const G0& g0, const G&... grads) {
   const double norm = total_norm(type, g0, grads...);
   clip_grads_with_norm(max_norm, norm, g0, grads...);
   return norm;
 }
 /// The 2-norm form: clip_grad_norm(max_norm, grads...).
-template <AnyDTensor G0, AnyDTensor... G>
+template <GradientSource G0, GradientSource... G>
 double clip_grad_norm(double max_norm, const G0& g0, const G&... grads) {
   return clip_grad_norm(max_norm, l2_norm, g0, grads...);
 }

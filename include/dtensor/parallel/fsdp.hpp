@@ -81,6 +81,7 @@
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/ops/typed_rules.hpp"
+#include "dtensor/parallel/clip.hpp"
 #include "dtensor/parallel/flat_layout.hpp"
 #include "dtensor/tensor/distribute.hpp"
 #include "dtensor/tensor/dtensor.hpp"
@@ -343,6 +344,8 @@ public:
 
   const mesh_type& mesh() const noexcept { return mesh_; }
   const FsdpOptions& options() const noexcept { return options_; }
+  /// The identity of the group's shared state: equal for copies of one group (handles), unequal otherwise.
+  const void* identity() const noexcept { return state_.get(); }
   /// The parameters' places in the flat buffer.
   const FlatLayout& flat_layout() const noexcept { return layout_; }
 
@@ -435,6 +438,43 @@ public:
     }
     return *state_->grad;
   }
+
+  // ---- the gradients' norm (total_norm and clip_grad_norm take groups, parallel/clip.hpp)
+  // ------------------
+
+  /// The mesh axes where the gradient shards of the group's ranks hold different elements: the shard axis,
+  /// and every axis where some parameter is Shard (tensor parallel).
+  static constexpr AxisMask grad_norm_axes() {
+    AxisMask m = axis_bit(Axes::shard);
+    ((m |= detail::shard_axes(detail::param_t<T, Mesh, Ps>::placements)), ...);
+    return m;
+  }
+  /// This rank's share of the gradients' norm: the sum of |x|^p (the largest |x| for the inf norm) over
+  /// its gradient shard, where a parameter's piece counts only on coordinate 0 of each axis in
+  /// `group_axes` on which that parameter is not Shard (its other coordinates hold the same values), the
+  /// shard axis excepted (its ranks hold disjoint pieces). Finishes a reduction in flight.
+  double local_grad_norm_sum(NormType type, AxisMask group_axes) const {
+    static constexpr std::array<AxisMask, N> sharded{
+        detail::shard_axes(detail::param_t<T, Mesh, Ps>::placements)...};
+    const Tensor<ReduceT, 1> g = local_grad();
+    const auto& c = mesh_.coordinate();
+    double acc = 0;
+    for (const FlatPiece& piece : layout_.pieces(mesh_.size(Axes::shard), c[Axes::shard])) {
+      bool counts = true;
+      for (int a = 0; a < Mesh::rank && !type.is_inf(); ++a) {
+        const bool replica = (group_axes & axis_bit(a)) && a != Axes::shard &&
+                             !(sharded[static_cast<std::size_t>(piece.param)] & axis_bit(a));
+        counts = counts && !(replica && c[a] != 0);
+      }
+      if (counts) {
+        const double s = dtensor::local_norm_sum(g.narrow(0, piece.shard_at, piece.numel), type);
+        acc = type.is_inf() ? (s > acc || s != s ? s : acc) : acc + s;
+      }
+    }
+    return acc;
+  }
+  /// Multiplies the gradient shard by `coef` in place (clip_grads_with_norm).
+  void scale_grad(double coef) const { local::scale(local_grad(), coef); }
 
   // ---- memory --------------------------------------------------------------------------------------------
 

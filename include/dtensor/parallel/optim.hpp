@@ -436,6 +436,21 @@ public:
     self().update(index, param_shard, grad_shard, Extents{param_shard.numel()});
   }
 
+  /// Steps an FSDP group's shard as parameter `index`: its local_param() with its local_grad(), element for
+  /// element (a FlatParamGroup, parallel/fsdp.hpp). The state has the shard's shape.
+  template <class Group>
+  requires requires(const Group& g) {
+    g.local_param();
+    g.local_grad();
+    g.flat_layout();
+  }
+  void step(int index, const Group& group) {
+    static_assert(std::is_same_v<typename Group::value_type, typename Group::reduce_type>,
+                  "optimizer step(index, group): the group reduces its gradients in another type than its "
+                  "parameters'; step local_param() with a gradient shard converted to that type");
+    step(index, group.local_param(), group.local_grad());
+  }
+
   /// Steps every parameter: parameter i is element i of `params` (std::tie(w1, w2, ...)), its gradient
   /// element i of `grads`.
   template <class... P, class... G>
