@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <iomanip>
@@ -335,6 +336,27 @@ TEST_CASE("local attention forward and backward equal the reference", "[ops][att
     check_local<double>({2, 4, 2, 70, 140, 5, 4}, true, 1e-12, p);
   }
 #endif
+}
+
+TEST_CASE("the softmax's exponential pass: the run-time chosen loop equals the portable one bit for bit",
+          "[ops][attention]") {
+  // exp_shifted picks an AVX2 clone where the CPU has it (no FMA: the same IEEE operations, 8 lanes);
+  // every 4093rd float bit pattern (NaNs, infinities, subnormals included) and -inf, a masked score.
+  std::vector<float> a;
+  for (std::uint64_t u = 0; u <= 0xFFFFFFFFu; u += 4093) {
+    a.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(u)));
+  }
+  a.push_back(-std::numeric_limits<float>::infinity());
+  std::vector<float> b = a;
+  local::attention_detail::exp_shifted(a.data(), static_cast<std::int64_t>(a.size()), 1.5f);
+  local::attention_detail::exp_shifted_blocks(b.data(), static_cast<std::int64_t>(b.size()), 1.5f);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    differ += std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i]);
+  }
+  CHECK(differ == 0);
+  CHECK(a.back() == 0.0f);                          // exp(-inf - shift) is exactly 0
+  CHECK(std::abs(a[1] - std::exp(-1.5f)) <= 2e-7f); // a subnormal x: exp(x - 1.5) within 1 ulp
 }
 
 TEST_CASE("local attention: shapes that do not fit are errors naming them", "[ops][attention]") {

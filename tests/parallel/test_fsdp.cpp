@@ -318,9 +318,35 @@ struct Scheduled {
 /// flight), then g2's forward and backward in one backward call (the head: g1's all_gather in flight), then
 /// g1's backward (gathered again, its bias add rebuilt from the gathered parameters); finish(), the norms of
 /// the flat groups' gradients (l2 and inf), clip_grad_norm over the groups, SGD stepping each group.
+///
+/// Batches: `micro` micro-batches of kBatch rows a step, the gradients accumulated without synchronisation
+/// (set_requires_gradient_sync(false)) but for the last, each loss scaled by 1 / micro; with `whole`, one
+/// batch of micro x kBatch rows instead, the same rows (the reference of the accumulation).
+struct Batches {
+  int micro = 1;
+  bool whole = false;
+};
+
+/// Rows [first, first + n) of step `step`'s inputs and targets (integer multiples of 1/8), distributed
+/// as X and Target (each rank keeps its rows: no communication).
+template <class X, class Target>
+std::pair<X, Target> batch_rows(const typename X::mesh_type& mesh, int step, std::int64_t first,
+                                std::int64_t n) {
+  Tensor<typename X::value_type, 2> x({n, kIn});
+  Tensor<std::int64_t, 1> t({n});
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t r = first + i;
+    for (std::int64_t j = 0; j < kIn; ++j) {
+      x(i, j) = typename X::value_type(static_cast<double>((r * 7 + j * 5 + step * 3) % 13 - 6) / 8);
+    }
+    t(i) = (r * 3 + step + r * r) % kClasses;
+  }
+  return {detail::distribute_as<X>::from_full(mesh, x), detail::distribute_as<Target>::from_full(mesh, t)};
+}
+
 template <class L, class T>
 Scheduled train_scheduled(const DeviceMesh<typename L::Mesh>& mesh, int steps, FsdpScheduleOptions options,
-                          double max_norm) {
+                          double max_norm, Batches batches = {}) {
   using M = Model<L, T>;
   using X = typename L::template X<T>;
   auto g1 = M::group1(mesh, {});
@@ -331,44 +357,51 @@ Scheduled train_scheduled(const DeviceMesh<typename L::Mesh>& mesh, int steps, F
   sched.add(g2);
   Scheduled out;
   auto unsharded = [&] { return int(g1.is_unsharded()) + int(g2.is_unsharded()); };
+  const int micro = batches.whole ? 1 : batches.micro;
+  const std::int64_t rows = batches.whole ? batches.micro * kBatch : kBatch;
   for (int step = 0; step < steps; ++step) {
-    const X x = Random<X>::make(mesh, {kBatch, kIn}, 100 + static_cast<std::uint64_t>(step), 1.0);
-    const auto target = targets<typename L::Target>(mesh, step);
     CommDebugMode comm;
     sched.reset_stats();
-    auto [u, act] = sched.forward(g1, [&](const auto& w1, const auto& b1) {
-      out.unsharded.push_back(unsharded());
-      auto u = linear(x, w1);
-      return std::pair{u, gelu(add(u, b1), with_backward)};
-    });
-    std::optional<std::remove_cvref_t<decltype(act.output)>> da;
-    sched.backward(g2, [&](const auto& w2, const auto& b2) {
-      out.unsharded.push_back(unsharded());
-      auto z = linear(act.output, w2);
-      auto [zr, rs_back] = [&] {
-        if constexpr (L::tensor_parallel) { // row parallel: [S(0),P] -> [S(0),R], all_reduce over tp
-          return redistribute_with_backward<S<0>, R>(z);
-        } else {
-          auto identity = [](const auto& g) { return g; };
-          return std::pair{z, identity};
-        }
-      }();
-      auto lw = cross_entropy(add(zr, b2), target, with_backward);
-      out.trained.losses.push_back(static_cast<double>(lw.output.local().item()));
-      auto [dzr, db2] = add(zr, b2, with_backward).backward(lw.backward());
-      auto [d_act, dw2] =
-          ProductBackward<true, std::remove_cvref_t<decltype(act.output)>, std::remove_cvref_t<decltype(w2)>>(
-              act.output, w2)(rs_back(dzr));
-      da.emplace(d_act);
-      return std::tuple{dw2, db2};
-    });
-    sched.backward(g1, [&](const auto& w1, const auto& b1) {
-      out.unsharded.push_back(unsharded());
-      auto [du, db1] = add(u, b1, with_backward).backward(act.backward(*da));
-      auto [dx, dw1] = ProductBackward<true, X, std::remove_cvref_t<decltype(w1)>>(x, w1)(du);
-      return std::tuple{dw1, db1};
-    });
+    double loss = 0;
+    for (int k = 0; k < micro; ++k) {
+      const auto [x, target] = batch_rows<X, typename L::Target>(mesh, step, k * rows, rows);
+      sched.set_requires_gradient_sync(k + 1 == micro);
+      auto [u, act] = sched.forward(g1, [&](const auto& w1, const auto& b1) {
+        out.unsharded.push_back(unsharded());
+        auto u = linear(x, w1);
+        return std::pair{u, gelu(add(u, b1), with_backward)};
+      });
+      std::optional<std::remove_cvref_t<decltype(act.output)>> da;
+      sched.backward(g2, [&](const auto& w2, const auto& b2) {
+        out.unsharded.push_back(unsharded());
+        auto z = linear(act.output, w2);
+        auto [zr, rs_back] = [&] {
+          if constexpr (L::tensor_parallel) { // row parallel: [S(0),P] -> [S(0),R], all_reduce over tp
+            return redistribute_with_backward<S<0>, R>(z);
+          } else {
+            auto identity = [](const auto& g) { return g; };
+            return std::pair{z, identity};
+          }
+        }();
+        auto lw = cross_entropy(add(zr, b2), target, with_backward);
+        loss += static_cast<double>(lw.output.local().item()) / micro;
+        auto [dzr, db2] = add(zr, b2, with_backward).backward(lw.backward(1.0 / micro));
+        auto [d_act, dw2] = ProductBackward<true, std::remove_cvref_t<decltype(act.output)>,
+                                            std::remove_cvref_t<decltype(w2)>>(act.output, w2)(rs_back(dzr));
+        da.emplace(d_act);
+        return std::tuple{dw2, db2};
+      });
+      sched.backward(g1, [&](const auto& w1, const auto& b1) {
+        out.unsharded.push_back(unsharded());
+        auto [du, db1] = add(u, b1, with_backward).backward(act.backward(*da));
+        auto [dx, dw1] = ProductBackward<true, X, std::remove_cvref_t<decltype(w1)>>(x, w1)(du);
+        return std::tuple{dw1, db1};
+      });
+    }
+    out.trained.losses.push_back(loss);
     sched.finish();
+    expect(g1.unsynced_numel() == 0 && g2.unsynced_numel() == 0,
+           "the last micro-batch's reduction empties the accumulators");
     expect(sched.reductions_in_flight() == 0, "finish() leaves no reduction in flight");
     out.norms.push_back(total_norm(l2_norm, g1, g2));
     out.inf_norms.push_back(total_norm(inf_norm, g2, g1));
@@ -394,17 +427,19 @@ Scheduled train_scheduled(const DeviceMesh<typename L::Mesh>& mesh, int steps, F
 
 /// The scheduled training on `ranks` ranks against the same on one rank (losses, parameters, norms before
 /// and after clipping), and the schedule's collectives and prefetch pinned.
+/// With `micro` > 1 the ranks accumulate micro-batches and one rank trains on the whole batch.
 template <class L, class... Sizes>
-void schedule_trains_as_one_rank(int ranks, FsdpScheduleOptions options, double max_norm, Sizes... sizes) {
+void schedule_trains_as_one_rank(int ranks, FsdpScheduleOptions options, double max_norm, int micro,
+                                 Sizes... sizes) {
   constexpr double tol = 1e-12;
   Scheduled want;
   testing::run_ranks(1, [&](ProcessGroup& one) {
     want = train_scheduled<L, double>(init_device_mesh<typename L::Mesh>(one, (sizes * 0 + 1)...), kSteps,
-                                      options, max_norm);
+                                      options, max_norm, {.micro = micro, .whole = true});
   });
   testing::run_ranks(ranks, [&](ProcessGroup& world) {
     const auto mesh = init_device_mesh<typename L::Mesh>(world, sizes...);
-    const Scheduled got = train_scheduled<L, double>(mesh, kSteps, options, max_norm);
+    const Scheduled got = train_scheduled<L, double>(mesh, kSteps, options, max_norm, {.micro = micro});
     const std::string what = "rank " + std::to_string(world.rank()) + " of " + std::to_string(ranks);
     compare(got.trained, want.trained, tol, what);
     auto close = [&](double a, double b) { return std::abs(a - b) <= tol * (1 + std::abs(b)); };
@@ -421,11 +456,12 @@ void schedule_trains_as_one_rank(int ranks, FsdpScheduleOptions options, double 
     }
     // g1 is resharded after its forward (not the last group) and gathered again for its backward; g2, the
     // last group, is gathered once; each group reduced once.
-    const int gathers = options.reshard_after_forward ? 3 : 2;
+    const int gathers = micro * (options.reshard_after_forward ? 3 : 2);
     expect(got.all_gathers == gathers && got.stats.all_gathers == gathers,
            what + ": " + std::to_string(got.all_gathers) + " all_gathers (schedule: " +
                std::to_string(got.stats.all_gathers) + "), want " + std::to_string(gathers));
-    expect(got.reduce_scatters == 2 && got.stats.reductions == 2, what + ": one reduce_scatter per group");
+    expect(got.reduce_scatters == 2 && got.stats.reductions == 2,
+           what + ": one reduce_scatter per group, after the last micro-batch");
     // prefetch 1: the next group (forward order in the forward, reverse in the backward) is in flight as a
     // group computes; prefetch 0: only the computing group (and g1, when kept gathered, in the backward).
     const int p = options.prefetch > 0 ? 1 : 0;
@@ -570,18 +606,26 @@ TEST_CASE("FsdpSchedule: prefetch, reshard after forward, reductions in flight, 
   SECTION("FSDP on 1-4 ranks, clipping active") {
     for (int n = 1; n <= 4; ++n) {
       INFO("ranks " << n);
-      schedule_trains_as_one_rank<FsdpLayout>(n, {}, 0.05, n);
+      schedule_trains_as_one_rank<FsdpLayout>(n, {}, 0.05, 1, n);
     }
   }
   SECTION("options: no prefetch, kept gathered (ZeRO-2), one reduction in flight, overlap off") {
-    schedule_trains_as_one_rank<FsdpLayout>(3, {.prefetch = 0}, 0.05, 3);
+    schedule_trains_as_one_rank<FsdpLayout>(3, {.prefetch = 0}, 0.05, 1, 3);
     schedule_trains_as_one_rank<FsdpLayout>(3, {.reshard_after_forward = false, .max_reductions = 1}, 0.05,
                                             3);
-    schedule_trains_as_one_rank<FsdpLayout>(2, {.overlap = false}, 1e9, 2);
+    schedule_trains_as_one_rank<FsdpLayout>(2, {.overlap = false}, 1e9, 1, 2);
   }
   SECTION("HSDP and FSDP x TP: each gradient element counted once in the norm") {
-    schedule_trains_as_one_rank<HsdpLayout>(4, {}, 0.05, 2, 2);
-    schedule_trains_as_one_rank<FsdpTpLayout>(4, {}, 0.05, 2, 2);
+    schedule_trains_as_one_rank<HsdpLayout>(4, {}, 0.05, 1, 2, 2);
+    schedule_trains_as_one_rank<FsdpTpLayout>(4, {}, 0.05, 1, 2, 2);
+  }
+  SECTION("gradient accumulation: 3 micro-batches, one reduction, equal to one batch 3x larger") {
+    for (int n = 1; n <= 4; ++n) {
+      INFO("ranks " << n);
+      schedule_trains_as_one_rank<FsdpLayout>(n, {}, 0.05, 3, n);
+    }
+    schedule_trains_as_one_rank<HsdpLayout>(4, {}, 0.05, 2, 2, 2);
+    schedule_trains_as_one_rank<FsdpTpLayout>(4, {.reshard_after_forward = false}, 0.05, 2, 2, 2);
   }
   SECTION("a group not added is an error naming the call") {
     testing::run_ranks(1, [&](ProcessGroup& world) {

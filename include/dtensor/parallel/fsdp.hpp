@@ -52,7 +52,10 @@
 // rank's. With `ReduceOp::avg` the sum is then divided by the number of data-parallel ranks (shard x
 // replicate), as torch FSDP does by default for a loss that is each rank's own mean. Gradients accumulate
 // into the gradient shard until `zero_grad()`. `reduce_gradients(async_op, grads...)` returns an FsdpWork
-// with the reduce_scatter in flight (for Hsdp the all_reduce runs in wait()).
+// with the reduce_scatter in flight (for Hsdp the all_reduce runs in wait()). Gradient accumulation without
+// synchronisation: `accumulate_gradients(grads...)` for the first K - 1 micro-batches adds them to an
+// unsharded accumulator (no reduction over the FSDP axes), and the last micro-batch's reduce_gradients
+// reduces the sum once (FSDP2's set_requires_gradient_sync(False); FsdpSchedule's of the same name).
 //
 // A group is a handle: copies share the buffers and the pending operations. Every rank of the mesh makes
 // the same calls on its groups in the same order, as for any collective.
@@ -405,6 +408,10 @@ public:
     state_->wait_gradients();
     Tensor<ReduceT, 1> flat({layout_.total()}, state_->shard->local().device());
     pack_gradients(flat, std::make_index_sequence<N>{}, grads...);
+    if (state_->unsynced) { // the micro-batches accumulated without synchronisation
+      local::map_into(flat, local::Add{}, flat, *state_->unsynced);
+      state_->unsynced.reset();
+    }
     using FlatPartial = typename Axes::template partial<ReduceT>;
     const FlatPartial p(Axes::flat_mesh(mesh_), std::move(flat), {layout_.total()});
     state_->pending_grad.emplace(detail::distribute_as<grad_shard_type>::start(p));
@@ -413,10 +420,33 @@ public:
     return FsdpWork([s] { s->wait_gradients(); },
                     [s] { return !s->pending_grad || s->pending_grad->is_completed(); });
   }
-  /// Forgets the accumulated gradient shard (after finishing a reduction in flight).
+  /// Gradient accumulation without synchronisation (FSDP2's set_requires_gradient_sync(false), DDP's
+  /// no_sync): adds the gradients, brought to the placements reduce_gradients packs (a Partial over a
+  /// non-FSDP axis is all-reduced there), to an unsharded flat accumulator in ReduceT, with no
+  /// communication over the FSDP axes. The next reduce_gradients adds the accumulator to its own gradients
+  /// before its one reduce_scatter, and empties it: K micro-batches cost one reduction. Memory: one
+  /// unsharded flat gradient (unsynced_numel()) until then.
+  template <AnyDTensor... G>
+  void accumulate_gradients(const G&... grads) {
+    static_assert(sizeof...(G) == N, "FlatParamGroup::accumulate_gradients: pass one gradient per parameter, "
+                                     "in the group's order");
+    Tensor<ReduceT, 1> flat({layout_.total()}, state_->shard->local().device());
+    pack_gradients(flat, std::make_index_sequence<N>{}, grads...);
+    if (!state_->unsynced) {
+      state_->unsynced.emplace(std::move(flat));
+    } else {
+      local::map_into(*state_->unsynced, local::Add{}, *state_->unsynced, flat);
+    }
+  }
+  /// Elements of the unsynchronised accumulator (0 when there is none).
+  std::int64_t unsynced_numel() const noexcept { return state_->unsynced ? state_->unsynced->numel() : 0; }
+
+  /// Forgets the accumulated gradient shard (after finishing a reduction in flight) and the unsynchronised
+  /// accumulator.
   void zero_grad() {
     state_->wait_gradients();
     state_->grad.reset();
+    state_->unsynced.reset();
   }
 
   // ---- the local shards, for an optimizer ----------------------------------------------------------------
@@ -504,6 +534,7 @@ private:
     std::optional<PendingGather> pending_unshard;
     std::optional<grad_shard_type> grad;
     std::optional<PendingGrad> pending_grad;
+    std::optional<Tensor<ReduceT, 1>> unsynced; ///< accumulate_gradients' unsharded sum
     double grad_scale = 1.0;
 
     void wait_unshard() {

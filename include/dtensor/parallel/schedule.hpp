@@ -38,6 +38,10 @@
 // waits (and in the calls that issue reductions: a gradient Partial over a non-FSDP axis is all-reduced
 // there first, blocking).
 //
+// Gradient accumulation: set_requires_gradient_sync(false) for the first K - 1 micro-batches makes
+// backward accumulate each group's gradients unsharded (no reduction), and the last micro-batch's
+// backward, with sync back on, reduces the sum once: K micro-batches equal one batch K times larger.
+//
 // Every rank makes the same calls in the same order, as for any collective. Groups are handles
 // (FlatParamGroup copies share their state): the schedule keeps copies, and forward/backward find a group
 // by its identity(); a group that was not added is an error naming the call.
@@ -136,6 +140,11 @@ public:
       auto params = blocked([&] { return group.params(); });
       return std::apply(f, params);
     }();
+    if (!sync_) {
+      std::apply([&](const auto&... g) { group.accumulate_gradients(g...); }, grads);
+      group.reshard();
+      return;
+    }
     while (static_cast<int>(in_flight_.size()) >= options_.max_reductions) {
       blocked([&] { in_flight_.front().wait(); });
       in_flight_.pop_front();
@@ -159,6 +168,12 @@ public:
       in_flight_.pop_front();
     }
   }
+  /// Gradient accumulation (FSDP2's set_requires_gradient_sync): with false, backward adds each group's
+  /// gradients to its unsharded accumulator (FlatParamGroup::accumulate_gradients) and reduces nothing;
+  /// set true again before the last micro-batch's backward, whose reductions carry the whole sum.
+  void set_requires_gradient_sync(bool sync) noexcept { sync_ = sync; }
+  bool requires_gradient_sync() const noexcept { return sync_; }
+
   /// Reductions issued and not yet waited for by the schedule.
   int reductions_in_flight() const noexcept { return static_cast<int>(in_flight_.size()); }
 
@@ -208,6 +223,7 @@ private:
   std::vector<Entry> entries_;
   std::deque<FsdpWork> in_flight_;
   FsdpScheduleStats stats_;
+  bool sync_ = true;
 };
 
 } // namespace dtensor
