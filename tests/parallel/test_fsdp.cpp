@@ -128,19 +128,21 @@ struct Trained {
   std::vector<std::int64_t> issued;        // all_gathers issued before each group's compute, step 0
 };
 
-template <class L, class T, class ReduceT = T>
+template <class L, class T, class ReduceT = T, class ComputeT = T>
 struct Model {
   using Mesh = typename L::Mesh;
-  using G1 = FlatParamGroup<T, Mesh, typename L::Layout, Params<typename L::W1, typename L::B1>, ReduceT>;
-  using G2 = FlatParamGroup<T, Mesh, typename L::Layout, Params<typename L::W2, typename L::B2>, ReduceT>;
+  using G1 =
+      FlatParamGroup<T, Mesh, typename L::Layout, Params<typename L::W1, typename L::B1>, ReduceT, ComputeT>;
+  using G2 =
+      FlatParamGroup<T, Mesh, typename L::Layout, Params<typename L::W2, typename L::B2>, ReduceT, ComputeT>;
 
   static G1 group1(const DeviceMesh<Mesh>& mesh, FsdpOptions o) {
-    return G1(o, Random<typename G1::template param_type<0>>::make(mesh, {kHidden, kIn}, 0, 0.4),
-              Random<typename G1::template param_type<1>>::make(mesh, {kHidden}, 1, 0.1));
+    return G1(o, Random<typename G1::template master_param_type<0>>::make(mesh, {kHidden, kIn}, 0, 0.4),
+              Random<typename G1::template master_param_type<1>>::make(mesh, {kHidden}, 1, 0.1));
   }
   static G2 group2(const DeviceMesh<Mesh>& mesh, FsdpOptions o) {
-    return G2(o, Random<typename G2::template param_type<0>>::make(mesh, {kClasses, kHidden}, 2, 0.4),
-              Random<typename G2::template param_type<1>>::make(mesh, {kClasses}, 3, 0.1));
+    return G2(o, Random<typename G2::template master_param_type<0>>::make(mesh, {kClasses, kHidden}, 2, 0.4),
+              Random<typename G2::template master_param_type<1>>::make(mesh, {kClasses}, 3, 0.1));
   }
 };
 
@@ -310,7 +312,9 @@ struct Scheduled {
   std::vector<double> norms, inf_norms; // total_norm of the reduced gradients, every step, before clipping
   std::vector<double> clipped;          // total_norm after clip_grad_norm
   FsdpScheduleStats stats;              // of the last step
-  std::int64_t all_gathers = 0, reduce_scatters = 0; // CommDebugMode, the last step
+  std::int64_t all_gathers = 0, reduce_scatters = 0;         // CommDebugMode, the last step
+  std::int64_t gather_bytes = 0, reduce_bytes = 0;           // received by this rank, the last step
+  std::int64_t gather_bytes_want = 0, reduce_bytes_want = 0; // from the groups' sizes and element types
   std::vector<int> unsharded; // groups unsharded as g1's forward and g2's and g1's backward compute, step 0
 };
 
@@ -344,11 +348,11 @@ std::pair<X, Target> batch_rows(const typename X::mesh_type& mesh, int step, std
   return {detail::distribute_as<X>::from_full(mesh, x), detail::distribute_as<Target>::from_full(mesh, t)};
 }
 
-template <class L, class T>
+template <class L, class T, class ReduceT = T, class ComputeT = T>
 Scheduled train_scheduled(const DeviceMesh<typename L::Mesh>& mesh, int steps, FsdpScheduleOptions options,
                           double max_norm, Batches batches = {}) {
-  using M = Model<L, T>;
-  using X = typename L::template X<T>;
+  using M = Model<L, T, ReduceT, ComputeT>;
+  using X = typename L::template X<ComputeT>;
   auto g1 = M::group1(mesh, {});
   auto g2 = M::group2(mesh, {});
   optim::SGD opt({.lr = kLr});
@@ -415,6 +419,13 @@ Scheduled train_scheduled(const DeviceMesh<typename L::Mesh>& mesh, int steps, F
     out.stats = sched.stats();
     out.all_gathers = comm.count("all_gather");
     out.reduce_scatters = comm.count("reduce_scatter");
+    out.gather_bytes = comm.bytes("all_gather");
+    out.reduce_bytes = comm.bytes("reduce_scatter");
+    const auto missing = [](const auto& g) { return g.unsharded_numel() - g.sharded_numel(); };
+    const auto others = [](const auto& g) { return (g.data_parallel_size() - 1) * g.sharded_numel(); };
+    out.gather_bytes_want = micro * ((options.reshard_after_forward ? 2 : 1) * missing(g1) + missing(g2)) *
+                            std::int64_t(sizeof(ComputeT));
+    out.reduce_bytes_want = (others(g1) + others(g2)) * std::int64_t(sizeof(ReduceT));
   }
   g1.unshard();
   g2.unshard();
@@ -626,6 +637,34 @@ TEST_CASE("FsdpSchedule: prefetch, reshard after forward, reductions in flight, 
     }
     schedule_trains_as_one_rank<HsdpLayout>(4, {}, 0.05, 2, 2, 2);
     schedule_trains_as_one_rank<FsdpTpLayout>(4, {.reshard_after_forward = false}, 0.05, 2, 2, 2);
+  }
+  SECTION("mixed precision: float masters gathered and computed in bfloat16, reduced in float or bfloat16") {
+    // Against the float training on one rank; bfloat16 keeps 8 significant bits, so 3e-2 relative.
+    Scheduled want;
+    testing::run_ranks(1, [&](ProcessGroup& one) {
+      want = train_scheduled<FsdpLayout, float>(init_device_mesh<FsdpLayout::Mesh>(one, 1), kSteps, {}, 0.05);
+    });
+    testing::run_ranks(3, [&](ProcessGroup& world) {
+      const auto mesh = init_device_mesh<FsdpLayout::Mesh>(world, 3);
+      const std::string what = "rank " + std::to_string(world.rank()) + " of 3, mixed precision";
+      const Scheduled f32 = train_scheduled<FsdpLayout, float, float, bfloat16>(mesh, kSteps, {}, 0.05);
+      const Scheduled b16 = train_scheduled<FsdpLayout, float, bfloat16, bfloat16>(mesh, kSteps, {}, 0.05);
+      compare(f32.trained, want.trained, 3e-2, what + ", float reduction");
+      compare(b16.trained, want.trained, 3e-2, what + ", bfloat16 reduction");
+      // the all_gathers move bfloat16 (2 bytes an element), the reduce_scatters float or bfloat16
+      for (const Scheduled* r : {&f32, &b16}) {
+        expect(r->gather_bytes == r->gather_bytes_want && r->reduce_bytes == r->reduce_bytes_want,
+               what + ": all_gather bytes " + std::to_string(r->gather_bytes) + " (want " +
+                   std::to_string(r->gather_bytes_want) + "), reduce_scatter bytes " +
+                   std::to_string(r->reduce_bytes) + " (want " + std::to_string(r->reduce_bytes_want) + ")");
+      }
+      expect(b16.reduce_bytes * 2 == f32.reduce_bytes, what + ": a bfloat16 reduction moves half the bytes");
+    });
+    using MP = FlatParamGroup<float, FsdpLayout::Mesh, Fsdp<"dp">, Params<Param<2>>, bfloat16, bfloat16>;
+    STATIC_REQUIRE(std::is_same_v<MP::sharded_type::value_type, float>);
+    STATIC_REQUIRE(std::is_same_v<MP::gathered_type::value_type, bfloat16>);
+    STATIC_REQUIRE(std::is_same_v<MP::param_type<0>::value_type, bfloat16>);
+    STATIC_REQUIRE(std::is_same_v<MP::grad_shard_type::value_type, bfloat16>);
   }
   SECTION("a group not added is an error naming the call") {
     testing::run_ranks(1, [&](ProcessGroup& world) {

@@ -57,6 +57,14 @@
 // unsharded accumulator (no reduction over the FSDP axes), and the last micro-batch's reduce_gradients
 // reduces the sum once (FSDP2's set_requires_gradient_sync(False); FsdpSchedule's of the same name).
 //
+// Mixed precision (FSDP2's MixedPrecisionPolicy): `FlatParamGroup<float, Mesh, Fsdp<"dp">, Params<...>,
+// float, bfloat16>` keeps the parameter shard in float (the master weights: the optimizer steps it, its state
+// in float), casts the shard to the compute type bfloat16 before gathering (so the all_gather moves
+// bfloat16), and gives params() in bfloat16: the forward and backward compute in it. The gradients come back
+// in the compute type and are reduced in ReduceT (float, or bfloat16 to halve the reduce_scatter); the
+// gradient shard is in ReduceT, and Optimizer::step(index, group) converts it to float when ReduceT is
+// narrower.
+//
 // A group is a handle: copies share the buffers and the pending operations. Every rank of the mesh makes
 // the same calls on its groups in the same order, as for any collective.
 
@@ -285,12 +293,13 @@ consteval bool check_gradient() {
 } // namespace detail
 
 /// One FSDP group: parameters `Ps...` (Param<Rank, P...>) of element type T on a mesh of shape `Mesh`,
-/// sharded as `Layout` (Fsdp<"dp"> or Hsdp<"replicate", "shard">), gradients reduced in `ReduceT`.
-template <class T, class Mesh, class Layout, class ParamList, class ReduceT = T>
+/// sharded as `Layout` (Fsdp<"dp"> or Hsdp<"replicate", "shard">), gradients reduced in `ReduceT`, the
+/// parameters gathered and computed in `ComputeT` (mixed precision: see the top of the file).
+template <class T, class Mesh, class Layout, class ParamList, class ReduceT = T, class ComputeT = T>
 class FlatParamGroup;
 
-template <class T, class Mesh, class Layout, class... Ps, class ReduceT>
-class FlatParamGroup<T, Mesh, Layout, Params<Ps...>, ReduceT> {
+template <class T, class Mesh, class Layout, class... Ps, class ReduceT, class ComputeT>
+class FlatParamGroup<T, Mesh, Layout, Params<Ps...>, ReduceT, ComputeT> {
   using Axes = detail::FsdpAxes<Layout, Mesh>;
   using FlatShape = typename Axes::FlatShape;
   static constexpr std::size_t N = sizeof...(Ps);
@@ -301,14 +310,20 @@ public:
   using mesh_type = DeviceMesh<Mesh>;
   using value_type = T;
   using reduce_type = ReduceT;
+  using compute_type = ComputeT;
   /// The unsharded parameters, as params() returns them.
-  using params_type = std::tuple<detail::param_t<T, Mesh, Ps>...>;
+  using params_type = std::tuple<detail::param_t<ComputeT, Mesh, Ps>...>;
   template <std::size_t I>
   using param_type = std::tuple_element_t<I, params_type>;
+  /// Parameter I as the constructor takes it: the master element type T.
+  template <std::size_t I>
+  using master_param_type = detail::param_t<T, Mesh, std::tuple_element_t<I, std::tuple<Ps...>>>;
   /// This rank's shard of the flat buffer: Shard<0> over the shard axis (Replicate over the replicate one).
   using sharded_type = typename Axes::template sharded<T>;
+  /// The shard as it is gathered: in ComputeT.
+  using compute_shard_type = typename Axes::template sharded<ComputeT>;
   /// The gathered flat buffer: Replicate over the FSDP axes.
-  using gathered_type = typename Axes::template gathered<T>;
+  using gathered_type = typename Axes::template gathered<ComputeT>;
   /// The gradient shard, in the reduce type, laid out as the parameter shard.
   using grad_shard_type = typename Axes::template sharded<ReduceT>;
   static constexpr std::size_t num_params = N;
@@ -358,7 +373,7 @@ public:
   /// this waits for it).
   void unshard() {
     if (!state_->gathered && !state_->pending_unshard) {
-      state_->gathered = detail::distribute_as<gathered_type>::run(*state_->shard);
+      state_->gathered = detail::distribute_as<gathered_type>::run(compute_shard());
     }
     state_->wait_unshard();
   }
@@ -366,7 +381,7 @@ public:
   /// flight). params() and wait() on the handle wait for it.
   FsdpWork unshard(AsyncOp) {
     if (!state_->gathered && !state_->pending_unshard) {
-      state_->pending_unshard.emplace(detail::distribute_as<gathered_type>::start(*state_->shard));
+      state_->pending_unshard.emplace(detail::distribute_as<gathered_type>::start(compute_shard()));
     }
     auto s = state_;
     return FsdpWork([s] { s->wait_unshard(); },
@@ -523,7 +538,7 @@ public:
 
 private:
   using PendingGather =
-      decltype(detail::distribute_as<gathered_type>::start(std::declval<const sharded_type&>()));
+      decltype(detail::distribute_as<gathered_type>::start(std::declval<const compute_shard_type&>()));
   using PendingGrad = decltype(detail::distribute_as<grad_shard_type>::start(
       std::declval<const typename Axes::template partial<ReduceT>&>()));
 
@@ -571,7 +586,20 @@ private:
     }
   }
 
-  const Tensor<T, 1>& gathered_local() {
+  /// The parameter shard in ComputeT: the shard itself, or its conversion (cast on gather: the all_gather
+  /// moves ComputeT).
+  compute_shard_type compute_shard() const {
+    if constexpr (std::is_same_v<T, ComputeT>) {
+      return *state_->shard;
+    } else {
+      const Tensor<T, 1>& master = state_->shard->local();
+      Tensor<ComputeT, 1> c({master.numel()}, master.device());
+      local::convert(c, master);
+      return compute_shard_type(Axes::flat_mesh(mesh_), std::move(c), {layout_.total()});
+    }
+  }
+
+  const Tensor<ComputeT, 1>& gathered_local() {
     state_->wait_unshard();
     DTENSOR_CHECK(
         state_->gathered.has_value(),
@@ -580,7 +608,7 @@ private:
   }
 
   template <std::size_t I>
-  param_type<I> view_param(const Tensor<T, 1>& full) const {
+  param_type<I> view_param(const Tensor<ComputeT, 1>& full) const {
     using D = param_type<I>;
     const auto& global = std::get<I>(globals_);
     const Block b = spec_block(detail::to_extents(global), D::spec, mesh_.sizes(), mesh_.coordinate());
@@ -591,7 +619,7 @@ private:
   }
 
   template <std::size_t... I>
-  params_type view_params(const Tensor<T, 1>& full, std::index_sequence<I...>) const {
+  params_type view_params(const Tensor<ComputeT, 1>& full, std::index_sequence<I...>) const {
     return params_type(view_param<I>(full)...);
   }
 
@@ -604,8 +632,9 @@ private:
   void pack_gradient(const Tensor<ReduceT, 1>& flat, const G& grad) const {
     using D = param_type<I>;
     static_assert(
-        std::is_same_v<typename G::value_type, T> && G::rank == D::rank,
-        "FlatParamGroup::reduce_gradients: a gradient must have its parameter's element type and rank");
+        std::is_same_v<typename G::value_type, ComputeT> && G::rank == D::rank,
+        "FlatParamGroup::reduce_gradients: a gradient must have its parameter's element type (the compute "
+        "type, as params() gives them) and rank");
     static_assert(std::is_same_v<typename detail::dtensor_traits<G>::shape_type, Mesh>,
                   "FlatParamGroup::reduce_gradients: a gradient must live on the group's mesh");
     static_assert(detail::check_gradient<Axes, G>());
@@ -613,7 +642,7 @@ private:
                   "FlatParamGroup::reduce_gradients: gradient " + std::to_string(I) + " has global shape " +
                       detail::shape_string(detail::to_extents(grad.global_shape())) + ", its parameter " +
                       detail::shape_string(detail::to_extents(std::get<I>(globals_))));
-    using Target = dtensor_from_t<T, D::rank, Mesh, &detail::GradPackTarget<Axes, D>::list>;
+    using Target = dtensor_from_t<ComputeT, D::rank, Mesh, &detail::GradPackTarget<Axes, D>::list>;
     const Target g = detail::distribute_as<Target>::run(grad);
     const std::int64_t n = layout_.numel(static_cast<int>(I));
     DTENSOR_CHECK(g.local().numel() == n, "FlatParamGroup::reduce_gradients: gradient " + std::to_string(I) +

@@ -445,10 +445,15 @@ public:
     g.flat_layout();
   }
   void step(int index, const Group& group) {
-    static_assert(std::is_same_v<typename Group::value_type, typename Group::reduce_type>,
-                  "optimizer step(index, group): the group reduces its gradients in another type than its "
-                  "parameters'; step local_param() with a gradient shard converted to that type");
-    step(index, group.local_param(), group.local_grad());
+    using T = typename Group::value_type;
+    if constexpr (std::is_same_v<T, typename Group::reduce_type>) {
+      step(index, group.local_param(), group.local_grad());
+    } else { // gradients reduced in another type (bfloat16 for float masters): converted to the master's
+      const auto g = group.local_grad();
+      Tensor<T, 1> converted({g.numel()}, g.device());
+      local::convert(converted, g);
+      step(index, group.local_param(), converted);
+    }
   }
 
   /// Steps every parameter: parameter i is element i of `params` (std::tie(w1, w2, ...)), its gradient
