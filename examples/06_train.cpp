@@ -16,6 +16,9 @@
 //   --no-check                           skip the one-rank reference (benchmarks: large sizes)
 //   --json FILE                          rank 0 writes the measurements as one JSON object
 //   --print-comm                         rank 0 prints the collectives of one step
+//   --checkpoint                         tp and ddp: activation checkpointing of every block (each keeps
+//                                        its input only and runs again in the backward; the sharded
+//                                        layouts recompute their blocks anyway)
 //
 // The model: a vocab-parallel embedding, kBlocks blocks of (rms_norm, an MLP in tensor + sequence parallel,
 // a residual), a final rms_norm and a head whose logits stay sharded on the vocabulary (cross_entropy as
@@ -191,7 +194,7 @@ using CommCounts = std::map<std::pair<std::string, std::string>, std::int64_t>;
 /// The collectives one training step of `layout` must issue, from the model's structure: kBlocks blocks,
 /// for the sharded layouts kBlocks + 2 FSDP groups, for the replicated ones `buckets` DDP buckets. Every
 /// mesh axis issues its ops whatever its size (a collective over one rank is still called).
-CommCounts expected_comms(Layout layout, int buckets) {
+CommCounts expected_comms(Layout layout, int buckets, bool checkpoint) {
   const std::int64_t b = kBlocks;
   CommCounts c;
   // distribute_tensor of the step's ids and targets from rank 0: the shape broadcast, the blocks scattered.
@@ -209,6 +212,11 @@ CommCounts expected_comms(Layout layout, int buckets) {
     // the embedding) per region; the backward runs their duals.
     c[{"all_gather", "tp"}] = 2 * (b + 1);
     c[{"reduce_scatter", "tp"}] = 2 * (b + 1);
+    if (checkpoint) { // each block's forward runs again in the backward, with its all_gather and
+                      // reduce_scatter
+      c[{"all_gather", "tp"}] += b;
+      c[{"reduce_scatter", "tp"}] += b;
+    }
     c[{"all_reduce", "dp"}] += buckets;                // DDP: one per bucket
     c[{"all_reduce", "rep"}] += (b + 1) + (2 * b + 2); // every gradient (a second batch axis)
     c[{"all_reduce", "tp"}] += b + 1;                  // the gains (sequence parallel)
@@ -485,7 +493,7 @@ struct Model {
   using ReadyT = decltype(std::declval<DDPReducer<"dp", T, Mesh>&>().ready(0, std::declval<G>()));
 
   static Trained train_replicated(const DeviceMesh<Mesh>& mesh, Layout layout, int steps, bool print,
-                                  bool print_comm) {
+                                  bool print_comm, bool checkpoint) {
     Weights w = init_weights(mesh);
     const int n = 3 + 3 * kBlocks; // parameters in registration order: emb, (g, w1, w2) per block, gf, out
     std::vector<std::int64_t> numels{w.emb.local().numel()};
@@ -498,7 +506,7 @@ struct Model {
     optim::AdamW opt({.lr = kLr, .weight_decay = 0.01});
     Trained out;
     Timing timing;
-    const CommCounts want = expected_comms(layout, static_cast<int>(reducer.buckets().size()));
+    const CommCounts want = expected_comms(layout, static_cast<int>(reducer.buckets().size()), checkpoint);
     for (const std::int64_t e : numels) {
       out.state_bytes += 4 * e * std::int64_t(sizeof(T));
     }
@@ -512,12 +520,22 @@ struct Model {
       const auto [ids, targets] = batch(mesh, step);
       double loss = 0, norm = 0;
       const Timed took = timed([&] {
-        // Forward, keeping each layer's backward context.
+        // Forward, keeping each layer's backward context (with --checkpoint a block keeps its input only).
         auto e = embed(ids, w.emb, clock);
         std::vector<BlockOut> blocks;
         const Act* h = &e.h;
+        auto block_fn = [&clock](const Act& in, const Gain& g, const ColW& w1, const RowW& w2,
+                                 WithBackwardTag) {
+          BlockOut r = block(in, g, w1, w2, clock);
+          return WithBackward<Act, std::function<BlockGrads(const Act&)>>{r.h, r.back};
+        };
         for (int b = 0; b < kBlocks; ++b) {
-          blocks.push_back(block(*h, w.g[b], w.w1[b], w.w2[b], clock));
+          if (checkpoint) {
+            auto [y, back] = activation_checkpoint(block_fn, *h, w.g[b], w.w1[b], w.w2[b]);
+            blocks.push_back({y, back});
+          } else {
+            blocks.push_back(block(*h, w.g[b], w.w1[b], w.w2[b], clock));
+          }
           h = &blocks.back().h;
         }
         auto hd = head(*h, targets, w.gf, w.out, clock);
@@ -632,7 +650,7 @@ struct Model {
     optim::AdamW opt({.lr = kLr, .weight_decay = 0.01});
     Trained out;
     Timing timing;
-    const CommCounts want = expected_comms(layout, 0);
+    const CommCounts want = expected_comms(layout, 0, false);
     out.state_bytes = 4 * ge->sharded_numel() + 4 * gh->sharded_numel();
     for (const auto& g : gb) {
       out.state_bytes += 4 * g.sharded_numel();
@@ -749,7 +767,7 @@ double max_relative(const std::vector<X>& a, const std::vector<X>& b) {
   std::fprintf(stderr,
                "06_train: %s\nusage: 06_train [--layout tp|ddp|fsdp|hsdp|fsdp_tp] [--mesh REP,DP,TP] "
                "[--device cpu|cuda] [--steps N] [--dtype double|float] [--tokens N] [--hidden H] [--ffn F] "
-               "[--vocab V] [--no-check] [--json FILE] [--print-comm]\n",
+               "[--vocab V] [--no-check] [--json FILE] [--print-comm] [--checkpoint]\n",
                why);
   std::exit(2);
 }
@@ -758,7 +776,7 @@ struct Options {
   const char* layout_name = "fsdp_tp";
   Layout layout = Layout::fsdp_tp;
   int steps = 50;
-  bool check = true, print_comm = false;
+  bool check = true, print_comm = false, checkpoint = false;
   std::string json;
 };
 
@@ -775,7 +793,7 @@ int train_main(ProcessGroup& world, const DeviceMesh<Mesh>& mesh, const Options&
     case Layout::fsdp_tp:
       return M::template train_sharded<Hsdp<"rep", "dp">>(m, l, opt.steps, p, opt.print_comm && p);
     default:
-      return M::train_replicated(m, l, opt.steps, p, opt.print_comm && p);
+      return M::train_replicated(m, l, opt.steps, p, opt.print_comm && p, opt.checkpoint);
     }
   };
   const typename M::Trained got = run(mesh, opt.layout, print);
@@ -894,6 +912,10 @@ int main(int argc, char** argv) {
     }
     if (a == "--print-comm") {
       opt.print_comm = true;
+      continue;
+    }
+    if (a == "--checkpoint") {
+      opt.checkpoint = true;
       continue;
     }
     if (i + 1 >= argc) {

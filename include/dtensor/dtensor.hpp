@@ -52,6 +52,7 @@
 #include "dtensor/tensor/dtensor.hpp"
 #include "dtensor/tensor/visualize.hpp"
 
+#include "dtensor/backward/activation_checkpoint.hpp"
 #include "dtensor/backward/collectives.hpp"
 #include "dtensor/backward/duality.hpp"
 #include "dtensor/backward/redistribute.hpp"

@@ -6,6 +6,7 @@
 // parallel, all_gather + reduce_scatter forward and reduce_scatter + all_gather backward.
 #include <catch2/catch.hpp>
 
+#include <dtensor/backward/activation_checkpoint.hpp>
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/parallel/tp.hpp>
@@ -59,6 +60,46 @@ Full mlp(const DeviceMesh<Mesh>& mesh) {
   f.backward_collectives = bwd.total_count();
   f.backward = bwd.to_string();
   static_assert(std::is_same_v<std::remove_cvref_t<decltype(dx)>, X>, "dx is placed like x");
+  f.y = y.full_tensor();
+  f.dx = dx.full_tensor();
+  f.dw1 = dw1.full_tensor();
+  f.dw2 = dw2.full_tensor();
+  f.db1 = db1.full_tensor();
+  f.db2 = db2.full_tensor();
+  return f;
+}
+
+// The same MLP as one checkpointed block (backward/activation_checkpoint.hpp): the forward keeps x only, the
+// backward runs the block again with its backward's context. `calls` counts the block's runs.
+template <class Mesh, class XP, bool SP>
+Full mlp_checkpointed(const DeviceMesh<Mesh>& mesh, int& calls) {
+  using X = typename dt<Mesh, 2, XP>::type;
+  ColumnParallelLinear<double, Mesh, "tp", SP> up(mesh, kHidden, kFfn, 11);
+  RowParallelLinear<double, Mesh, "tp", SP> down(mesh, kFfn, kHidden, 12);
+  const X x = make<X>(mesh, {kTokens, kHidden}, 1);
+  auto block = [&](const X& in, WithBackwardTag) {
+    ++calls;
+    auto [h, up_back] = up.forward(in, with_backward);
+    auto [a, act_back] = gelu(h, with_backward);
+    auto [y, down_back] = down.forward(a, with_backward);
+    auto back = [up_back, act_back, down_back](const auto& dy) {
+      auto [da, dw2, db2] = down_back(dy);
+      auto [dx, dw1, db1] = up_back(act_back(da));
+      return std::tuple{dx, dw1, db1, dw2, db2};
+    };
+    return WithBackward<decltype(y), decltype(back)>{y, back};
+  };
+  Full f;
+  CommDebugMode fwd;
+  auto [y, back] = activation_checkpoint(block, x);
+  f.forward_collectives = fwd.total_count();
+  f.forward = fwd.to_string();
+  using Y = std::remove_cvref_t<decltype(y)>;
+  const Y dy = make<Y>(mesh, {kTokens, kHidden}, 2);
+  CommDebugMode bwd;
+  auto [dx, dw1, db1, dw2, db2] = back(dy);
+  f.backward_collectives = bwd.total_count();
+  f.backward = bwd.to_string();
   f.y = y.full_tensor();
   f.dx = dx.full_tensor();
   f.dw1 = dw1.full_tensor();
@@ -123,6 +164,40 @@ TEST_CASE(
   }
   tp_case<Mesh2, Placements<S<0>, R>, false>(4, "(2,2) batch on dp", 2, 2);
   tp_case<Mesh2, Placements<S<0>, R>, false>(3, "(1,3) batch on dp", 1, 3);
+}
+
+TEST_CASE(
+    "activation checkpointing: the block runs again in the backward, gradients bit-identical, 1-4 ranks",
+    "[parallel][checkpoint]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    testing::run_ranks(n, [&](ProcessGroup& world) {
+      auto mesh = init_device_mesh<TpMesh>(world);
+      const Full plain = mlp<TpMesh, Placements<S<0>>, true>(mesh);
+      int calls = 0;
+      const Full ck = mlp_checkpointed<TpMesh, Placements<S<0>>, true>(mesh, calls);
+      const std::string where = "rank " + std::to_string(world.rank()) + " of " + std::to_string(n);
+      expect(calls == 2, where + ": the block ran " + std::to_string(calls) + " times, want 2");
+      auto identical = [&](const auto& a, const auto& b, const char* what) {
+        bool ok = a.shape() == b.shape();
+        for (std::int64_t e = 0; ok && e < a.numel(); ++e) {
+          ok = a.data()[e] == b.data()[e];
+        }
+        expect(ok, where + ": " + what + " differs from the plain backward's");
+      };
+      identical(ck.y, plain.y, "y");
+      identical(ck.dx, plain.dx, "dx");
+      identical(ck.dw1, plain.dw1, "dW1");
+      identical(ck.dw2, plain.dw2, "dW2");
+      identical(ck.db1, plain.db1, "db1");
+      identical(ck.db2, plain.db2, "db2");
+      // the recomputed forward repeats its collectives inside the backward
+      expect(ck.forward_collectives == plain.forward_collectives &&
+                 ck.backward_collectives == plain.forward_collectives + plain.backward_collectives,
+             where + ": collectives forward " + std::to_string(ck.forward_collectives) + ", backward " +
+                 std::to_string(ck.backward_collectives) + "\n" + ck.backward);
+    });
+  }
 }
 
 TEST_CASE("sequence parallel: the activations Shard<0> on tp between the layers, equal to one rank",
