@@ -131,6 +131,81 @@ Trained train(const DeviceMesh<Mesh>& mesh, DDPOptions options, int steps, std::
   return out;
 }
 
+// The same MLP and loss (global mean) trained by plain SGD with gradient accumulation: each step's batch
+// of `micro` x `batch` rows in `micro` micro-batches, the first micro - 1 handed to accumulate() (no
+// communication), the last to ready(); with `whole`, the same rows as one batch (the reference). Returns
+// the losses, the parameters, and the dp all_reduces of each step.
+Trained train_accumulated(const DeviceMesh<Mesh>& mesh, int steps, std::int64_t batch, int micro,
+                          bool whole) {
+  auto w1 = zeros<double, R, S<1>>(mesh, {kIn, kHidden});
+  auto b1 = zeros<double, R, S<0>>(mesh, {kHidden});
+  auto w2 = zeros<double, R, S<0>>(mesh, {kHidden, kOut});
+  auto b2 = zeros<double, R, R>(mesh, {kOut});
+  init::InitKeys keys(5);
+  init::kaiming_uniform_(w1, keys.next(), std::sqrt(5.0), init::FanMode::fan_out);
+  init::linear_bias_(b1, kIn, keys.next());
+  init::kaiming_uniform_(w2, keys.next(), std::sqrt(5.0), init::FanMode::fan_out);
+  init::linear_bias_(b2, kHidden, keys.next());
+  auto reducer = ddp_reducer<"dp">({.bucket_cap_bytes = 150, .first_bucket_cap_bytes = 1}, w1, b1, w2, b2);
+  optim::SGD opt({.lr = 0.2});
+  Trained out;
+  using X = DTensor<double, 2, Mesh, S<0>, R>;
+  const std::int64_t total = micro * batch;
+  for (int step = 0; step < steps; ++step) {
+    const auto x_all = make<X>(mesh, {total, kIn}, 100 + step).full_tensor();
+    const auto t_all = make<X>(mesh, {total, kOut}, 200 + step).full_tensor();
+    CommDebugMode comm;
+    double loss = 0;
+    const int parts = whole ? 1 : micro;
+    const std::int64_t rows = whole ? total : batch;
+    for (int k = 0; k < parts; ++k) {
+      const X x = scale(
+          distribute_tensor<S<0>, R>(mesh, x_all.narrow(0, k * rows, rows).contiguous(), replicated_source),
+          0.25);
+      const X t = scale(
+          distribute_tensor<S<0>, R>(mesh, t_all.narrow(0, k * rows, rows).contiguous(), replicated_source),
+          0.25);
+      auto [h0, mm1_back] = matmul(x, w1, with_backward);
+      auto [h, add1_back] = add(h0, b1, with_backward);
+      auto [a, gelu_back] = gelu(h, with_backward);
+      auto [y0, mm2_back] = matmul(a, w2, with_backward);
+      auto [y1, ar_back] = redistribute_with_backward<S<0>, R>(y0);
+      auto [y, add2_back] = add(y1, b2, with_backward);
+      const auto diff = sub(y, t);
+      const auto full = diff.full_tensor();
+      for (std::int64_t e = 0; e < full.numel(); ++e) {
+        loss += 0.5 / static_cast<double>(total) * full.data()[e] * full.data()[e];
+      }
+      auto [dy1, db2] = add2_back(scale(diff, 1.0 / static_cast<double>(total)));
+      auto [da, dw2] = mm2_back(ar_back(dy1));
+      auto [dh0, db1] = add1_back(gelu_back(da));
+      auto [dx, dw1] = mm1_back(dh0);
+      (void)dx;
+      if (k + 1 < parts) {
+        reducer.accumulate(3, db2);
+        reducer.accumulate(2, dw2);
+        reducer.accumulate(1, db1);
+        reducer.accumulate(0, dw1);
+        continue;
+      }
+      auto g_b2 = reducer.ready(3, db2);
+      auto g_w2 = reducer.ready(2, dw2);
+      auto g_b1 = reducer.ready(1, db1);
+      auto g_w1 = reducer.ready(0, dw1);
+      reducer.finish();
+      opt.step(std::tie(w1, b1, w2, b2), std::tie(g_w1, g_b1, g_w2, g_b2));
+    }
+    out.losses.push_back(loss);
+    out.all_reduces.push_back(comm.count("all_reduce", "dp"));
+  }
+  out.buckets = reducer.buckets();
+  out.w1 = w1.full_tensor();
+  out.b1 = b1.full_tensor();
+  out.w2 = w2.full_tensor();
+  out.b2 = b2.full_tensor();
+  return out;
+}
+
 template <class T, int N>
 double max_difference(const Tensor<T, N>& a, const Tensor<T, N>& b) {
   double d = 0;
@@ -210,6 +285,34 @@ TEST_CASE("DDP: a 2-layer MLP trained on a dp-sharded batch equals the one-rank 
             }
           });
     }
+  }
+}
+
+TEST_CASE(
+    "DDP gradient accumulation: 3 micro-batches, one all_reduce per bucket, equal to one rank's 3x batch",
+    "[parallel]") {
+  const int steps = 3;
+  Trained want;
+  testing::run_ranks(1, [&](ProcessGroup& world) {
+    want = train_accumulated(init_device_mesh<Mesh>(world, 1, 1), steps, 5, 3, true);
+  });
+  for (auto [dp, tp] :
+       {std::pair{1, 1}, std::pair{2, 1}, std::pair{3, 1}, std::pair{4, 1}, std::pair{2, 2}}) {
+    INFO("mesh (" << dp << ", " << tp << ")");
+    testing::run_ranks(dp * tp, [&, dp = dp, tp = tp](ProcessGroup& world) {
+      const Trained got = train_accumulated(init_device_mesh<Mesh>(world, dp, tp), steps, 5, 3, false);
+      for (int s = 0; s < steps; ++s) {
+        expect(std::abs(got.losses[s] - want.losses[s]) <= 1e-12 * std::abs(want.losses[s]),
+               "loss at step " + std::to_string(s) + ": " + std::to_string(got.losses[s]) + " vs " +
+                   std::to_string(want.losses[s]));
+        expect(got.all_reduces[s] == static_cast<std::int64_t>(got.buckets.size()),
+               "step " + std::to_string(s) + ": " + std::to_string(got.all_reduces[s]) +
+                   " all_reduces over dp, want one per bucket for the three micro-batches");
+      }
+      expect(max_difference(got.w1, want.w1) <= 1e-12 && max_difference(got.b1, want.b1) <= 1e-12 &&
+                 max_difference(got.w2, want.w2) <= 1e-12 && max_difference(got.b2, want.b2) <= 1e-12,
+             "final parameters differ from the one-rank training on the whole batch");
+    });
   }
 }
 

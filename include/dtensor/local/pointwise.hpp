@@ -138,6 +138,14 @@ struct Scale {
     return g * C(factor);
   }
 };
+/// a * x + y (a a scalar).
+struct Axpy {
+  double a = 1;
+  template <class C>
+  DTENSOR_HOST_DEVICE C operator()(C x, C y) const {
+    return C(a) * x + y;
+  }
+};
 /// x + value (a scalar).
 struct AddScalar {
   double value = 0;

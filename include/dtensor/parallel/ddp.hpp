@@ -138,8 +138,13 @@ public:
 #endif
     }
     if (grad.numel() > 0) {
-      local::map_into(b.buffer.narrow(0, offset_[i], numels_[i]),
-                      local::Scale{average ? 1.0 / static_cast<double>(group_.size()) : 1.0}, grad);
+      const Tensor<T, 1> region = b.buffer.narrow(0, offset_[i], numels_[i]);
+      const double scale = average ? 1.0 / static_cast<double>(group_.size()) : 1.0;
+      if (b.unsynced.defined()) { // the micro-batches accumulated without synchronisation
+        local::map_into(region, local::Axpy{scale}, grad, b.unsynced.narrow(0, offset_[i], numels_[i]));
+      } else {
+        local::map_into(region, local::Scale{scale}, grad);
+      }
     }
     grads_[i] = grad;
     done_[i] = true;
@@ -151,7 +156,34 @@ public:
         ready_bucket.buffer = Tensor<T, 1>({0});
       }
       ready_bucket.work = all_reduce(ready_bucket.buffer, ReduceOp::sum, group_, async_op);
+      ready_bucket.unsynced = Tensor<T, 1>(); // added into the buffer: freed
       ++next_;
+    }
+  }
+
+  /// Gradient accumulation without synchronisation (torch DDP's no_sync): adds parameter `index`'s gradient
+  /// (divided by the group size when `average`) to its bucket's accumulator, with no communication. The
+  /// next ready() of the parameter adds the accumulator to the gradient it hands over, so the step's one
+  /// all_reduce per bucket carries every micro-batch. Memory: the buckets' size once more, until then.
+  void accumulate(int index, const Tensor<T, 1>& grad, bool average) {
+    DTENSOR_CHECK(index >= 0 && index < num_params(), "DDPReducer::accumulate: parameter index " +
+                                                          std::to_string(index) + " not in [0, " +
+                                                          std::to_string(num_params()) + ")");
+    const auto i = static_cast<std::size_t>(index);
+    DTENSOR_CHECK(!done_[i], "DDPReducer::accumulate: parameter " + std::to_string(index) +
+                                 "'s gradient was already handed over in this step (call finish() first)");
+    DTENSOR_CHECK(grad.numel() == numels_[i], "DDPReducer::accumulate: parameter " + std::to_string(index) +
+                                                  " has " + std::to_string(numels_[i]) +
+                                                  " local elements, its gradient " +
+                                                  std::to_string(grad.numel()));
+    Bucket& b = buckets_[static_cast<std::size_t>(bucket_of_[i])];
+    if (!b.unsynced.defined() || b.unsynced.device() != grad.device()) {
+      b.unsynced = Tensor<T, 1>::zeros({b.numel}, grad.device());
+    }
+    if (grad.numel() > 0) {
+      const Tensor<T, 1> region = b.unsynced.narrow(0, offset_[i], numels_[i]);
+      const double scale = average ? 1.0 / static_cast<double>(group_.size()) : 1.0;
+      local::map_into(region, local::Axpy{scale}, grad, region);
     }
   }
 
@@ -206,6 +238,7 @@ private:
   struct Bucket {
     std::int64_t numel = 0;
     Tensor<T, 1> buffer;
+    Tensor<T, 1> unsynced; ///< accumulate()'s sum, until the bucket's all_reduce
     int pending = 0;
     Work work;
   };
@@ -272,6 +305,23 @@ public:
     core_.ready(index, grad.local().template view<1>({grad.local().numel()}),
                 GT::placements[axis].op == ReduceOp::avg);
     return Out(grad.mesh(), grad.local(), grad.global_shape());
+  }
+
+  /// Gradient accumulation without synchronisation (torch DDP's no_sync): for the first K - 1 micro-batches
+  /// hand each gradient (Partial over Axis, as for ready) to accumulate(); the last micro-batch's ready()
+  /// adds the sum in, and the step's bucket all_reduces carry all K. No communication here.
+  template <AnyDTensor G>
+  void accumulate(int index, const G& grad) {
+    using GT = detail::dtensor_traits<G>;
+    static_assert(std::is_same_v<typename GT::value_type, T> &&
+                      std::is_same_v<typename GT::shape_type, Shape>,
+                  "DDPReducer::accumulate: the gradient must have the reducer's element type and mesh shape");
+    static_assert(GT::placements[axis] == Placement::partial(ReduceOp::sum) ||
+                      GT::placements[axis] == Placement::partial(ReduceOp::avg),
+                  "DDPReducer::accumulate: the gradient must be Partial<sum> (or Partial<avg>) over the "
+                  "reducer's axis, as for ready()");
+    core_.accumulate(index, grad.local().contiguous().template view<1>({grad.local().numel()}),
+                     GT::placements[axis].op == ReduceOp::avg);
   }
 
   /// Waits for every bucket and writes the reduced values into the gradients ready() returned.
