@@ -41,6 +41,7 @@
 //    one, monitored_barrier, DTENSOR_DEBUG=detail's desync checks and the timeout reports work as on gloo.
 
 #include "dtensor/backends/backend.hpp"
+#include "dtensor/backends/factory_checks.hpp"
 #include "dtensor/backends/generic/reduce.hpp"
 #include "dtensor/backends/group_generations.hpp"
 #include "dtensor/backends/mpi/types.hpp"
@@ -807,14 +808,8 @@ inline std::shared_ptr<Backend> make_mpi_world(std::shared_ptr<Store> store, con
   state->store = std::move(store);
   state->prefix = options.prefix;
   state->global_rank = rank;
-  if (state->store != nullptr) {
-    state->rank_store = std::make_shared<PrefixStore>(options.prefix, state->store);
-  }
-  std::vector<int> all(static_cast<std::size_t>(size));
-  for (int i = 0; i < size; ++i) {
-    all[static_cast<std::size_t>(i)] = i;
-  }
-  return std::make_shared<MpiBackendImpl>(std::move(state), comm, internal, std::move(all), rank,
+  state->rank_store = prefixed_store(options.prefix, state->store); // null without a store
+  return std::make_shared<MpiBackendImpl>(std::move(state), comm, internal, world_ranks(size), rank,
                                           options.prefix + "/world", options.timeout);
 }
 
