@@ -52,10 +52,8 @@ enum class Loss {
   local_mean,  // torch DDP's: each rank's 0.5 / B_rank |y_rank - t_rank|^2, gradients averaged over dp
 };
 
-// The MLP y = gelu(x W1 + b1) W2 + b2, W1 column parallel [R,S(1)], W2 row parallel [R,S(0)], trained for
-// `steps` steps of SGD with momentum on the loss 0.5 / B * |y - t|^2 with a batch of `batch` rows sharded
-// over dp.
-Trained train(const DeviceMesh<Mesh>& mesh, DDPOptions options, int steps, std::int64_t batch, Loss kind) {
+// The MLP's parameters W1 [R,S(1)], b1 [R,S(0)], W2 [R,S(0)], b2 [R,R], as torch's Linear initialises them.
+auto init_params(const DeviceMesh<Mesh>& mesh) {
   auto w1 = zeros<double, R, S<1>>(mesh, {kIn, kHidden});
   auto b1 = zeros<double, R, S<0>>(mesh, {kHidden});
   auto w2 = zeros<double, R, S<0>>(mesh, {kHidden, kOut});
@@ -66,6 +64,14 @@ Trained train(const DeviceMesh<Mesh>& mesh, DDPOptions options, int steps, std::
   init::linear_bias_(b1, kIn, keys.next());
   init::kaiming_uniform_(w2, keys.next(), std::sqrt(5.0), init::FanMode::fan_out);
   init::linear_bias_(b2, kHidden, keys.next());
+  return std::tuple{w1, b1, w2, b2};
+}
+
+// The MLP y = gelu(x W1 + b1) W2 + b2, W1 column parallel [R,S(1)], W2 row parallel [R,S(0)], trained for
+// `steps` steps of SGD with momentum on the loss 0.5 / B * |y - t|^2 with a batch of `batch` rows sharded
+// over dp.
+Trained train(const DeviceMesh<Mesh>& mesh, DDPOptions options, int steps, std::int64_t batch, Loss kind) {
+  auto [w1, b1, w2, b2] = init_params(mesh);
 
   auto reducer = ddp_reducer<"dp">(options, w1, b1, w2, b2);
   optim::SGD opt({.lr = 0.2, .momentum = 0.9, .weight_decay = 0.01});
@@ -137,15 +143,7 @@ Trained train(const DeviceMesh<Mesh>& mesh, DDPOptions options, int steps, std::
 // the losses, the parameters, and the dp all_reduces of each step.
 Trained train_accumulated(const DeviceMesh<Mesh>& mesh, int steps, std::int64_t batch, int micro,
                           bool whole) {
-  auto w1 = zeros<double, R, S<1>>(mesh, {kIn, kHidden});
-  auto b1 = zeros<double, R, S<0>>(mesh, {kHidden});
-  auto w2 = zeros<double, R, S<0>>(mesh, {kHidden, kOut});
-  auto b2 = zeros<double, R, R>(mesh, {kOut});
-  init::InitKeys keys(5);
-  init::kaiming_uniform_(w1, keys.next(), std::sqrt(5.0), init::FanMode::fan_out);
-  init::linear_bias_(b1, kIn, keys.next());
-  init::kaiming_uniform_(w2, keys.next(), std::sqrt(5.0), init::FanMode::fan_out);
-  init::linear_bias_(b2, kHidden, keys.next());
+  auto [w1, b1, w2, b2] = init_params(mesh);
   auto reducer = ddp_reducer<"dp">({.bucket_cap_bytes = 150, .first_bucket_cap_bytes = 1}, w1, b1, w2, b2);
   optim::SGD opt({.lr = 0.2});
   Trained out;

@@ -34,6 +34,17 @@ struct Full {
   Tensor<double, 1> db1, db2;
   std::int64_t forward_collectives = 0, backward_collectives = 0;
   std::string forward, backward; // CommDebugMode tables
+
+  /// The full tensors of the output and the gradients.
+  template <class Y, class DX, class DW1, class DW2, class DB1, class DB2>
+  void set(const Y& y_, const DX& dx_, const DW1& dw1_, const DW2& dw2_, const DB1& db1_, const DB2& db2_) {
+    y = y_.full_tensor();
+    dx = dx_.full_tensor();
+    dw1 = dw1_.full_tensor();
+    dw2 = dw2_.full_tensor();
+    db1 = db1_.full_tensor();
+    db2 = db2_.full_tensor();
+  }
 };
 
 // The MLP on `mesh` with input placements XP; SP selects sequence parallelism.
@@ -60,12 +71,7 @@ Full mlp(const DeviceMesh<Mesh>& mesh) {
   f.backward_collectives = bwd.total_count();
   f.backward = bwd.to_string();
   static_assert(std::is_same_v<std::remove_cvref_t<decltype(dx)>, X>, "dx is placed like x");
-  f.y = y.full_tensor();
-  f.dx = dx.full_tensor();
-  f.dw1 = dw1.full_tensor();
-  f.dw2 = dw2.full_tensor();
-  f.db1 = db1.full_tensor();
-  f.db2 = db2.full_tensor();
+  f.set(y, dx, dw1, dw2, db1, db2);
   return f;
 }
 
@@ -100,12 +106,7 @@ Full mlp_checkpointed(const DeviceMesh<Mesh>& mesh, int& calls) {
   auto [dx, dw1, db1, dw2, db2] = back(dy);
   f.backward_collectives = bwd.total_count();
   f.backward = bwd.to_string();
-  f.y = y.full_tensor();
-  f.dx = dx.full_tensor();
-  f.dw1 = dw1.full_tensor();
-  f.dw2 = dw2.full_tensor();
-  f.db1 = db1.full_tensor();
-  f.db2 = db2.full_tensor();
+  f.set(y, dx, dw1, dw2, db1, db2);
   return f;
 }
 

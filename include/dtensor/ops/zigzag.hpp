@@ -22,6 +22,7 @@
 // rows".
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -130,20 +131,22 @@ inline std::vector<std::int64_t> sequence_positions(bool zigzag, std::int64_t le
   return p;
 }
 
+/// A shape as (the product of the dims before `dim`, dim `dim`, the product of those after it).
+template <class Shape>
+std::array<std::int64_t, 3> around_dim(const Shape& shape, int dim) {
+  std::array<std::int64_t, 3> r{1, shape[static_cast<std::size_t>(dim)], 1};
+  for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
+    r[d < dim ? 0 : 2] *= d == dim ? 1 : shape[static_cast<std::size_t>(d)];
+  }
+  return r;
+}
+
 /// The rows of `t` (dim `dim`) at local indices `rows`, as a (rows, outer, inner) tensor: row-major pieces
 /// of the dims before and after `dim`.
 template <class T, int R>
 Tensor<T, 3> pack_rows(const Tensor<T, R>& t, int dim, const std::vector<std::int64_t>& rows) {
   const auto c = t.contiguous();
-  std::int64_t outer = 1;
-  std::int64_t inner = 1;
-  for (int d = 0; d < dim; ++d) {
-    outer *= c.shape()[d];
-  }
-  for (int d = dim + 1; d < R; ++d) {
-    inner *= c.shape()[d];
-  }
-  const std::int64_t len = c.shape()[dim];
+  const auto [outer, len, inner] = around_dim(c.shape(), dim);
   Tensor<T, 3> out({static_cast<std::int64_t>(rows.size()), outer, inner});
   for (std::size_t j = 0; j < rows.size(); ++j) {
     for (std::int64_t o = 0; o < outer; ++o) {
@@ -158,15 +161,7 @@ Tensor<T, 3> pack_rows(const Tensor<T, R>& t, int dim, const std::vector<std::in
 template <class T, int R>
 Tensor<T, R> take_rows(const Tensor<T, R>& t, int dim, const std::vector<std::int64_t>& rows) {
   const auto c = t.contiguous();
-  std::int64_t outer = 1;
-  std::int64_t inner = 1;
-  for (int d = 0; d < dim; ++d) {
-    outer *= c.shape()[d];
-  }
-  for (int d = dim + 1; d < R; ++d) {
-    inner *= c.shape()[d];
-  }
-  const std::int64_t len = c.shape()[dim];
+  const auto [outer, len, inner] = around_dim(c.shape(), dim);
   const auto m = static_cast<std::int64_t>(rows.size());
   auto shape = c.shape();
   shape[dim] = m;

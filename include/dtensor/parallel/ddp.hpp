@@ -119,16 +119,7 @@ public:
   /// Takes parameter `index`'s gradient shard (contiguous, flat): copies it into its bucket (divided by
   /// the group size when `average`), and issues every bucket that is now complete, in order.
   void ready(int index, const Tensor<T, 1>& grad, bool average) {
-    DTENSOR_CHECK(index >= 0 && index < num_params(), "DDPReducer::ready: parameter index " +
-                                                          std::to_string(index) + " not in [0, " +
-                                                          std::to_string(num_params()) + ")");
-    const auto i = static_cast<std::size_t>(index);
-    DTENSOR_CHECK(!done_[i], "DDPReducer::ready: parameter " + std::to_string(index) +
-                                 "'s gradient was already handed over in this step (call finish() first)");
-    DTENSOR_CHECK(grad.numel() == numels_[i], "DDPReducer::ready: parameter " + std::to_string(index) +
-                                                  " has " + std::to_string(numels_[i]) +
-                                                  " local elements, its gradient " +
-                                                  std::to_string(grad.numel()));
+    const auto i = check_gradient("DDPReducer::ready", index, grad);
     Bucket& b = buckets_[static_cast<std::size_t>(bucket_of_[i])];
     if (!b.buffer.defined() || b.buffer.device() != grad.device()) {
 #if DTENSOR_HAS_CUDA
@@ -166,16 +157,7 @@ public:
   /// next ready() of the parameter adds the accumulator to the gradient it hands over, so the step's one
   /// all_reduce per bucket carries every micro-batch. Memory: the buckets' size once more, until then.
   void accumulate(int index, const Tensor<T, 1>& grad, bool average) {
-    DTENSOR_CHECK(index >= 0 && index < num_params(), "DDPReducer::accumulate: parameter index " +
-                                                          std::to_string(index) + " not in [0, " +
-                                                          std::to_string(num_params()) + ")");
-    const auto i = static_cast<std::size_t>(index);
-    DTENSOR_CHECK(!done_[i], "DDPReducer::accumulate: parameter " + std::to_string(index) +
-                                 "'s gradient was already handed over in this step (call finish() first)");
-    DTENSOR_CHECK(grad.numel() == numels_[i], "DDPReducer::accumulate: parameter " + std::to_string(index) +
-                                                  " has " + std::to_string(numels_[i]) +
-                                                  " local elements, its gradient " +
-                                                  std::to_string(grad.numel()));
+    const auto i = check_gradient("DDPReducer::accumulate", index, grad);
     Bucket& b = buckets_[static_cast<std::size_t>(bucket_of_[i])];
     if (!b.unsynced.defined() || b.unsynced.device() != grad.device()) {
       b.unsynced = Tensor<T, 1>::zeros({b.numel}, grad.device());
@@ -235,6 +217,21 @@ public:
   }
 
 private:
+  /// Parameter `index` exists, its gradient has its size and was not handed over yet in this step.
+  std::size_t check_gradient(const char* what, int index, const Tensor<T, 1>& grad) const {
+    DTENSOR_CHECK(index >= 0 && index < num_params(), std::string(what) + ": parameter index " +
+                                                          std::to_string(index) + " not in [0, " +
+                                                          std::to_string(num_params()) + ")");
+    const auto i = static_cast<std::size_t>(index);
+    DTENSOR_CHECK(!done_[i], std::string(what) + ": parameter " + std::to_string(index) +
+                                 "'s gradient was already handed over in this step (call finish() first)");
+    DTENSOR_CHECK(grad.numel() == numels_[i], std::string(what) + ": parameter " + std::to_string(index) +
+                                                  " has " + std::to_string(numels_[i]) +
+                                                  " local elements, its gradient " +
+                                                  std::to_string(grad.numel()));
+    return i;
+  }
+
   struct Bucket {
     std::int64_t numel = 0;
     Tensor<T, 1> buffer;
