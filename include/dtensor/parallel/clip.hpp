@@ -184,6 +184,15 @@ concept GradientHolder = requires(const H& h, NormType type, AxisMask axes, doub
   h.mesh();
 };
 
+namespace detail {
+
+/// Two partial results of a norm: their sum, or their max for the inf norm (a NaN propagates).
+inline double combine_norm(NormType type, double acc, double s) {
+  return type.is_inf() ? (s > acc || s != s ? s : acc) : acc + s;
+}
+
+} // namespace detail
+
 /// One gradient: a DTensor or a gradient holder.
 template <class G>
 concept GradientTensorOrHolder = AnyDTensor<G> || GradientHolder<std::remove_cvref_t<G>>;
@@ -294,8 +303,7 @@ double total_norm(NormType type, const G0& g0, const G&... grads) {
     }
     DTENSOR_CHECK(g.mesh().sizes() == mesh->sizes() && g.mesh().coordinate() == mesh->coordinate(),
                   "clip_grad_norm: every gradient must be on the same mesh");
-    const double s = detail::norm_share(g, type, axes);
-    acc = type.is_inf() ? (s > acc || s != s ? s : acc) : acc + s;
+    acc = detail::combine_norm(type, acc, detail::norm_share(g, type, axes));
   };
   detail::for_each_gradient(g0, add);
   (detail::for_each_gradient(grads, add), ...);

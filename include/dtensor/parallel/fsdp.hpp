@@ -503,21 +503,23 @@ public:
         detail::shard_axes(detail::param_t<T, Mesh, Ps>::placements)...};
     const Tensor<ReduceT, 1> g = local_grad();
     const auto& c = mesh_.coordinate();
+    AxisMask off_zero = 0; // axes of the group, the shard axis excepted, where this rank is not at 0
+    for (int a = 0; a < Mesh::rank; ++a) {
+      if ((group_axes & axis_bit(a)) && a != Axes::shard && c[a] != 0) {
+        off_zero |= axis_bit(a);
+      }
+    }
     double acc = 0;
     for (const FlatPiece& piece : layout_.pieces(mesh_.size(Axes::shard), c[Axes::shard])) {
-      bool counts = true;
-      for (int a = 0; a < Mesh::rank && !type.is_inf(); ++a) {
-        const bool replica = (group_axes & axis_bit(a)) && a != Axes::shard &&
-                             !(sharded[static_cast<std::size_t>(piece.param)] & axis_bit(a));
-        counts = counts && !(replica && c[a] != 0);
-      }
-      if (counts) {
-        const double s = dtensor::local_norm_sum(g.narrow(0, piece.shard_at, piece.numel), type);
-        acc = type.is_inf() ? (s > acc || s != s ? s : acc) : acc + s;
+      // a replica of the piece lives at coordinate 0 of each axis where its parameter is not sharded
+      if (type.is_inf() || (off_zero & ~sharded[static_cast<std::size_t>(piece.param)]) == 0) {
+        acc = detail::combine_norm(type, acc,
+                                   dtensor::local_norm_sum(g.narrow(0, piece.shard_at, piece.numel), type));
       }
     }
     return acc;
   }
+
   /// Multiplies the gradient shard by `coef` in place (clip_grads_with_norm).
   void scale_grad(double coef) const { local::scale(local_grad(), coef); }
 
