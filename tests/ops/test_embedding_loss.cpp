@@ -148,8 +148,9 @@ void expect_loss_comm(const CommDebugMode& debug, const Mesh& mesh, std::int64_t
     const Placement p = X::placements[a];
     const std::string axis(mesh.names()[a]);
     const int n = mesh.size(a);
-    const bool vocab_axis = p == Placement::shard(1) || p == Placement::shard(-1);
-    const bool row_axis = p == Placement::shard(0);
+    const Placement q = normalize(p, X::rank);
+    const bool vocab_axis = q == Placement::shard(X::rank - 1);
+    const bool row_axis = q.is_shard() && q.dim < X::rank - 1;
     const std::int64_t max_count = debug.count("all_reduce", axis, ReduceOp::max);
     const std::int64_t max_bytes = debug.bytes("all_reduce", axis, ReduceOp::max);
     const std::int64_t sum_count = debug.count("all_reduce", axis, ReduceOp::sum);
@@ -200,6 +201,51 @@ void loss_case(int ranks, Sizes... sizes) {
            name + ": loss " + std::to_string(got) + ", want " + std::to_string(want));
     // The gradient of 0.5 * loss, against central differences of the reference; the backward does not
     // communicate.
+    debug.reset();
+    const X dx = back(0.5);
+    expect(debug.total_count() == 0, name + ": the backward communicated\n" + debug.to_string());
+    check_full(
+        dx,
+        [&](std::int64_t e) {
+          std::vector<double> v = xv;
+          const double h = 1e-5;
+          v[static_cast<std::size_t>(e)] += h;
+          const double up = loss_ref(v, tv);
+          v[static_cast<std::size_t>(e)] -= 2 * h;
+          return 0.5 * (up - loss_ref(v, tv)) / (2 * h);
+        },
+        1e-8, name + ": dlogits");
+  });
+}
+
+// cross_entropy on logits (batch 3, seq 5, vocab) against targets (batch, seq): the batch or the sequence
+// (or both) sharded like the rows of data and context parallelism, the vocab like tensor parallelism; the
+// loss and gradient equal those of the same rows flattened to (15, vocab).
+template <class Mesh, class XPL, class TPL, class... Sizes>
+void loss3_case(int ranks, Sizes... sizes) {
+  testing::run_ranks(ranks, [&](ProcessGroup& world) {
+    auto mesh = init_device_mesh<Mesh>(world, sizes...);
+    using X = typename dt<Mesh, 3, XPL>::type;
+    using Target = typename ids_of<typename dt<Mesh, 2, TPL>::type>::type;
+    const std::int64_t batch = 3, seq = 5, rows = batch * seq;
+    const X x = make<X>(mesh, {batch, seq, vocab}, 1);
+    const Target t = make_ids<Target>(mesh, {batch, seq}, target_at);
+    std::vector<double> xv(static_cast<std::size_t>(rows * vocab));
+    for (std::size_t e = 0; e < xv.size(); ++e) {
+      xv[e] = value(1, static_cast<std::int64_t>(e));
+    }
+    std::vector<std::int64_t> tv(static_cast<std::size_t>(rows));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      tv[static_cast<std::size_t>(r)] = target_at(r);
+    }
+    const std::string name = "logits (3, 5, 7) " + to_string(X::placements) + " on " + std::to_string(ranks);
+    CommDebugMode debug;
+    auto [loss, back] = cross_entropy(x, t, with_backward);
+    expect_loss_comm<X>(debug, mesh, x.local().shape()[0] * x.local().shape()[1], name);
+    const double got = loss.full_tensor().data()[0];
+    const double want = loss_ref(xv, tv);
+    expect(std::abs(got - want) <= 1e-13 * std::abs(want),
+           name + ": loss " + std::to_string(got) + ", want " + std::to_string(want));
     debug.reset();
     const X dx = back(0.5);
     expect(debug.total_count() == 0, name + ": the backward communicated\n" + debug.to_string());
@@ -312,6 +358,20 @@ TEST_CASE("cross_entropy on logits sharded on the vocab and the rows: loss and g
   loss_case<Mesh2, Placements<S<0>, S<1>>, Placements<S<0>, R>>(4, 2, 2);
   loss_case<Mesh2, Placements<R, S<1>>, Placements<R, R>>(4, 2, 2);
   loss_case<Mesh2, Placements<S<1>, S<1>>, Placements<R, R>>(4, 2, 2);
+}
+
+TEST_CASE("cross_entropy on logits (batch, seq, vocab): rows sharded on the batch, the sequence or both, the "
+          "vocab beside them, on 1-4 ranks and (2,2)",
+          "[ops]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    loss3_case<Mesh1, Placements<S<1>>, Placements<S<1>>>(n);
+    loss3_case<Mesh1, Placements<S<2>>, Placements<R>>(n);
+  }
+  loss3_case<Mesh2, Placements<S<0>, S<2>>, Placements<S<0>, R>>(4, 2, 2);
+  loss3_case<Mesh2, Placements<S<1>, S<2>>, Placements<S<1>, R>>(4, 2, 2);
+  loss3_case<Mesh2, Placements<S<0>, S<1>>, Placements<S<0>, S<1>>>(4, 2, 2);
+  loss3_case<Mesh2, Placements<S<1>, S<1>>, Placements<S<1>, S<1>>>(4, 2, 2);
 }
 
 TEST_CASE(

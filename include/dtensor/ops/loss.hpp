@@ -4,17 +4,21 @@
 //   auto loss = cross_entropy(logits, target);     // logits [S(1)] (tokens, vocab), target [R] (tokens)
 //   auto [l, back] = cross_entropy(logits, target, with_backward);
 //   auto dlogits = back(1.0);                      // [S(1)], like the logits
+//   auto l3 = cross_entropy(logits3, target2);     // (batch, seq, vocab) [S(0),S(1),S(2)], target (batch,
+//                                                  // seq) [S(0),S(1),R]: data, context, tensor parallel
 //
-// No gather of the logits: the row max is completed by an all_reduce(max) over the mesh axes that shard
-// the vocab, then the sum of exponentials and the target's logit (picked on the rank that owns its
-// column, zero elsewhere) together by one all_reduce(sum) of two values per row; the mean over the rows
-// by one all_reduce of two values over the axes that shard the rows (data parallel). Logits may be
-// Shard<1> (vocab), Shard<0> (rows) or Replicate on each axis, never Partial; the target is placed like
-// the logits' rows (Shard<0> where they are, Replicate elsewhere). Rows whose target is ignore_index
-// (-100, as torch) count neither in the sum nor in the mean. The loss is a rank-0 DTensor, Replicate.
-// The backward gives (softmax(x) - onehot(target)) * g / count, placed like the logits, with no
-// communication (the forward keeps the row statistics).
+// The logits are (rows..., vocab): one or more leading dims of rows (a batch, a sequence) and the vocab
+// last; the target has the leading dims. No gather of the logits: the row max is completed by an
+// all_reduce(max) over the mesh axes that shard the vocab, then the sum of exponentials and the target's
+// logit (picked on the rank that owns its column, zero elsewhere) together by one all_reduce(sum) of two
+// values per row; the mean over the rows by one all_reduce of two values over the axes that shard a leading
+// dim (data or context parallel). Logits may be Shard<d> (any dim) or Replicate on each axis, never
+// Partial; the target is placed like the logits' rows (Shard<d> where they shard leading dim d, Replicate
+// elsewhere). Rows whose target is ignore_index (-100, as torch) count neither in the sum nor in the mean.
+// The loss is a rank-0 DTensor, Replicate. The backward gives (softmax(x) - onehot(target)) * g / count,
+// placed like the logits, with no communication (the forward keeps the row statistics).
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -157,16 +161,16 @@ enum class LossError : std::uint8_t { none, partial_logits, target_placement, ty
 
 template <class X, class Target>
 constexpr LossError loss_check() {
-  if (X::rank != 2 || Target::rank != 1) {
+  if (X::rank < 2 || Target::rank != X::rank - 1) {
     return LossError::types;
   }
   for (int a = 0; a < X::placements.size(); ++a) {
-    const Placement x = normalize(X::placements[a], 2);
+    const Placement x = normalize(X::placements[a], X::rank);
     if (x.is_partial()) {
       return LossError::partial_logits;
     }
-    const Placement want = x == Placement::shard(0) ? Placement::shard(0) : Placement::replicate();
-    if (!(normalize(Target::placements[a], 1) == want)) {
+    const Placement want = x.is_shard() && x.dim < X::rank - 1 ? x : Placement::replicate();
+    if (!(normalize(Target::placements[a], Target::rank) == want)) {
       return LossError::target_placement;
     }
   }
@@ -176,41 +180,51 @@ constexpr LossError loss_check() {
 /// @post true: a failed check is its own static_assert (as check_rule).
 template <LossError E>
 consteval bool check_loss() {
-  static_assert(E != LossError::types, "cross_entropy: logits (rows, vocab) and an integer target (rows)");
+  static_assert(E != LossError::types,
+                "cross_entropy: logits (rows..., vocab) and an integer target (rows...): one dim fewer");
   static_assert(E != LossError::partial_logits,
                 "cross_entropy: Partial logits (the loss is not linear in them): redistribute<Replicate> or "
-                "reduce_scatter them to Shard<1> first");
+                "reduce_scatter them to Shard<vocab dim> first");
   static_assert(E != LossError::target_placement,
-                "cross_entropy: the target must be placed like the logits' rows: Shard<0> on the axes where "
-                "the logits are Shard<0>, Replicate on the others");
+                "cross_entropy: the target must be placed like the logits' rows: Shard<d> on the axes where "
+                "the logits shard leading dim d, Replicate on the others");
   return true;
 }
 
-/// Placements of per-row statistics (rows, 2): Shard<0> where the logits shard the rows; Partial<Op> where
-/// they shard the vocab (before completing) or Replicate (after); Replicate elsewhere.
+/// Placements of per-row statistics (rows..., 1 or 2): the logits' Shard of a leading dim where they shard
+/// one; Partial<Op> where they shard the vocab (before completing) or Replicate (after); Replicate elsewhere.
 template <class X, bool Done, ReduceOp Op>
 struct LossRows {
   static constexpr PlacementList list() {
     PlacementList l;
     for (Placement p : X::placements) {
-      p = normalize(p, 2);
-      l.push_back(p == Placement::shard(1) ? (Done ? Placement::replicate() : Placement::partial(Op)) : p);
+      p = normalize(p, X::rank);
+      l.push_back(
+          p == Placement::shard(X::rank - 1) ? (Done ? Placement::replicate() : Placement::partial(Op)) : p);
     }
     return l;
   }
 };
-/// Placements of the loss's (sum, count): Partial<sum> where the logits shard the rows, else Replicate.
+/// Placements of the loss's (sum, count): Partial<sum> where the logits shard a leading dim, else Replicate.
 template <class X, bool Done>
 struct LossTotal {
   static constexpr PlacementList list() {
     PlacementList l;
     for (Placement p : X::placements) {
-      l.push_back(!Done && normalize(p, 2) == Placement::shard(0) ? Placement::partial(ReduceOp::sum)
-                                                                  : Placement::replicate());
+      p = normalize(p, X::rank);
+      l.push_back(!Done && p.is_shard() && p.dim < X::rank - 1 ? Placement::partial(ReduceOp::sum)
+                                                               : Placement::replicate());
     }
     return l;
   }
 };
+
+/// `shape` with its last extent replaced by `last`.
+template <std::size_t R>
+std::array<std::int64_t, R> with_last(std::array<std::int64_t, R> shape, std::int64_t last) {
+  shape[R - 1] = last;
+  return shape;
+}
 template <class X>
 struct LossReplicate {
   static constexpr PlacementList list() {
@@ -243,41 +257,63 @@ cross_entropy_forward(const X& x, const Target& target,
   using T = typename X::value_type;
   using I = typename Target::value_type;
   using Shape = typename dtensor_traits<X>::shape_type;
+  constexpr int R = X::rank;
   const auto& mesh = x.mesh();
-  const std::int64_t rows = x.global_shape()[0];
-  const std::int64_t vocab = x.global_shape()[1];
-  DTENSOR_CHECK(target.global_shape()[0] == rows, "cross_entropy: logits of " + std::to_string(rows) +
-                                                      " rows and a target of " +
-                                                      std::to_string(target.global_shape()[0]));
-  const Block held = spec_block(to_extents(x.global_shape()), X::spec, mesh.sizes(), mesh.coordinate());
-  const auto xl = x.local().contiguous();
+  const auto global = x.global_shape();
+  const std::int64_t vocab = global[R - 1];
+  bool rows_match = true;
+  for (int d = 0; d + 1 < R; ++d) {
+    rows_match = rows_match && target.global_shape()[d] == global[d];
+  }
+  DTENSOR_CHECK(rows_match, "cross_entropy: logits of global shape " + shape_string(to_extents(global)) +
+                                " and a target of " + shape_string(to_extents(target.global_shape())) +
+                                ": the target's shape is the logits' without the last (vocab) dim");
+  const Block held = spec_block(to_extents(global), X::spec, mesh.sizes(), mesh.coordinate());
+  const auto xr = x.local().contiguous();
   const auto tl = target.local().contiguous();
-  const std::int64_t n = xl.shape()[0];
-  const std::int64_t width = xl.shape()[1];
+  const std::int64_t width = xr.shape()[R - 1];
+  const std::int64_t n = width > 0 ? xr.numel() / width : tl.numel();
+  const auto xl = xr.template view<2>({n, width}); // the rows this rank holds, one after another
   if (tl.device().is_cpu()) {
     for (std::int64_t r = 0; r < n; ++r) {
       const auto t = static_cast<std::int64_t>(tl.data()[r]);
-      DTENSOR_CHECK(t == ignore_index || (t >= 0 && t < vocab),
-                    "cross_entropy: target " + std::to_string(t) + " of row " +
-                        std::to_string(held.offset[0] + r) + " is outside [0, " + std::to_string(vocab) +
-                        ") and not ignore_index (-100)");
+      if (t == ignore_index || (t >= 0 && t < vocab)) {
+        continue;
+      }
+      std::string at; // the row's global index
+      std::int64_t rest = r;
+      for (int d = R - 2; d >= 0; --d) {
+        const std::int64_t e = std::max<std::int64_t>(xr.shape()[d], 1);
+        at = std::to_string(held.offset[d] + rest % e) + (at.empty() ? "" : ", " + at);
+        rest /= e;
+      }
+      throw Error("cross_entropy: target " + std::to_string(t) + " of row (" + at + ") is outside [0, " +
+                  std::to_string(vocab) + ") and not ignore_index (-100)");
     }
   }
   // 1. The row max over the whole vocab.
-  using MaxPart = dtensor_from_t<T, 2, Shape, &LossRows<X, false, ReduceOp::max>::list>;
-  using MaxDone = dtensor_from_t<T, 2, Shape, &LossRows<X, true, ReduceOp::max>::list>;
+  using MaxPart = dtensor_from_t<T, R, Shape, &LossRows<X, false, ReduceOp::max>::list>;
+  using MaxDone = dtensor_from_t<T, R, Shape, &LossRows<X, true, ReduceOp::max>::list>;
   const Tensor<T, 2> m_local = local::reduce(ReduceOp::max, xl, 1);
   const Tensor<T, 2> m =
-      redistribute_as<MaxDone, MaxPart>::run(MaxPart(mesh, m_local, {rows, 1})).local().contiguous();
+      redistribute_as<MaxDone, MaxPart>::run(
+          MaxPart(mesh, m_local.template view<R>(with_last(xr.shape(), 1)), with_last(global, 1)))
+          .local()
+          .contiguous()
+          .template view<2>({n, 1});
   // 2. The sum of exponentials and the target's logit, completed together.
-  using SumPart = dtensor_from_t<T, 2, Shape, &LossRows<X, false, ReduceOp::sum>::list>;
-  using SumDone = dtensor_from_t<T, 2, Shape, &LossRows<X, true, ReduceOp::sum>::list>;
+  using SumPart = dtensor_from_t<T, R, Shape, &LossRows<X, false, ReduceOp::sum>::list>;
+  using SumDone = dtensor_from_t<T, R, Shape, &LossRows<X, true, ReduceOp::sum>::list>;
   Tensor<T, 2> stats_local = empty_like(std::array<std::int64_t, 2>{n, 2}, xl);
   local::CrossEntropyRows<T, I> rows_run{{n},   stats_local.data(), xl.data(), m.data(), tl.data(),
-                                         width, held.offset[1]};
+                                         width, held.offset[R - 1]};
   local::launch(rows_run, xl.device(), xl.stream_handle(), "cross_entropy");
   const Tensor<T, 2> stats =
-      redistribute_as<SumDone, SumPart>::run(SumPart(mesh, stats_local, {rows, 2})).local().contiguous();
+      redistribute_as<SumDone, SumPart>::run(
+          SumPart(mesh, stats_local.template view<R>(with_last(xr.shape(), 2)), with_last(global, 2)))
+          .local()
+          .contiguous()
+          .template view<2>({n, 2});
   // 3. The rows' losses summed with their count, over the rows this rank holds, completed over the axes
   //    that shard the rows. Small: on the host.
   const auto ms = m.to(Device::cpu());
@@ -306,7 +342,7 @@ cross_entropy_forward(const X& x, const Target& target,
   Tensor<T, 0> loss(std::array<std::int64_t, 0>{});
   loss.data()[0] = T(count > 0 ? total / count : std::nan(""));
   if (saved != nullptr) {
-    *saved = {m.template view<1>({n}), stats, tl, held.offset[1], count};
+    *saved = {m.template view<1>({n}), stats, tl.template view<1>({n}), held.offset[R - 1], count};
   }
   return loss_t<X, Target>(mesh, loss.to(xl.device()), std::array<std::int64_t, 0>{});
 }
@@ -324,7 +360,9 @@ public:
   CrossEntropyBackward(X x, detail::LossSaved<T, I> saved) : x_(std::move(x)), saved_(std::move(saved)) {}
 
   X operator()(double g = 1.0) const {
-    const auto xl = x_.local().contiguous();
+    const auto xr = x_.local().contiguous();
+    const std::int64_t width = xr.shape()[X::rank - 1];
+    const auto xl = xr.template view<2>({width > 0 ? xr.numel() / width : saved_.target.numel(), width});
     Tensor<T, 2> dx = detail::empty_like(xl.shape(), xl);
     const double scale = saved_.count > 0 ? g / saved_.count : 0.0;
     const bool per_row = xl.device().is_cpu();
@@ -339,7 +377,7 @@ public:
                                       scale,
                                       per_row};
     local::launch(run, xl.device(), xl.stream_handle(), "cross_entropy backward");
-    return X(x_.mesh(), std::move(dx), x_.global_shape());
+    return X(x_.mesh(), dx.template view<X::rank>(xr.shape()), x_.global_shape());
   }
   template <AnyDTensor G>
   requires(G::rank == 0) X operator()(const G& g) const {
@@ -352,7 +390,7 @@ private:
   detail::LossSaved<T, I> saved_;
 };
 
-/// The mean cross-entropy of `logits` (rows, vocab) against class indices `target` (see the top of this
+/// The mean cross-entropy of `logits` (rows..., vocab) against class indices `target` (see the top of this
 /// file); a rank-0 Replicate DTensor.
 template <AnyDTensor X, AnyDTensor Target>
 auto cross_entropy(const X& logits, const Target& target) {
