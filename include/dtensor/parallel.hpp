@@ -11,6 +11,7 @@
 #include "dtensor/parallel/ddp.hpp"
 #include "dtensor/parallel/flat_layout.hpp"
 #include "dtensor/parallel/fsdp.hpp"
+#include "dtensor/parallel/layers.hpp"
 #include "dtensor/parallel/moe.hpp"
 #include "dtensor/parallel/optim.hpp"
 #include "dtensor/parallel/param_init.hpp"

@@ -1,0 +1,23 @@
+#pragma once
+// dtensor::nn: transformer layers as objects whose parameters are DTensors with their placements in the
+// type, in a parallel layout that is a type (nn::Layout: which mesh axes are tensor, sequence and context
+// parallel; the rest data parallel). Each layer's forward returns its backward's context, as the ops do.
+//
+//   using L = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel>;
+//   nn::Embedding<float, L> emb(mesh, vocab, hidden, keys.next());
+//   nn::TransformerBlock<float, L> block(mesh, config, keys);
+//   nn::RmsNorm<float, L> norm(mesh, hidden);
+//   nn::LmHead<float, L> head(mesh, vocab, hidden, keys.next());
+//
+// The files: layers/layout.hpp (the layout and the placements it gives each tensor), layers/module.hpp
+// (what every layer shares: Gradients, TransformerConfig, checkpointed), embedding.hpp, norm.hpp,
+// mlp.hpp, attention.hpp, block.hpp, head.hpp.
+
+#include "dtensor/parallel/layers/attention.hpp"
+#include "dtensor/parallel/layers/block.hpp"
+#include "dtensor/parallel/layers/embedding.hpp"
+#include "dtensor/parallel/layers/head.hpp"
+#include "dtensor/parallel/layers/layout.hpp"
+#include "dtensor/parallel/layers/mlp.hpp"
+#include "dtensor/parallel/layers/module.hpp"
+#include "dtensor/parallel/layers/norm.hpp"

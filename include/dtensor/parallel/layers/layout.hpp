@@ -1,0 +1,199 @@
+#pragma once
+// The parallel layout of transformer layers as a type: which mesh axes are tensor parallel (tp), whether
+// the activations between the tensor-parallel regions are sharded on the sequence there (sp), and which
+// axis is context parallel (cp) and in which form. Every other mesh axis is data parallel: it shards the
+// batch (dp, an FSDP or HSDP axis, a replicate axis).
+//
+//   using Mesh = MeshShape<Axis<"dp">, Axis<"cp">, Axis<"tp">>;
+//   using L = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel,
+//   nn::ContextParallel<Ring<"cp">>>; nn::TransformerBlock<float, L> block(mesh, config, keys);     // the
+//   placements of every tensor follow
+//
+// What the layout gives each tensor, per mesh axis (batch: an axis that is neither tp nor cp):
+//
+//   tensor                               batch    cp       tp (sp)   tp (no sp)
+//   activation (batch, seq, hidden)      S(0)     S(1)     S(1)      R          (act_t)
+//   inside a tp region (batch, seq, .)   S(0)     S(1)     R         R          (gathered_t: before the
+//                                                                               column-parallel matmuls)
+//   token ids, targets (batch, seq)      S(0)     S(1)     R         R          (ids_t)
+//   logits (batch, seq, vocab)           S(0)     S(1)     S(2)      S(2)       (logits_t)
+//   column weight (out, in)              R        R        S(0)      S(0)       (column_weight_t)
+//   row weight (out, in)                 R        R        S(1)      S(1)       (row_weight_t)
+//   norm weight (hidden)                 R        R        R         R          (replicated_t)
+//
+// So the layers' wiring is checked by the types: an activation of another layout does not convert, and a
+// layer fed a tensor of the wrong placements does not compile. The parameters are Replicate on the batch
+// axes, as FSDP's and DDP's parameters are before sharding (FlatParamGroup's Param specs, nn::params_of).
+
+#include <cstdint>
+#include <type_traits>
+
+#include "dtensor/core/fixed_string.hpp"
+#include "dtensor/layout/placement.hpp"
+#include "dtensor/ops/attention.hpp"
+#include "dtensor/ops/typed_rules.hpp"
+#include "dtensor/parallel/fsdp.hpp"
+
+namespace dtensor::nn {
+
+/// Tensor parallelism over mesh axis `Axis` (Megatron): the projections split column- and row-wise, the
+/// attention heads and the MLP's hidden units over Axis, the vocabulary of the embedding and the head too.
+template <fixed_string Axis>
+struct TensorParallel {};
+
+/// With TensorParallel: between the tensor-parallel regions (norms, residuals) the activations are
+/// sharded on the sequence over the tp axis; each region all_gathers on entry and reduce_scatters on exit
+/// (instead of an all_reduce on exit).
+struct SequenceParallel {};
+
+/// Context parallelism in `Form` (Ring<"cp"> or Ulysses<"cp">, ops/attention.hpp): the sequence sharded over
+/// the form's axis everywhere; attention runs in that form.
+template <class Form>
+struct ContextParallel {};
+
+namespace detail {
+
+/// What one option of Layout sets: the tp axis, sp, the cp axis and form (-1 and void: unset).
+template <class Mesh, class O>
+struct LayoutOption {
+  static_assert(sizeof(O) == 0,
+                "nn::Layout: an option is nn::TensorParallel<\"axis\">, nn::SequenceParallel or "
+                "nn::ContextParallel<Ring<\"axis\">> / <Ulysses<\"axis\">>");
+};
+template <class Mesh, fixed_string A>
+struct LayoutOption<Mesh, TensorParallel<A>> {
+  static constexpr int tp = Mesh::template index_of<A>(), cp = -1;
+  static constexpr bool sp = false;
+  using form = void;
+};
+template <class Mesh>
+struct LayoutOption<Mesh, SequenceParallel> {
+  static constexpr int tp = -1, cp = -1;
+  static constexpr bool sp = true;
+  using form = void;
+};
+template <class Mesh, fixed_string A>
+struct LayoutOption<Mesh, ContextParallel<Ring<A>>> {
+  static constexpr int tp = -1, cp = Mesh::template index_of<A>();
+  static constexpr bool sp = false;
+  using form = Ring<A>;
+};
+template <class Mesh, fixed_string A>
+struct LayoutOption<Mesh, ContextParallel<Ulysses<A>>> {
+  static constexpr int tp = -1, cp = Mesh::template index_of<A>();
+  static constexpr bool sp = false;
+  using form = Ulysses<A>;
+};
+
+template <class... F>
+struct first_form {
+  using type = void;
+};
+template <class F, class... Rest>
+struct first_form<F, Rest...> {
+  using type = std::conditional_t<std::is_void_v<F>, typename first_form<Rest...>::type, F>;
+};
+
+constexpr int pick_axis(std::initializer_list<int> axes) {
+  int found = -1;
+  for (int a : axes) {
+    found = a >= 0 ? a : found;
+  }
+  return found;
+}
+constexpr int count_set(std::initializer_list<int> axes) {
+  int n = 0;
+  for (int a : axes) {
+    n += a >= 0 ? 1 : 0;
+  }
+  return n;
+}
+
+} // namespace detail
+
+/// Where the mesh axes of `Mesh` act in transformer layers (see the top of this file).
+template <class Mesh, class... Options>
+struct Layout {
+  using mesh_shape = Mesh;
+  /// The tensor-parallel axis (-1: none), the context-parallel axis (-1: none), sequence parallelism.
+  static constexpr int tp = detail::pick_axis({detail::LayoutOption<Mesh, Options>::tp...});
+  static constexpr int cp = detail::pick_axis({detail::LayoutOption<Mesh, Options>::cp...});
+  static constexpr bool sp = (detail::LayoutOption<Mesh, Options>::sp || ...);
+  /// Ring<"cp"> or Ulysses<"cp">; void without context parallelism.
+  using cp_form = typename detail::first_form<typename detail::LayoutOption<Mesh, Options>::form...>::type;
+
+  static_assert(detail::count_set({detail::LayoutOption<Mesh, Options>::tp...}) <= 1,
+                "nn::Layout: at most one nn::TensorParallel axis");
+  static_assert(detail::count_set({detail::LayoutOption<Mesh, Options>::cp...}) <= 1,
+                "nn::Layout: at most one nn::ContextParallel axis");
+  static_assert(!sp || tp >= 0,
+                "nn::Layout: nn::SequenceParallel shards the sequence over the tensor-parallel "
+                "axis: name one with nn::TensorParallel<\"axis\">");
+  static_assert(tp < 0 || tp != cp, "nn::Layout: the tensor- and context-parallel axes must differ");
+
+  /// The placements of a tensor of rank `rank` whose dims `batch`, `seq` and `on_tp` are sharded over the
+  /// batch axes, the cp axis and the tp axis (-1: Replicate there).
+  static constexpr PlacementList placements(int batch, int seq, int on_tp) {
+    PlacementList l;
+    for (int a = 0; a < Mesh::rank; ++a) {
+      const int d = a == tp ? on_tp : a == cp ? seq : batch;
+      l.push_back(d >= 0 ? Placement::shard(d) : Placement::replicate());
+    }
+    return l;
+  }
+};
+
+namespace detail {
+template <class L, int Batch, int Seq, int OnTp>
+struct Placed {
+  static constexpr PlacementList list() { return L::placements(Batch, Seq, OnTp); }
+};
+} // namespace detail
+
+/// A DTensor of element type T and rank `Rank` on L's mesh, sharded as L::placements(Batch, Seq, OnTp).
+template <class L, class T, int Rank, int Batch, int Seq, int OnTp>
+using placed_t = dtensor_from_t<T, Rank, typename L::mesh_shape, &detail::Placed<L, Batch, Seq, OnTp>::list>;
+
+/// Activations (batch, seq, hidden) between the tensor-parallel regions.
+template <class L, class T>
+using act_t = placed_t<L, T, 3, 0, 1, L::sp ? 1 : -1>;
+/// Activations (batch, seq, features) inside a tensor-parallel region, before its column-parallel matmuls.
+template <class L, class T>
+using gathered_t = placed_t<L, T, 3, 0, 1, -1>;
+/// Token ids and targets (batch, seq).
+template <class L, class I = std::int64_t>
+using ids_t = placed_t<L, I, 2, 0, 1, -1>;
+/// Logits (batch, seq, vocab), the vocabulary over tp.
+template <class L, class T>
+using logits_t = placed_t<L, T, 3, 0, 1, 2>;
+/// A column-parallel weight (out, in): its output features over tp.
+template <class L, class T>
+using column_weight_t = placed_t<L, T, 2, -1, -1, 0>;
+/// A row-parallel weight (out, in): its input features over tp.
+template <class L, class T>
+using row_weight_t = placed_t<L, T, 2, -1, -1, 1>;
+/// A parameter of rank `Rank` replicated on every axis (norm weights and biases).
+template <class L, class T, int Rank = 1>
+using replicated_t = placed_t<L, T, Rank, -1, -1, -1>;
+
+namespace detail {
+template <class D>
+struct param_of;
+template <class T, int R, class Shape, class... Q>
+struct param_of<DTensor<T, R, Shape, Q...>> {
+  using type = Param<R, Q...>;
+};
+template <class Tuple>
+struct params_of_tuple;
+template <class... W>
+struct params_of_tuple<std::tuple<W...>> {
+  using type = Params<typename param_of<W>::type...>;
+};
+} // namespace detail
+
+/// The FlatParamGroup spec (Params<Param<...>...>) of a layer's parameters, in the layer's order:
+/// `FlatParamGroup<float, Mesh, Fsdp<"dp">, nn::params_of<Block>>`.
+template <class Layer>
+using params_of = typename detail::params_of_tuple<typename Layer::parameter_types>::type;
+
+} // namespace dtensor::nn

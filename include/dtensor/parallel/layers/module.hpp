@@ -1,0 +1,140 @@
+#pragma once
+// What every layer of dtensor::nn shares: the form of its backward's result, its configuration, and the
+// helpers that make and rebuild its parameters.
+//
+// A layer is a small value: its configuration and its parameters as DTensor handles (copies share the
+// storage, as Tensor does), public and in a fixed order. Each layer gives
+//
+//   using parameter_types = std::tuple<W...>;       // the parameters' DTensor types, in order
+//   auto parameters();                              // std::tuple<W&...>
+//   auto with_parameters(const P&... p) const;      // the same layer on other handles of its parameters,
+//                                                   // e.g. the views an FSDP group's params() gives; the
+//                                                   // element type follows P (mixed precision)
+//   auto forward(x, with_backward) const;           // WithBackward{y, back}: auto [dx, grads] = back(dy)
+//   auto forward(x) const;                          // y alone
+//
+// The backward returns nn::Gradients{input, params}: the input's gradient in the input's placements and a
+// tuple of the parameters' gradients in parameter order, as the ops give them (Partial<sum> over the axes
+// that shard the batch: what DDP and FSDP reduce; FsdpSchedule::backward takes the tuple as it is).
+
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+#include "dtensor/backward/activation_checkpoint.hpp"
+#include "dtensor/backward/redistribute.hpp"
+#include "dtensor/backward/with_backward.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/ops/typed_rules.hpp"
+#include "dtensor/parallel/param_init.hpp"
+#include "dtensor/tensor/distribute.hpp"
+
+namespace dtensor::nn {
+
+/// The result of a layer's backward: the input's gradient and the parameters' (a tuple, in order).
+template <class Input, class Params>
+struct Gradients {
+  Input input;
+  Params params;
+};
+template <class Input, class Params>
+Gradients(Input, Params) -> Gradients<Input, Params>;
+
+/// The input gradient of a layer whose input is not differentiable (token ids).
+struct NoGradient {};
+
+/// The sizes of a GPT-style decoder (Llama's shape: RMSNorm, RoPE, GQA, SwiGLU, no biases).
+struct TransformerConfig {
+  std::int64_t vocab = 0;
+  std::int64_t hidden = 0;
+  std::int64_t heads = 0;
+  std::int64_t kv_heads = 0; ///< 0: heads (multi-head attention); fewer: grouped-query attention
+  std::int64_t ffn = 0;      ///< the MLP's hidden units
+  double norm_eps = 1e-5;
+  double rope_base = 10000;
+  double init_std = 0.02; ///< weights normal(0, init_std); norm weights ones
+
+  std::int64_t head_dim() const noexcept { return heads > 0 ? hidden / heads : 0; }
+  std::int64_t kv_head_count() const noexcept { return kv_heads > 0 ? kv_heads : heads; }
+};
+
+namespace detail {
+
+/// x brought to the placements of the DTensor type D, with the backward of that redistribution.
+template <class D>
+struct to_placements;
+template <class T, int R, class Shape, class... Q>
+struct to_placements<DTensor<T, R, Shape, Q...>> {
+  template <class X>
+  static auto run(const X& x) {
+    return redistribute_with_backward<Q...>(x);
+  }
+};
+
+/// A gradient brought to the placements of the DTensor type D (the primal's).
+template <class D, class G>
+D gradient_as(const G& g) {
+  return dtensor::detail::redistribute_as<D, G>::run(g);
+}
+
+/// Zeros of the DTensor type D on `device`.
+template <class D>
+struct zeros_of;
+template <class T, int R, class Shape, class... Q>
+struct zeros_of<DTensor<T, R, Shape, Q...>> {
+  static auto run(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[R], Device device) {
+    return dtensor::zeros<T, Q...>(mesh, shape, device);
+  }
+};
+
+/// A weight of type D, normal(0, std) from the sharding-invariant RNG (the same numbers on any mesh).
+template <class D, class Shape>
+D normal_weight(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[D::rank], double std,
+                init::InitKey key, Device device) {
+  D w = zeros_of<D>::run(mesh, shape, device);
+  init::normal_(w, 0.0, std, key);
+  return w;
+}
+/// A norm weight of type D: ones.
+template <class D, class Shape>
+D ones_weight(const DeviceMesh<Shape>& mesh, std::int64_t n, Device device) {
+  D w = zeros_of<D>::run(mesh, {n}, device);
+  init::ones_(w);
+  return w;
+}
+
+/// layer.with_parameters(std::get<Offset + I>(t)...) for the layer's parameter count.
+template <std::size_t Offset, class Layer, class Tuple>
+auto with_parameters_at(const Layer& layer, const Tuple& t) {
+  constexpr std::size_t n = std::tuple_size_v<typename Layer::parameter_types>;
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return layer.with_parameters(std::get<Offset + I>(t)...);
+  }
+  (std::make_index_sequence<n>{});
+}
+
+} // namespace detail
+
+/// Activation checkpointing of a layer (torch.utils.checkpoint): `nn::checkpointed(block).forward(x,
+/// with_backward)` keeps x and the parameters' handles only and runs the layer's forward again in its
+/// backward (backward/activation_checkpoint.hpp); the results equal the plain forward's bit for bit.
+template <class Layer>
+struct Checkpointed {
+  Layer layer;
+
+  template <class X>
+  auto forward(const X& x) const {
+    return layer.forward(x);
+  }
+  template <class X>
+  auto forward(const X& x, WithBackwardTag) const {
+    auto f = [l = layer](const X& in, WithBackwardTag) { return l.forward(in, with_backward); };
+    return activation_checkpoint(std::move(f), x);
+  }
+};
+template <class Layer>
+Checkpointed<Layer> checkpointed(const Layer& layer) {
+  return {layer};
+}
+
+} // namespace dtensor::nn
