@@ -426,6 +426,14 @@ TEST_CASE("clip_grad_norm over a mix of Shard and Replicate gradients on a 2-D m
         (void)total_norm(l2_norm, g.c);
         expect(comm.total_count() == 0, "replicated gradients: no communication");
         expect(total_norm(inf_norm, g.a, g.b, g.c, g.d, g.e) == top, "inf norm");
+        // Tuples (a layer's gradients) and ranges of tuples (the blocks'), nested: the same sum, one
+        // all_reduce.
+        comm.reset();
+        const std::vector<std::tuple<decltype(g.b), decltype(g.d)>> blocks{{g.b, g.d}};
+        expect(total_norm(l2_norm, std::tuple{g.a, std::tuple{g.c}}, blocks, g.e) == norm_ref,
+               "total_norm of a tuple, a nested tuple and a vector of tuples");
+        expect(comm.total_count() == 1 && comm.count("all_reduce", "dp*tp") == 1,
+               "tuples: one all_reduce over dp*tp, got\n" + comm.to_string());
       }
       // Not clipped: max_norm above the norm leaves every gradient as it was.
       {

@@ -33,6 +33,7 @@
 #include <limits>
 #include <ranges>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -197,11 +198,36 @@ inline double combine_norm(NormType type, double acc, double s) {
 template <class G>
 concept GradientTensorOrHolder = AnyDTensor<G> || GradientHolder<std::remove_cvref_t<G>>;
 
-/// What total_norm and clip_grad_norm take: gradient DTensors, gradient holders, and ranges of either (a
-/// std::vector of the blocks' groups), mixed.
+namespace detail {
+
 template <class G>
-concept GradientSource = GradientTensorOrHolder<G> ||
-    (std::ranges::input_range<const G>&& GradientTensorOrHolder<std::ranges::range_value_t<const G>>);
+struct is_tuple : std::false_type {};
+template <class... E>
+struct is_tuple<std::tuple<E...>> : std::true_type {};
+
+/// Whether G is a gradient source: a gradient, or a tuple or range of sources (nested as deep as wanted).
+template <class G>
+constexpr bool is_gradient_source() {
+  if constexpr (GradientTensorOrHolder<G>) {
+    return true;
+  } else if constexpr (is_tuple<G>::value) {
+    return []<class... E>(std::type_identity<std::tuple<E...>>) {
+      return (is_gradient_source<std::remove_cvref_t<E>>() && ...);
+    }(std::type_identity<G>{});
+  } else if constexpr (std::ranges::input_range<const G>) {
+    return is_gradient_source<std::remove_cvref_t<std::ranges::range_value_t<const G>>>();
+  } else {
+    return false;
+  }
+}
+
+} // namespace detail
+
+/// What total_norm and clip_grad_norm take: gradient DTensors, gradient holders, and tuples and ranges of
+/// them, nested and mixed (a std::vector of the blocks' groups; a layer's tuple of gradients; a std::vector
+/// of the blocks' tuples).
+template <class G>
+concept GradientSource = detail::is_gradient_source<std::remove_cvref_t<G>>();
 
 namespace detail {
 
@@ -217,26 +243,32 @@ bool counts_here(const G& g, AxisMask group_axes) {
   return true;
 }
 
-/// The one gradient type of a source (its elements' for a range).
+/// The first gradient type of a source (for the mesh check).
 template <class G>
 struct gradient_of {
   using type = G;
 };
+template <class E0, class... E>
+struct gradient_of<std::tuple<E0, E...>> {
+  using type = typename gradient_of<std::remove_cvref_t<E0>>::type;
+};
 template <class G>
-requires(!GradientTensorOrHolder<G>) struct gradient_of<G> {
-  using type = std::ranges::range_value_t<const G>;
+requires(!GradientTensorOrHolder<G> && !is_tuple<G>::value) struct gradient_of<G> {
+  using type = typename gradient_of<std::remove_cvref_t<std::ranges::range_value_t<const G>>>::type;
 };
 template <class G>
 using gradient_of_t = typename gradient_of<G>::type;
 
-/// f(gradient) for the source's gradient, or for each element of a range.
+/// f(gradient) for every gradient of the source, in order.
 template <class G, class F>
 void for_each_gradient(const G& g, F&& f) {
   if constexpr (GradientTensorOrHolder<G>) {
     f(g);
+  } else if constexpr (is_tuple<G>::value) {
+    std::apply([&](const auto&... e) { (for_each_gradient(e, f), ...); }, g);
   } else {
     for (const auto& e : g) {
-      f(e);
+      for_each_gradient(e, f);
     }
   }
 }
@@ -249,6 +281,19 @@ constexpr AxisMask norm_axes() {
     return shard_axes(G::placements);
   } else {
     return G::grad_norm_axes();
+  }
+}
+/// The axes where the shards of any gradient of source G differ.
+template <class G>
+constexpr AxisMask source_norm_axes() {
+  if constexpr (GradientTensorOrHolder<G>) {
+    return norm_axes<G>();
+  } else if constexpr (is_tuple<G>::value) {
+    return []<class... E>(std::type_identity<std::tuple<E...>>) {
+      return (AxisMask{0} | ... | source_norm_axes<std::remove_cvref_t<E>>());
+    }(std::type_identity<G>{});
+  } else {
+    return source_norm_axes<std::remove_cvref_t<std::ranges::range_value_t<const G>>>();
   }
 }
 template <class G>
@@ -291,8 +336,7 @@ double total_norm(NormType type, const G0& g0, const G&... grads) {
        ...),
       "clip_grad_norm: every gradient must be on the same mesh");
   DTENSOR_CHECK(type.p > 0, "clip_grad_norm: norm_type must be positive, not " + std::to_string(type.p));
-  constexpr AxisMask axes =
-      (detail::norm_axes<detail::gradient_of_t<G0>>() | ... | detail::norm_axes<detail::gradient_of_t<G>>());
+  constexpr AxisMask axes = (detail::source_norm_axes<G0>() | ... | detail::source_norm_axes<G>());
   double acc = 0;
   const Mesh0* mesh = nullptr; // the first gradient's: the others must match it
   Device device;
