@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages dtensor's build, tests and demo need, if any is missing (idempotent: does
+# Installs the Debian packages dtensor's build, tests and demo need (fortunes: the GPT demo's text;
+# gnuplot-nox: its loss curves), if any is missing (idempotent: does
 # nothing when all are present). Needs root or sudo only when something is missing.
 #
 #   scripts/deps.sh           # what the build and the demo need
@@ -7,7 +8,7 @@
 set -euo pipefail
 
 packages=(g++ cmake ninja-build catch2 libgloo-dev libopenblas-dev librandom123-dev libdlpack-dev
-          nlohmann-json3-dev libopenmpi-dev openmpi-bin)
+          nlohmann-json3-dev libopenmpi-dev openmpi-bin fortunes gnuplot-nox)
 if [[ ${1:-} == --tests ]]; then
   packages+=(python3-torch)
 fi

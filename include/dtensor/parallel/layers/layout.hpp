@@ -26,7 +26,9 @@
 // axes, as FSDP's and DDP's parameters are before sharding (FlatParamGroup's Param specs, nn::params_of).
 
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "dtensor/core/fixed_string.hpp"
 #include "dtensor/layout/placement.hpp"
@@ -195,5 +197,9 @@ struct params_of_tuple<std::tuple<W...>> {
 /// `FlatParamGroup<float, Mesh, Fsdp<"dp">, nn::params_of<Block>>`.
 template <class Layer>
 using params_of = typename detail::params_of_tuple<typename Layer::parameter_types>::type;
+/// The spec of one group holding several layers' parameters, the layers in order (a final norm and the head).
+template <class... Layers>
+using params_of_layers = typename detail::params_of_tuple<decltype(std::tuple_cat(
+    std::declval<typename Layers::parameter_types>()...))>::type;
 
 } // namespace dtensor::nn

@@ -115,6 +115,19 @@ auto with_parameters_at(const Layer& layer, const Tuple& t) {
 
 } // namespace detail
 
+/// Drops the layer's hold on its parameters' storage: each becomes a handle with no local data (the same
+/// mesh and global shape), so the layer is kept as configuration only, for with_parameters. For a model
+/// whose FSDP groups now own the parameters (they copied them into their flat shards): the full tensors are
+/// freed once no other handle holds them.
+template <class Layer>
+void release_parameters(Layer& layer) {
+  std::apply(
+      [](auto&... w) {
+        ((w = std::remove_cvref_t<decltype(w)>(w.mesh(), {}, w.global_shape())), ...);
+      },
+      layer.parameters());
+}
+
 /// Activation checkpointing of a layer (torch.utils.checkpoint): `nn::checkpointed(block).forward(x,
 /// with_backward)` keeps x and the parameters' handles only and runs the layer's forward again in its
 /// backward (backward/activation_checkpoint.hpp); the results equal the plain forward's bit for bit.
