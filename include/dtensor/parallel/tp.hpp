@@ -93,8 +93,9 @@ struct factory_of<DTensor<T, R, Shape, Q...>> {
   static auto randn(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[R], std::uint64_t seed) {
     return dtensor::randn<T, Q...>(mesh, shape, seed);
   }
-  static auto zeros(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[R]) {
-    return dtensor::zeros<T, Q...>(mesh, shape);
+  static auto zeros(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[R],
+                    Device device = Device::cpu()) {
+    return dtensor::zeros<T, Q...>(mesh, shape, device);
   }
 };
 

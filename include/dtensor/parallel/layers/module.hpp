@@ -27,6 +27,7 @@
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/parallel/param_init.hpp"
+#include "dtensor/parallel/tp.hpp"
 #include "dtensor/tensor/distribute.hpp"
 
 namespace dtensor::nn {
@@ -62,14 +63,7 @@ namespace detail {
 
 /// x brought to the placements of the DTensor type D, with the backward of that redistribution.
 template <class D>
-struct to_placements;
-template <class T, int R, class Shape, class... Q>
-struct to_placements<DTensor<T, R, Shape, Q...>> {
-  template <class X>
-  static auto run(const X& x) {
-    return redistribute_with_backward<Q...>(x);
-  }
-};
+using to_placements = dtensor::detail::with_backward_to<D>;
 
 /// A gradient brought to the placements of the DTensor type D (the primal's).
 template <class D, class G>
@@ -79,11 +73,10 @@ D gradient_as(const G& g) {
 
 /// Zeros of the DTensor type D on `device`.
 template <class D>
-struct zeros_of;
-template <class T, int R, class Shape, class... Q>
-struct zeros_of<DTensor<T, R, Shape, Q...>> {
-  static auto run(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[R], Device device) {
-    return dtensor::zeros<T, Q...>(mesh, shape, device);
+struct zeros_of {
+  template <class Shape>
+  static D run(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[D::rank], Device device) {
+    return dtensor::detail::factory_of<D>::zeros(mesh, shape, device);
   }
 };
 
@@ -122,9 +115,7 @@ auto with_parameters_at(const Layer& layer, const Tuple& t) {
 template <class Layer>
 void release_parameters(Layer& layer) {
   std::apply(
-      [](auto&... w) {
-        ((w = std::remove_cvref_t<decltype(w)>(w.mesh(), {}, w.global_shape())), ...);
-      },
+      [](auto&... w) { ((w = std::remove_cvref_t<decltype(w)>(w.mesh(), {}, w.global_shape())), ...); },
       layer.parameters());
 }
 
