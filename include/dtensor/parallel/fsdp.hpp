@@ -523,6 +523,51 @@ public:
   /// Multiplies the gradient shard by `coef` in place (clip_grads_with_norm).
   void scale_grad(double coef) const { local::scale(local_grad(), coef); }
 
+  // ---- state laid out like the parameter shard (checkpoints) ---------------------------------------------
+
+  /// A flat shard laid out like this rank's parameter shard (the master parameters, local_param(), or an
+  /// optimizer's state for the group: exp_avg), gathered over the FSDP axes (one all_gather) and cut into the
+  /// group's parameters: DTensors of their unsharded placements, in element type S. What a checkpoint
+  /// saves, so that it loads onto any layout.
+  template <class S>
+  std::tuple<detail::param_t<S, Mesh, Ps>...> unflatten_shard(const Tensor<S, 1>& shard) const {
+    DTENSOR_CHECK(shard.numel() == sharded_numel(), "FlatParamGroup::unflatten_shard: a shard of " +
+                                                        std::to_string(shard.numel()) +
+                                                        " elements where the "
+                                                        "group's has " +
+                                                        std::to_string(sharded_numel()));
+    using Sharded = typename Axes::template sharded<S>;
+    using Gathered = typename Axes::template gathered<S>;
+    const Gathered full =
+        detail::distribute_as<Gathered>::run(Sharded(Axes::flat_mesh(mesh_), shard, {layout_.total()}));
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple<detail::param_t<S, Mesh, Ps>...>(view_param<I, S>(full.local())...);
+    }
+    (std::make_index_sequence<N>{});
+  }
+  /// Parameter I's global shape.
+  template <std::size_t I>
+  const auto& global_shape() const noexcept {
+    return std::get<I>(globals_);
+  }
+  /// The reverse: this rank's flat shard of the given unsharded parameters (or state of their shapes), as
+  /// the constructor shards the parameters. No communication.
+  template <class S, class... D>
+  Tensor<S, 1> flatten_to_shard(const D&... params) const {
+    static_assert(sizeof...(D) == N, "FlatParamGroup::flatten_to_shard: one tensor per parameter, in order");
+    static_assert(
+        (std::is_same_v<D, detail::param_t<S, Mesh, Ps>> && ...),
+        "FlatParamGroup::flatten_to_shard: each tensor must have its parameter's unsharded placements "
+        "and the element type S");
+    const int n = mesh_.size(Axes::shard);
+    const int i = mesh_.coordinate()[Axes::shard];
+    Tensor<S, 1> shard({layout_.shard_numel(n, i)}, state_->shard->local().device());
+    const std::vector<FlatPiece> pieces = layout_.pieces(n, i);
+    int k = 0;
+    (copy_into_shard(shard, pieces, k++, params.local()), ...);
+    return shard;
+  }
+
   // ---- memory --------------------------------------------------------------------------------------------
 
   /// Elements of the parameter shard this rank holds: about 1/n of unsharded_numel().
@@ -577,10 +622,10 @@ private:
     }
   };
 
-  template <class L>
-  void copy_into_shard(const Tensor<T, 1>& shard, const std::vector<FlatPiece>& pieces, int param,
+  template <class S, class L>
+  void copy_into_shard(const Tensor<S, 1>& shard, const std::vector<FlatPiece>& pieces, int param,
                        const L& local) const {
-    const Tensor<T, 1> flat = local.contiguous().template view<1>({local.numel()});
+    const Tensor<S, 1> flat = local.contiguous().template view<1>({local.numel()});
     for (const FlatPiece& p : pieces) {
       if (p.param == param) {
         local::copy(shard.narrow(0, p.shard_at, p.numel), flat.narrow(0, p.param_at, p.numel));
@@ -609,9 +654,10 @@ private:
     return state_->gathered->local();
   }
 
-  template <std::size_t I>
-  param_type<I> view_param(const Tensor<ComputeT, 1>& full) const {
-    using D = param_type<I>;
+  template <std::size_t I, class S = ComputeT>
+  detail::param_t<S, Mesh, std::tuple_element_t<I, std::tuple<Ps...>>>
+  view_param(const Tensor<S, 1>& full) const {
+    using D = detail::param_t<S, Mesh, std::tuple_element_t<I, std::tuple<Ps...>>>;
     const auto& global = std::get<I>(globals_);
     const Block b = spec_block(detail::to_extents(global), D::spec, mesh_.sizes(), mesh_.coordinate());
     const auto shape = detail::to_array<D::rank>(b.shape);

@@ -472,6 +472,19 @@ public:
   }
   /// Number of parameter indices seen so far.
   int num_params() const noexcept { return static_cast<int>(states_.size()); }
+  /// Whether parameter `index` has taken a step (so state(index) exists).
+  bool has_state(int index) const noexcept {
+    return index >= 0 && index < num_params() && states_[static_cast<std::size_t>(index)].step > 0;
+  }
+  /// Replaces parameter `index`'s state (resuming from a checkpoint: parallel/train_state.hpp): its step
+  /// count and tensors of its shard's element count in state_t of its element type. The next step goes on
+  /// from it as from the state a step left.
+  void load_state(int index, ParamState state) {
+    DTENSOR_CHECK(index >= 0 && state.step >= 0, std::string(Derived::name) + "::load_state: parameter " +
+                                                     std::to_string(index) + ", step " +
+                                                     std::to_string(state.step));
+    state_for(index) = std::move(state);
+  }
 
 protected:
   /// What every update starts from (begin_update).
