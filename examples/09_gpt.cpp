@@ -23,6 +23,10 @@
 //   --sample N        characters generated at the end (0: none)
 //   --csv FILE        rank 0 writes step, train loss, validation loss, tokens/s
 //   --data PATH       a text file, or a directory whose files are read in name order (default: the fortunes)
+//   --save DIR        at the end, save the training state (parameters, AdamW's state, the step) into the
+//                     sharded checkpoint DIR (parallel/train_state.hpp): layout-independent
+//   --resume DIR      start from the training state in DIR, saved by any layout on any number of ranks, and
+//                     train on to --steps (the batches are a function of the step, so the data goes on too)
 //   --check           also train the same model on one rank in this process and compare: the loss at every
 //                     step and every final parameter (float: 1e-4 relative; --mixed against the float run:
 //                     5e-2, bfloat16 keeps 8 bits of mantissa); exits 1 on a mismatch
@@ -35,6 +39,7 @@
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/parallel.hpp>
+#include <dtensor/parallel/train_state.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -63,7 +68,7 @@ using RingCp =
 using UlyssesCp = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::ContextParallel<Ulysses<"cp">>>;
 
 struct Options {
-  std::string layout = "fsdp_tp", data = "/usr/share/games/fortunes", csv;
+  std::string layout = "fsdp_tp", data = "/usr/share/games/fortunes", csv, save, resume;
   bool mixed = false, check = false;
   int steps = 450, eval_every = 25, eval_batches = 4, sample = 240;
   std::int64_t batch = 16, seq = 64, layers = 4;
@@ -265,6 +270,8 @@ struct Gpt {
 
 /// What a run reports: the loss per step, the validation losses, the final parameters (full, float).
 struct Run {
+  int first = 0;       ///< the first step this run took (after a resume: the step it resumed at)
+  int timed_steps = 0; ///< the steps in `seconds`
   std::vector<double> losses, val_steps, val_losses;
   std::vector<std::vector<float>> params;
   double seconds = 0; ///< the training steps' time (without evaluation and the first step)
@@ -314,18 +321,20 @@ std::vector<std::vector<float>> full_values(const P& params) {
 /// The training loop both trainers share: per step the batch, `step(ids, targets)` (its loss), the
 /// validation loss every eval_every steps by `eval(ids, targets)`, the time.
 template <class L, class Step, class Eval>
-Run train_loop(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& o, bool print, Step&& step,
-               Eval&& eval) {
+Run train_loop(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& o, bool print, int first,
+               Step&& step, Eval&& eval) {
   Run run;
-  for (int s = 0; s < o.steps; ++s) {
+  run.first = first;
+  for (int s = first; s < o.steps; ++s) {
     const auto [ids, targets] = batch_of<L>(mesh, text.train, 1, s, o.batch, o.seq);
     const auto t0 = std::chrono::steady_clock::now();
     const double loss = step(s, ids, targets);
-    if (s > 0 || o.steps == 1) {
+    if (s > first || o.steps - first == 1) { // the first step warms up
       run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++run.timed_steps;
     }
     run.losses.push_back(loss);
-    if ((s + 1) % o.eval_every == 0 || s + 1 == o.steps || s == 0) {
+    if ((s + 1) % o.eval_every == 0 || s + 1 == o.steps || s == first) {
       double v = 0;
       for (int b = 0; b < o.eval_batches; ++b) {
         const auto [vi, vt] = batch_of<L>(mesh, text.val, 99, b, o.batch, o.seq);
@@ -395,6 +404,7 @@ Run train_replicated(const DeviceMesh<Mesh>& mesh, const Text& text, const Optio
   }
   const int per_block = int(std::tuple_size_v<typename nn::TransformerBlock<float, L>::parameter_types>);
   optim::AdamW opt({.lr = o.lr, .weight_decay = 0.01});
+  const int first = o.resume.empty() ? 0 : int(load_training_state(o.resume, opt, params).step);
   auto step = [&](int s, const auto& ids, const auto& targets) {
     DDPReducer<"dp", float, Mesh> reducer(mesh, numels, {.bucket_cap_bytes = 1 << 18});
     std::vector<std::function<void()>> complete; // after finish(): the other axes' reductions
@@ -429,8 +439,11 @@ Run train_replicated(const DeviceMesh<Mesh>& mesh, const Text& text, const Optio
     (void)norm;
     return loss;
   };
-  Run run = train_loop<L>(mesh, text, o, print, step,
+  Run run = train_loop<L>(mesh, text, o, print, first, step,
                           [&](const auto& ids, const auto& targets) { return gpt.loss(ids, targets); });
+  if (!o.save.empty()) {
+    save_training_state(o.save, opt, {.step = o.steps, .data_position = o.steps * o.batch}, params);
+  }
   run.params = full_values(params);
   run.sample = o.sample > 0 ? gpt.generate(mesh, text, "Q: ", o.sample, o.seq) : "";
   return run;
@@ -488,6 +501,7 @@ Run train_sharded(const DeviceMesh<Mesh>& mesh, const Text& text, const Options&
     for_each_group(ge, gb, gh, [&](auto& g) { on ? g.unshard() : g.reshard(); });
   };
   optim::AdamW opt({.lr = o.lr, .weight_decay = 0.01});
+  const int first = o.resume.empty() ? 0 : int(load_training_state(o.resume, opt, ge, gb, gh).step);
   auto step = [&](int s, const auto& ids, const auto& targets) {
     FsdpSchedule sched({.prefetch = 1, .reshard_after_forward = true, .max_reductions = 2});
     for_each_group(ge, gb, gh, [&](auto& g) { sched.add(g); });
@@ -540,7 +554,10 @@ Run train_sharded(const DeviceMesh<Mesh>& mesh, const Text& text, const Options&
     unshard_all(false);
     return l;
   };
-  Run run = train_loop<L>(mesh, text, o, print, step, eval);
+  Run run = train_loop<L>(mesh, text, o, print, first, step, eval);
+  if (!o.save.empty()) {
+    save_training_state(o.save, opt, {.step = o.steps, .data_position = o.steps * o.batch}, ge, gb, gh);
+  }
   unshard_all(true);
   {
     auto view = gathered();
@@ -556,7 +573,8 @@ Run train_sharded(const DeviceMesh<Mesh>& mesh, const Text& text, const Options&
       stderr,
       "09_gpt: %s\nusage: 09_gpt [--layout ddp|fsdp|tp|cp_ring|cp_ulysses|fsdp_tp|fsdp_tp_cp] [--mixed] "
       "[--steps N] [--batch B] [--seq S] [--layers K] [--hidden H] [--heads N] [--kv-heads N] [--ffn F] "
-      "[--lr X] [--eval-every N] [--eval-batches N] [--sample N] [--csv FILE] [--data PATH] [--check]\n",
+      "[--lr X] [--eval-every N] [--eval-batches N] [--sample N] [--csv FILE] [--data PATH] [--save DIR] "
+      "[--resume DIR] [--check]\n",
       why.c_str());
   std::exit(2);
 }
@@ -584,6 +602,10 @@ Options parse(int argc, char** argv) {
       o.layout = v;
     } else if (a == "--data") {
       o.data = v;
+    } else if (a == "--save") {
+      o.save = v;
+    } else if (a == "--resume") {
+      o.resume = v;
     } else if (a == "--csv") {
       o.csv = v;
     } else if (a == "--lr") {
@@ -620,8 +642,9 @@ Options parse(int argc, char** argv) {
 /// The largest relative difference of two runs' losses and of their final parameters (against max(1, |x|)).
 std::pair<double, double> difference(const Run& a, const Run& b) {
   double loss = 0, param = 0;
-  for (std::size_t s = 0; s < b.losses.size(); ++s) {
-    loss = std::max(loss, std::abs(a.losses[s] - b.losses[s]) / std::abs(b.losses[s]));
+  for (std::size_t s = 0; s < a.losses.size(); ++s) { // a may have resumed: its steps are b's last ones
+    const double want = b.losses[s + std::size_t(a.first - b.first)];
+    loss = std::max(loss, std::abs(a.losses[s] - want) / std::abs(want));
   }
   for (std::size_t i = 0; i < b.params.size(); ++i) {
     for (std::size_t e = 0; e < b.params[i].size(); ++e) {
@@ -705,11 +728,11 @@ int run_main(int argc, char** argv) {
                  : train_sharded<RingCp, float>(m, text, o, p);
   };
   const Run run = train(mesh, o.layout, o.mixed, print);
-  const double tokens = double(o.batch * o.seq) * std::max(1, o.steps - 1);
+  const double tokens = double(o.batch * o.seq) * std::max(1, run.timed_steps);
   bool ok = true;
   if (print) {
     std::printf("%.0f tokens/s (%.1f ms a step)\n", tokens / run.seconds,
-                1e3 * run.seconds / std::max(1, o.steps - 1));
+                1e3 * run.seconds / std::max(1, run.timed_steps));
     if (!run.sample.empty()) {
       std::printf("sample:\n%s\n", run.sample.c_str());
     }
@@ -720,6 +743,8 @@ int run_main(int argc, char** argv) {
     const ProcessGroup one = world.new_group({world.rank()});
     Options ref = o;
     ref.sample = 0;
+    ref.save.clear();
+    ref.resume.clear(); // the reference trains every step from the start
     std::swap(o, ref);
     const Run want = train(init_device_mesh<Mesh>(one, 1, 1, 1), "ddp", false, false);
     std::swap(o, ref);
