@@ -20,43 +20,54 @@
 # usage: tests/check_layers.sh [include dir]
 set -euo pipefail
 root=${1:-"$(dirname "$0")/../include"}
-level() {
-  case $1 in
-    core) echo 0 ;; layout) echo 1 ;; local) echo 2 ;; rendezvous) echo 3 ;; backends) echo 4 ;;
-    comm) echo 5 ;; mesh | plan) echo 6 ;; exec) echo 7 ;; tensor) echo 8 ;; backward) echo 9 ;;
-    ops | checkpoint) echo 10 ;; parallel) echo 11 ;; testing) echo 12 ;; *) echo -1 ;;
-  esac
-}
+declare -A floor=([core]=0 [layout]=1 [local]=2 [rendezvous]=3 [backends]=4 [comm]=5 [mesh]=6 [plan]=6 [exec]=7
+  [tensor]=8 [backward]=9 [ops]=10 [checkpoint]=10 [parallel]=11 [testing]=12)
 bad=0
 checked=0
 forwarders=$(grep -lE '^// Deprecated: moved to <dtensor/' -r "$root/dtensor" --include='*.hpp' |
   sed -E "s#^$root/##" | sort || true)
+declare -A forwarding=()
 while IFS= read -r f; do
+  [[ -n $f ]] && forwarding[$f]=1
+done <<<"$forwarders"
+# Every include of every header at once: "file:dtensor/included/path" (no process per include).
+while IFS= read -r line; do
+  f=${line%%:*}
+  inc=${line#*:}
+  inc=${inc#*dtensor/}
   rel=${f#"$root/dtensor/"}
-  while IFS= read -r inc; do
-    if grep -qxF "dtensor/$inc" <<<"$forwarders"; then
-      echo "layering: dtensor/$rel includes dtensor/$inc, a forwarding header: include its new path"
-      bad=1
-    fi
-  done < <(grep -hoE '#include ["<]dtensor/[^">]+' "$f" | sed -E 's/#include ["<]dtensor\///')
-  [[ $rel == */* ]] || continue # the umbrella header includes everything
-  grep -qxF "dtensor/$rel" <<<"$forwarders" && continue # a forwarding header (above)
+  if [[ -n ${forwarding[dtensor/$inc]:-} ]]; then
+    echo "layering: dtensor/$rel includes dtensor/$inc, a forwarding header: include its new path"
+    bad=1
+  fi
+  [[ $rel == */* ]] || continue                      # the umbrella header includes everything
+  [[ -n ${forwarding[dtensor/$rel]:-} ]] && continue # a forwarding header (above)
+  [[ $inc == */* ]] || continue                      # an umbrella included: no floor of its own
   layer=${rel%%/*}
-  mine=$(level "$layer")
+  used=${inc%%/*}
+  mine=${floor[$layer]:--1}
   if ((mine < 0)); then
     echo "layering: dtensor/$rel is in $layer/, a folder with no floor: give it one in tests/check_layers.sh"
     bad=1
     continue
   fi
-  while IFS= read -r inc; do
-    used=${inc%%/*}
-    theirs=$(level "$used")
-    checked=$((checked + 1))
-    if ((theirs < 0 || theirs > mine)) || { [[ $layer != "$used" ]] && ((theirs == mine)); }; then
-      echo "layering: dtensor/$rel ($layer) includes dtensor/$inc ($used), a layer above or beside it"
-      bad=1
-    fi
-  done < <(grep -hoE '#include ["<]dtensor/[a-z_]+/[^">]+' "$f" | sed -E 's/#include ["<]dtensor\///')
+  theirs=${floor[$used]:--1}
+  checked=$((checked + 1))
+  if ((theirs < 0 || theirs > mine)) || { [[ $layer != "$used" ]] && ((theirs == mine)); }; then
+    echo "layering: dtensor/$rel ($layer) includes dtensor/$inc ($used), a layer above or beside it"
+    bad=1
+  fi
+done < <(find "$root/dtensor" -name '*.hpp' | sort | xargs grep -oHE '#include ["<]dtensor/[^">]+' |
+  sed -E 's/#include ["<]//')
+# A header in a folder with no floor and no includes of its own is caught too.
+while IFS= read -r f; do
+  rel=${f#"$root/dtensor/"}
+  [[ $rel == */* ]] || continue
+  layer=${rel%%/*}
+  if [[ -z ${floor[$layer]:-} ]]; then
+    echo "layering: dtensor/$rel is in $layer/, a folder with no floor: give it one in tests/check_layers.sh"
+    bad=1
+  fi
 done < <(find "$root/dtensor" -name '*.hpp' | sort)
 echo "layering: $checked includes checked, $(grep -c . <<<"$forwarders") forwarding headers exempt"
 if ((bad == 0)); then
