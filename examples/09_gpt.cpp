@@ -31,14 +31,23 @@
 //                     step and every final parameter (float: 1e-4 relative; --mixed against the float run:
 //                     5e-2, bfloat16 keeps 8 bits of mantissa); exits 1 on a mismatch
 //
-// The mesh is (dp, cp, tp) for every layout; nn::Layout says which axis does what. The tokens of a step are
-// `batch` windows of `seq + 1` characters at random offsets of the training text (the same on every rank,
-// each rank builds its own block: no communication), the targets the inputs shifted by one. Every layout
-// starts from the same weights (the sharding-invariant RNG) and computes the same step as one rank.
+// Rank 0 prints tokens/s and the part of a step spent waiting on the data-parallel communication: FSDP's
+// all_gathers and reduce_scatters (FsdpSchedule::stats), or DDP's bucket waits and the reductions over the
+// other axes that shard the tokens; on a machine with fewer cores than ranks a wait also holds the time the
+// peers need to reach the collective. The mesh is (dp, cp, tp) for every layout; nn::Layout says which axis
+// does what. The tokens of a step are `batch` windows of `seq + 1` characters at random offsets of the
+// training text (the same on every rank, each rank builds its own block: no communication), the targets the
+// inputs shifted by one. Every layout starts from the same weights (the sharding-invariant RNG) and computes
+// the same step as one rank.
 
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/parallel.hpp>
+#include <dtensor/parallel/clip.hpp>
+#include <dtensor/parallel/ddp.hpp>
+#include <dtensor/parallel/fsdp.hpp>
+#include <dtensor/parallel/layers.hpp>
+#include <dtensor/parallel/optim.hpp>
+#include <dtensor/parallel/schedule.hpp>
 #include <dtensor/parallel/train_state.hpp>
 
 #include <algorithm>
@@ -275,6 +284,7 @@ struct Run {
   std::vector<double> losses, val_steps, val_losses;
   std::vector<std::vector<float>> params;
   double seconds = 0; ///< the training steps' time (without evaluation and the first step)
+  double blocked = 0; ///< of which waiting on the data-parallel communication (FSDP's or DDP's)
   std::string sample;
 };
 
@@ -328,9 +338,10 @@ Run train_loop(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& o,
   for (int s = first; s < o.steps; ++s) {
     const auto [ids, targets] = batch_of<L>(mesh, text.train, 1, s, o.batch, o.seq);
     const auto t0 = std::chrono::steady_clock::now();
-    const double loss = step(s, ids, targets);
+    const auto [loss, blocked] = step(s, ids, targets);
     if (s > first || o.steps - first == 1) { // the first step warms up
       run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      run.blocked += blocked;
       ++run.timed_steps;
     }
     run.losses.push_back(loss);
@@ -428,16 +439,19 @@ Run train_replicated(const DeviceMesh<Mesh>& mesh, const Text& text, const Optio
         hand(1 + layer * per_block, g, std::get<1>(grads)[std::size_t(layer)]);
       }
     });
+    const auto w0 =
+        std::chrono::steady_clock::now(); // the buckets still in flight, the other axes' reductions
     reducer.finish();
     for (auto& f : complete) {
       f();
     }
+    const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
     const double norm = clip_grad_norm(o.max_norm, grads);
     opt.set_lr(lr_at(o, s));
     int index = 0;
     for_each_pair(params, grads, [&](auto& w, const auto& g) { opt.step(index++, w, g); });
     (void)norm;
-    return loss;
+    return std::pair{loss, blocked};
   };
   Run run = train_loop<L>(mesh, text, o, print, first, step,
                           [&](const auto& ids, const auto& targets) { return gpt.loss(ids, targets); });
@@ -546,7 +560,7 @@ Run train_sharded(const DeviceMesh<Mesh>& mesh, const Text& text, const Options&
       opt.step(index++, g);
       g.zero_grad();
     });
-    return loss;
+    return std::pair{loss, sched.stats().blocked_seconds};
   };
   auto eval = [&](const auto& ids, const auto& targets) {
     unshard_all(true);
@@ -731,8 +745,11 @@ int run_main(int argc, char** argv) {
   const double tokens = double(o.batch * o.seq) * std::max(1, run.timed_steps);
   bool ok = true;
   if (print) {
-    std::printf("%.0f tokens/s (%.1f ms a step)\n", tokens / run.seconds,
-                1e3 * run.seconds / std::max(1, run.timed_steps));
+    const int n_timed = std::max(1, run.timed_steps);
+    std::printf(
+        "%.0f tokens/s (%.1f ms a step, of which %.1f ms (%.0f%%) waiting on %s)\n", tokens / run.seconds,
+        1e3 * run.seconds / n_timed, 1e3 * run.blocked / n_timed, 100.0 * run.blocked / run.seconds,
+        sharded ? "FSDP's all_gathers and reduce_scatters" : "DDP's buckets and the other axes' reductions");
     if (!run.sample.empty()) {
       std::printf("sample:\n%s\n", run.sample.c_str());
     }
