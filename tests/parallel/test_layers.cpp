@@ -439,7 +439,7 @@ TEST_CASE("nn layers under FsdpSchedule: a block's FlatParamGroup from nn::param
     init::InitKeys keys(3);
     Block block(mesh, c, keys);
     auto act = [&](std::uint64_t offset) {
-      auto t = nn::detail::zeros_of<nn::act_t<L, double>>::run(mesh, {3, 5, c.hidden}, Device::cpu());
+      auto t = detail::factory_of<nn::act_t<L, double>>::zeros(mesh, {3, 5, c.hidden});
       init::normal_(t, 0.0, 1.0, {11, offset});
       return t;
     };

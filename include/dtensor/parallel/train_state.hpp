@@ -62,8 +62,11 @@ namespace detail {
 /// The optimizer state tensors a checkpoint carries, by name.
 inline constexpr const char* optimizer_state_names[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
                                                         "momentum_buffer", "master"};
-inline AnyTensor& optimizer_state_at(optim::ParamState& s, int i) {
-  AnyTensor* fields[] = {&s.exp_avg, &s.exp_avg_sq, &s.max_exp_avg_sq, &s.momentum_buffer, &s.master};
+/// State tensor i (optimizer_state_names' order) of `s` (a ParamState, const or not).
+template <class State>
+auto& optimizer_state_at(State& s, int i) {
+  decltype(&s.exp_avg) fields[] = {&s.exp_avg, &s.exp_avg_sq, &s.max_exp_avg_sq, &s.momentum_buffer,
+                                   &s.master};
   return *fields[i];
 }
 
@@ -155,8 +158,7 @@ void save_training_state(const std::filesystem::path& dir, const Opt& opt, const
     if constexpr (AnyDTensor<V>) {
       std::vector<AnyTensor> state(5);
       for (int i = 0; st != nullptr && i < 5; ++i) {
-        state[static_cast<std::size_t>(i)] =
-            detail::optimizer_state_at(const_cast<optim::ParamState&>(*st), i);
+        state[static_cast<std::size_t>(i)] = detail::optimizer_state_at(*st, i);
       }
       add_param(s, st, state);
     } else {
@@ -166,7 +168,7 @@ void save_training_state(const std::filesystem::path& dir, const Opt& opt, const
       const auto params = s.unflatten_shard(s.local_param());
       std::vector<std::vector<AnyTensor>> per(std::tuple_size_v<decltype(params)>, std::vector<AnyTensor>(5));
       for (int i = 0; st != nullptr && i < 5; ++i) {
-        const AnyTensor& a = detail::optimizer_state_at(const_cast<optim::ParamState&>(*st), i);
+        const AnyTensor& a = detail::optimizer_state_at(*st, i);
         if (a.defined()) {
           const auto parts = s.unflatten_shard(a.view(Extents{a.numel()}).template as<S, 1>());
           std::size_t j = 0;

@@ -71,27 +71,18 @@ D gradient_as(const G& g) {
   return dtensor::detail::redistribute_as<D, G>::run(g);
 }
 
-/// Zeros of the DTensor type D on `device`.
-template <class D>
-struct zeros_of {
-  template <class Shape>
-  static D run(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[D::rank], Device device) {
-    return dtensor::detail::factory_of<D>::zeros(mesh, shape, device);
-  }
-};
-
 /// A weight of type D, normal(0, std) from the sharding-invariant RNG (the same numbers on any mesh).
 template <class D, class Shape>
 D normal_weight(const DeviceMesh<Shape>& mesh, const std::int64_t (&shape)[D::rank], double std,
                 init::InitKey key, Device device) {
-  D w = zeros_of<D>::run(mesh, shape, device);
+  D w = dtensor::detail::factory_of<D>::zeros(mesh, shape, device);
   init::normal_(w, 0.0, std, key);
   return w;
 }
 /// A norm weight of type D: ones.
 template <class D, class Shape>
 D ones_weight(const DeviceMesh<Shape>& mesh, std::int64_t n, Device device) {
-  D w = zeros_of<D>::run(mesh, {n}, device);
+  D w = dtensor::detail::factory_of<D>::zeros(mesh, {n}, device);
   init::ones_(w);
   return w;
 }

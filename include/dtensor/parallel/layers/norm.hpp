@@ -63,7 +63,7 @@ public:
   LayerNorm(const DeviceMesh<typename L::mesh_shape>& mesh, std::int64_t hidden, double eps = 1e-5,
             Device device = Device::cpu())
       : weight(detail::ones_weight<weight_type>(mesh, hidden, device)),
-        bias(detail::zeros_of<weight_type>::run(mesh, {hidden}, device)), eps(eps) {}
+        bias(dtensor::detail::factory_of<weight_type>::zeros(mesh, {hidden}, device)), eps(eps) {}
   LayerNorm(weight_type w, weight_type b, double eps) : weight(std::move(w)), bias(std::move(b)), eps(eps) {}
 
   weight_type weight;
