@@ -42,12 +42,11 @@
 
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/parallel/clip.hpp>
-#include <dtensor/parallel/ddp.hpp>
 #include <dtensor/parallel/fsdp.hpp>
-#include <dtensor/parallel/layers.hpp>
+#include <dtensor/parallel/layers/block.hpp>
+#include <dtensor/parallel/layers/model.hpp>
+#include <dtensor/parallel/layers/trainer.hpp>
 #include <dtensor/parallel/optim.hpp>
-#include <dtensor/parallel/schedule.hpp>
 #include <dtensor/parallel/train_state.hpp>
 
 #include <algorithm>
@@ -59,7 +58,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <optional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -163,117 +162,53 @@ std::pair<nn::ids_t<L>, nn::ids_t<L>> batch_of(const DeviceMesh<Mesh>& mesh,
 
 // ---- the model -----------------------------------------------------------------------------------------
 
-/// The GPT in element type T and layout L: its layers, each owning its parameters as DTensors.
+/// The GPT in element type T and layout L: embedding, TransformerBlocks, final norm, head (nn layers, each
+/// owning its parameters as DTensors).
 template <class T, class L>
-struct Gpt {
-  nn::Embedding<T, L> emb;
-  std::vector<nn::TransformerBlock<T, L>> blocks;
-  nn::RmsNorm<T, L> norm;
-  nn::LmHead<T, L> head;
+using Gpt = nn::LanguageModel<T, L, nn::TransformerBlock>;
 
-  /// Fresh weights from the sharding-invariant RNG (the same numbers on every mesh).
-  static Gpt init(const DeviceMesh<Mesh>& mesh, const nn::TransformerConfig& c, std::int64_t layers) {
-    init::InitKeys keys(2024);
-    nn::Embedding<T, L> emb(mesh, c.vocab, c.hidden, keys.next(), c.init_std);
-    std::vector<nn::TransformerBlock<T, L>> blocks;
-    for (std::int64_t b = 0; b < layers; ++b) {
-      blocks.emplace_back(mesh, c, keys);
-    }
-    return {emb, blocks, nn::RmsNorm<T, L>(mesh, c.hidden, c.norm_eps),
-            nn::LmHead<T, L>(mesh, c.vocab, c.hidden, keys.next(), c.init_std)};
+/// `count` characters continuing `prompt`: each from the last position's logits (temperature 0.8), with a
+/// seeded draw that is the same on every rank.
+template <class M>
+std::string generate(const M& gpt, const DeviceMesh<Mesh>& mesh, const Text& text, std::string prompt,
+                     int count, std::int64_t context) {
+  std::vector<std::int64_t> ids;
+  for (char c : prompt) {
+    const auto at = std::find(text.bytes_of.begin(), text.bytes_of.end(), static_cast<unsigned char>(c));
+    ids.push_back(at == text.bytes_of.end() ? 0 : at - text.bytes_of.begin());
   }
-
-  /// Every parameter in order (embedding, blocks, norm, head): what the optimizer steps and the check reads.
-  auto parameters() {
-    std::vector<decltype(blocks[0].parameters())> b;
-    for (auto& blk : blocks) {
-      b.push_back(blk.parameters());
+  for (int i = 0; i < count; ++i) {
+    const std::int64_t s = std::min<std::int64_t>(context, std::int64_t(ids.size()));
+    const std::int64_t first = std::int64_t(ids.size()) - s;
+    const auto window = [&]<class... Q>(DTensor<std::int64_t, 2, Mesh, Q...>*) {
+      return from_global_index<std::int64_t, Q...>(
+          mesh, {1, s}, [&](const auto& j) { return ids[std::size_t(first + j[1])]; });
+    }(static_cast<typename M::ids_type*>(nullptr));
+    const auto logits = gpt.logits(window).full_tensor();
+    const std::int64_t v = logits.shape()[2];
+    std::vector<double> p(static_cast<std::size_t>(v));
+    double m = -1e300, z = 0;
+    for (std::int64_t k = 0; k < v; ++k) {
+      p[std::size_t(k)] = double(logits.data()[(s - 1) * v + k]) / 0.8;
+      m = std::max(m, p[std::size_t(k)]);
     }
-    return std::tuple{emb.parameters(), b, std::tuple_cat(norm.parameters(), head.parameters())};
-  }
-
-  /// The mean loss of one batch, no backward.
-  double loss(const nn::ids_t<L>& ids, const nn::ids_t<L>& targets) const {
-    auto h = emb.forward(ids);
-    for (const auto& blk : blocks) {
-      h = blk.forward(h);
+    for (double& e : p) {
+      e = std::exp(e - m);
+      z += e;
     }
-    return double(head.forward(norm.forward(h), targets).full_tensor().data()[0]);
-  }
-
-  /// Forward and backward of one batch: the loss, and each layer's gradients handed to `grads(layer, tuple)`
-  /// as soon as the backward has them (head and norm as layer blocks + 1, blocks in reverse, embedding -1).
-  template <class F>
-  double step(const nn::ids_t<L>& ids, const nn::ids_t<L>& targets, F&& grads) const {
-    auto [h0, emb_back] = emb.forward(ids, with_backward);
-    using Back = decltype(blocks[0].forward(h0, with_backward).backward);
-    std::vector<Back> backs;
-    auto h = h0;
-    for (const auto& blk : blocks) {
-      auto [y, back] = blk.forward(h, with_backward);
-      backs.push_back(std::move(back));
-      h = y;
-    }
-    auto [n, norm_back] = norm.forward(h, with_backward);
-    auto [loss, head_back] = head.forward(n, targets, with_backward);
-    auto [dn, head_grads] = head_back(1.0);
-    auto [dh, norm_grads] = norm_back(dn);
-    grads(int(blocks.size()), std::tuple_cat(norm_grads, head_grads));
-    for (int b = int(blocks.size()) - 1; b >= 0; --b) {
-      auto [dx, g] = backs[std::size_t(b)](dh);
-      grads(b, g);
-      dh = dx;
-    }
-    grads(-1, emb_back(dh).params);
-    return double(loss.full_tensor().data()[0]);
-  }
-
-  /// `count` characters continuing `prompt`: each from the last position's logits (temperature 0.8), with a
-  /// seeded draw that is the same on every rank.
-  std::string generate(const DeviceMesh<Mesh>& mesh, const Text& text, std::string prompt, int count,
-                       std::int64_t context) const {
-    std::vector<std::int64_t> ids;
-    for (char c : prompt) {
-      const auto at = std::find(text.bytes_of.begin(), text.bytes_of.end(), static_cast<unsigned char>(c));
-      ids.push_back(at == text.bytes_of.end() ? 0 : at - text.bytes_of.begin());
-    }
-    for (int i = 0; i < count; ++i) {
-      const std::int64_t s = std::min<std::int64_t>(context, std::int64_t(ids.size()));
-      const std::int64_t first = std::int64_t(ids.size()) - s;
-      const auto window = [&]<class... Q>(DTensor<std::int64_t, 2, Mesh, Q...>*) {
-        return from_global_index<std::int64_t, Q...>(
-            mesh, {1, s}, [&](const auto& j) { return ids[std::size_t(first + j[1])]; });
-      }(static_cast<nn::ids_t<L>*>(nullptr));
-      auto h = emb.forward(window);
-      for (const auto& blk : blocks) {
-        h = blk.forward(h);
+    double u = double(mix(7, std::uint64_t(i), ids.size()) >> 11) * 0x1.0p-53 * z;
+    std::int64_t next = v - 1;
+    for (std::int64_t k = 0; k < v; ++k) {
+      if ((u -= p[std::size_t(k)]) < 0) {
+        next = k;
+        break;
       }
-      const auto logits = head.logits(norm.forward(h)).full_tensor();
-      const std::int64_t v = logits.shape()[2];
-      std::vector<double> p(static_cast<std::size_t>(v));
-      double m = -1e300, z = 0;
-      for (std::int64_t k = 0; k < v; ++k) {
-        p[std::size_t(k)] = double(logits.data()[(s - 1) * v + k]) / 0.8;
-        m = std::max(m, p[std::size_t(k)]);
-      }
-      for (double& e : p) {
-        e = std::exp(e - m);
-        z += e;
-      }
-      double u = double(mix(7, std::uint64_t(i), ids.size()) >> 11) * 0x1.0p-53 * z;
-      std::int64_t next = v - 1;
-      for (std::int64_t k = 0; k < v; ++k) {
-        if ((u -= p[std::size_t(k)]) < 0) {
-          next = k;
-          break;
-        }
-      }
-      ids.push_back(next);
-      prompt.push_back(static_cast<char>(text.bytes_of[std::size_t(next)]));
     }
-    return prompt;
+    ids.push_back(next);
+    prompt.push_back(static_cast<char>(text.bytes_of[std::size_t(next)]));
   }
-};
+  return prompt;
+}
 
 // ---- training ------------------------------------------------------------------------------------------
 
@@ -299,26 +234,11 @@ double lr_at(const Options& o, int s) {
   return o.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(3.141592653589793 * t)));
 }
 
-/// f(x) for every DTensor of a nest of tuples and vectors, in order.
-template <class P, class F>
-void for_each_tensor(P&& p, F&& f) {
-  using V = std::remove_cvref_t<P>;
-  if constexpr (AnyDTensor<V>) {
-    f(p);
-  } else if constexpr (requires { std::tuple_size<V>::value; }) {
-    std::apply([&](auto&&... e) { (for_each_tensor(e, f), ...); }, p);
-  } else {
-    for (auto&& e : p) {
-      for_each_tensor(e, f);
-    }
-  }
-}
-
-/// The full tensors of a nest of parameters, as floats.
-template <class P>
-std::vector<std::vector<float>> full_values(const P& params) {
+/// The full tensors of a model's parameters, as floats.
+template <class M>
+std::vector<std::vector<float>> full_values(M& model) {
   std::vector<std::vector<float>> out;
-  for_each_tensor(params, [&](const auto& w) {
+  nn::for_each_tensor(model.parameters(), [&](const auto& w) {
     const auto full = w.full_tensor();
     std::vector<float>& v = out.emplace_back();
     for (std::int64_t e = 0; e < full.numel(); ++e) {
@@ -328,257 +248,72 @@ std::vector<std::vector<float>> full_values(const P& params) {
   return out;
 }
 
-/// The training loop both trainers share: per step the batch, `step(ids, targets)` (its loss), the
-/// validation loss every eval_every steps by `eval(ids, targets)`, the time.
-template <class L, class Step, class Eval>
-Run train_loop(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& o, bool print, int first,
-               Step&& step, Eval&& eval) {
+/// Trains the GPT in layout L: nn::FsdpTrainer over dp in compute type C (fsdp, fsdp_tp, fsdp_tp_cp: one
+/// flat group per block, one for the embedding, one for the final norm and head, each resharded after its
+/// forward, the next one's all_gather in flight, at most two reduce_scatters in flight), or nn::DdpTrainer
+/// (ddp, tp, cp: DDP's buckets over dp while the backward runs, then the other axes' reductions). Then
+/// clip by the global norm and AdamW. The batch of each step, the validation loss every eval_every steps.
+template <class L, bool Sharded, class C = float>
+Run train_layout(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& o, bool print) {
+  init::InitKeys keys(2024);
+  Gpt<float, L> gpt(mesh, o.model, o.layers, keys);
+  const nn::TrainerOptions options{
+      .max_norm = o.max_norm,
+      .ddp = {.bucket_cap_bytes = 1 << 18},
+      .schedule = {.prefetch = 1, .reshard_after_forward = true, .max_reductions = 2}};
+  using Trainer = std::conditional_t<Sharded, nn::FsdpTrainer<Gpt<float, L>, Fsdp<"dp">, C>,
+                                     nn::DdpTrainer<Gpt<float, L>, "dp">>;
+  const auto trainer = [&] {
+    if constexpr (Sharded) {
+      return std::make_unique<Trainer>(std::move(gpt), options);
+    } else {
+      return std::make_unique<Trainer>(mesh, std::move(gpt), options);
+    }
+  }();
+  optim::AdamW opt({.lr = o.lr, .weight_decay = 0.01});
   Run run;
-  run.first = first;
-  for (int s = first; s < o.steps; ++s) {
+  if (!o.resume.empty()) {
+    run.first =
+        int(std::apply([&](auto&... s) { return load_training_state(o.resume, opt, s...); }, trainer->state())
+                .step);
+  }
+  for (int s = run.first; s < o.steps; ++s) {
     const auto [ids, targets] = batch_of<L>(mesh, text.train, 1, s, o.batch, o.seq);
     const auto t0 = std::chrono::steady_clock::now();
-    const auto [loss, blocked] = step(s, ids, targets);
-    if (s > first || o.steps - first == 1) { // the first step warms up
+    opt.set_lr(lr_at(o, s));
+    const nn::StepResult r = trainer->step(ids, targets, opt);
+    if (s > run.first || o.steps - run.first == 1) { // the first step warms up
       run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      run.blocked += blocked;
+      run.blocked += r.blocked_seconds;
       ++run.timed_steps;
     }
-    run.losses.push_back(loss);
-    if ((s + 1) % o.eval_every == 0 || s + 1 == o.steps || s == first) {
+    run.losses.push_back(r.loss);
+    if ((s + 1) % o.eval_every == 0 || s + 1 == o.steps || s == run.first) {
       double v = 0;
       for (int b = 0; b < o.eval_batches; ++b) {
         const auto [vi, vt] = batch_of<L>(mesh, text.val, 99, b, o.batch, o.seq);
-        v += eval(vi, vt);
+        v += trainer->loss(vi, vt);
       }
       run.val_steps.push_back(s + 1);
       run.val_losses.push_back(v / o.eval_batches);
       if (print) {
-        std::printf("step %4d/%d  train loss %.4f  validation loss %.4f\n", s + 1, o.steps, loss,
+        std::printf("step %4d/%d  train loss %.4f  validation loss %.4f\n", s + 1, o.steps, r.loss,
                     run.val_losses.back());
         std::fflush(stdout);
       }
     }
   }
-  return run;
-}
-
-/// f(x, y) for the DTensors of two nests of the same shape, in order.
-template <class A, class B, class F>
-void for_each_pair(A&& a, B&& b, F&& f) {
-  using V = std::remove_cvref_t<A>;
-  if constexpr (AnyDTensor<V>) {
-    f(a, b);
-  } else if constexpr (requires { std::tuple_size<V>::value; }) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (for_each_pair(std::get<I>(a), std::get<I>(b), f), ...);
-    }
-    (std::make_index_sequence<std::tuple_size_v<V>>{});
-  } else {
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      for_each_pair(a[i], b[i], f);
-    }
-  }
-}
-
-/// A tuple of references made a tuple of values (handles).
-template <class... W>
-std::tuple<std::remove_cvref_t<W>...> values(const std::tuple<W...>& t) {
-  return std::apply([](const auto&... w) { return std::tuple<std::remove_cvref_t<W>...>{w...}; }, t);
-}
-
-/// f(group) for the embedding's group, each block's, the head's: the forward order.
-template <class E, class B, class H, class F>
-void for_each_group(E& e, std::vector<B>& blocks, H& h, F&& f) {
-  f(e);
-  for (auto& b : blocks) {
-    f(b);
-  }
-  f(h);
-}
-
-/// ddp, tp, cp: replicated parameters. DDP's buckets all-reduce the gradients over dp while the backward
-/// runs; the reductions over the other axes that shard the tokens (cp; tp for the norms' weights under
-/// sequence parallelism) follow; then clip by the global norm and AdamW.
-template <class L>
-Run train_replicated(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& o, bool print) {
-  Gpt<float, L> gpt = Gpt<float, L>::init(mesh, o.model, o.layers);
-  auto params = gpt.parameters();
-  std::vector<std::int64_t> numels;
-  for_each_tensor(params, [&](const auto& w) { numels.push_back(w.local().numel()); });
-  // The reduced gradients, placed like the parameters: a nest of handles like `params`, each replaced.
-  auto grads =
-      std::tuple{values(std::get<0>(params)), std::vector<decltype(values(std::get<1>(params)[0]))>(),
-                 values(std::get<2>(params))};
-  for (const auto& b : std::get<1>(params)) {
-    std::get<1>(grads).push_back(values(b));
-  }
-  const int per_block = int(std::tuple_size_v<typename nn::TransformerBlock<float, L>::parameter_types>);
-  optim::AdamW opt({.lr = o.lr, .weight_decay = 0.01});
-  const int first = o.resume.empty() ? 0 : int(load_training_state(o.resume, opt, params).step);
-  auto step = [&](int s, const auto& ids, const auto& targets) {
-    DDPReducer<"dp", float, Mesh> reducer(mesh, numels, {.bucket_cap_bytes = 1 << 18});
-    std::vector<std::function<void()>> complete; // after finish(): the other axes' reductions
-    // Gradient I of a layer whose first parameter is `first`: to DDP now, to its slot after finish().
-    auto hand = [&](int first, const auto& g, auto& slots) {
-      [&]<std::size_t... I>(std::index_sequence<I...>) {
-        (complete.push_back([r = reducer.ready(first + int(I), std::get<I>(g)), &slot = std::get<I>(slots)] {
-          slot = nn::detail::gradient_as<std::remove_cvref_t<decltype(slot)>>(r);
-        }),
-         ...);
-      }
-      (std::make_index_sequence<std::tuple_size_v<std::remove_cvref_t<decltype(g)>>>{});
-    };
-    const double loss = gpt.step(ids, targets, [&](int layer, const auto& g) {
-      constexpr std::size_t n = std::tuple_size_v<std::remove_cvref_t<decltype(g)>>;
-      if constexpr (n == 1) { // the embedding
-        hand(0, g, std::get<0>(grads));
-      } else if constexpr (n == 2) { // the final norm and the head
-        hand(1 + int(gpt.blocks.size()) * per_block, g, std::get<2>(grads));
-      } else {
-        hand(1 + layer * per_block, g, std::get<1>(grads)[std::size_t(layer)]);
-      }
-    });
-    const auto w0 =
-        std::chrono::steady_clock::now(); // the buckets still in flight, the other axes' reductions
-    reducer.finish();
-    for (auto& f : complete) {
-      f();
-    }
-    const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-    const double norm = clip_grad_norm(o.max_norm, grads);
-    opt.set_lr(lr_at(o, s));
-    int index = 0;
-    for_each_pair(params, grads, [&](auto& w, const auto& g) { opt.step(index++, w, g); });
-    (void)norm;
-    return std::pair{loss, blocked};
-  };
-  Run run = train_loop<L>(mesh, text, o, print, first, step,
-                          [&](const auto& ids, const auto& targets) { return gpt.loss(ids, targets); });
   if (!o.save.empty()) {
-    save_training_state(o.save, opt, {.step = o.steps, .data_position = o.steps * o.batch}, params);
+    std::apply(
+        [&](auto&... s) {
+          save_training_state(o.save, opt, {.step = o.steps, .data_position = o.steps * o.batch}, s...);
+        },
+        trainer->state());
   }
-  run.params = full_values(params);
-  run.sample = o.sample > 0 ? gpt.generate(mesh, text, "Q: ", o.sample, o.seq) : "";
-  return run;
-}
-
-/// fsdp, fsdp_tp, fsdp_tp_cp: one FlatParamGroup per block, one for the embedding, one for the final norm
-/// and the head (Fsdp<"dp">: sharded over dp; the parameters' tp placements kept), run by FsdpSchedule:
-/// the next group's all_gather in flight while one computes, each group resharded after its forward and
-/// gathered again for its backward (which recomputes the block's forward from its saved input), at most two
-/// reduce_scatters in flight. C is the compute type: float, or bfloat16 with --mixed (float shards, the
-/// all_gather and the compute in bfloat16, gradients reduced in float).
-template <class L, class C>
-Run train_sharded(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& o, bool print) {
-  using Emb = nn::Embedding<float, L>;
-  using Block = nn::TransformerBlock<float, L>;
-  using EmbGroup = FlatParamGroup<float, Mesh, Fsdp<"dp">, nn::params_of<Emb>, float, C>;
-  using BlockGroup = FlatParamGroup<float, Mesh, Fsdp<"dp">, nn::params_of<Block>, float, C>;
-  using HeadGroup =
-      FlatParamGroup<float, Mesh, Fsdp<"dp">,
-                     nn::params_of_layers<nn::RmsNorm<float, L>, nn::LmHead<float, L>>, float, C>;
-  auto group = [](auto type, const auto& params) {
-    using G = typename decltype(type)::type;
-    return std::apply([](const auto&... p) { return G(p...); }, params);
-  };
-  // The groups copy the parameters into their shards; the model keeps its layers as configuration only.
-  Gpt<float, L> gpt = Gpt<float, L>::init(mesh, o.model, o.layers);
-  EmbGroup ge = group(std::type_identity<EmbGroup>{}, gpt.emb.parameters());
-  std::vector<BlockGroup> gb;
-  for (auto& b : gpt.blocks) {
-    gb.push_back(group(std::type_identity<BlockGroup>{}, b.parameters()));
-  }
-  HeadGroup gh =
-      group(std::type_identity<HeadGroup>{}, std::tuple_cat(gpt.norm.parameters(), gpt.head.parameters()));
-  nn::release_parameters(gpt.emb);
-  for (auto& b : gpt.blocks) {
-    nn::release_parameters(b);
-  }
-  nn::release_parameters(gpt.norm);
-  nn::release_parameters(gpt.head);
-
-  // The model on the groups' gathered parameters, in the compute type (evaluation and sampling).
-  auto gathered = [&] {
-    auto [w_emb] = ge.params();
-    Gpt<C, L> view{gpt.emb.with_parameters(w_emb),
-                   {},
-                   gpt.norm.with_parameters(gh.template param<0>()),
-                   gpt.head.with_parameters(gh.template param<1>())};
-    for (std::size_t b = 0; b < gb.size(); ++b) {
-      view.blocks.push_back(
-          std::apply([&](const auto&... p) { return gpt.blocks[b].with_parameters(p...); }, gb[b].params()));
-    }
-    return view;
-  };
-  auto unshard_all = [&](bool on) {
-    for_each_group(ge, gb, gh, [&](auto& g) { on ? g.unshard() : g.reshard(); });
-  };
-  optim::AdamW opt({.lr = o.lr, .weight_decay = 0.01});
-  const int first = o.resume.empty() ? 0 : int(load_training_state(o.resume, opt, ge, gb, gh).step);
-  auto step = [&](int s, const auto& ids, const auto& targets) {
-    FsdpSchedule sched({.prefetch = 1, .reshard_after_forward = true, .max_reductions = 2});
-    for_each_group(ge, gb, gh, [&](auto& g) { sched.add(g); });
-    // Forward: only each block's input is kept.
-    using Act = nn::act_t<L, C>;
-    std::vector<Act> inputs;
-    Act h = sched.forward(ge, [&](const auto& w) { return gpt.emb.with_parameters(w).forward(ids); });
-    for (std::size_t b = 0; b < gb.size(); ++b) {
-      inputs.push_back(h);
-      h = sched.forward(gb[b],
-                        [&](const auto&... p) { return gpt.blocks[b].with_parameters(p...).forward(h); });
-    }
-    // The final norm and the head: forward and backward in one call.
-    double loss = 0;
-    std::optional<Act> dh;
-    sched.backward(gh, [&](const auto& g, const auto& w) {
-      auto [n, norm_back] = gpt.norm.with_parameters(g).forward(h, with_backward);
-      auto [l, head_back] = gpt.head.with_parameters(w).forward(n, targets, with_backward);
-      loss = double(l.full_tensor().data()[0]);
-      auto [dn, head_grads] = head_back(1.0);
-      auto [d, norm_grads] = norm_back(dn);
-      dh.emplace(d);
-      return std::tuple_cat(norm_grads, head_grads);
-    });
-    // Backward: each block recomputes its forward from its saved input.
-    for (std::size_t b = gb.size(); b-- > 0;) {
-      sched.backward(gb[b], [&](const auto&... p) {
-        auto [dx, grads] =
-            gpt.blocks[b].with_parameters(p...).forward(inputs[b], with_backward).backward(*dh);
-        dh.emplace(dx);
-        return grads;
-      });
-    }
-    sched.backward(ge, [&](const auto& w) {
-      return gpt.emb.with_parameters(w).forward(ids, with_backward).backward(*dh).params;
-    });
-    sched.finish();
-    clip_grad_norm(o.max_norm, ge, gb, gh);
-    opt.set_lr(lr_at(o, s));
-    int index = 0;
-    for_each_group(ge, gb, gh, [&](auto& g) {
-      opt.step(index++, g);
-      g.zero_grad();
-    });
-    return std::pair{loss, sched.stats().blocked_seconds};
-  };
-  auto eval = [&](const auto& ids, const auto& targets) {
-    unshard_all(true);
-    const double l = gathered().loss(ids, targets);
-    unshard_all(false);
-    return l;
-  };
-  Run run = train_loop<L>(mesh, text, o, print, first, step, eval);
-  if (!o.save.empty()) {
-    save_training_state(o.save, opt, {.step = o.steps, .data_position = o.steps * o.batch}, ge, gb, gh);
-  }
-  unshard_all(true);
-  {
-    auto view = gathered();
-    run.params = full_values(view.parameters());
-    run.sample = o.sample > 0 ? view.generate(mesh, text, "Q: ", o.sample, o.seq) : "";
-  }
-  unshard_all(false);
+  trainer->with_gathered([&](auto& m) {
+    run.params = full_values(m);
+    run.sample = o.sample > 0 ? generate(m, mesh, text, "Q: ", o.sample, o.seq) : "";
+  });
   return run;
 }
 
@@ -724,22 +459,22 @@ int run_main(int argc, char** argv) {
   }
   auto train = [&](const DeviceMesh<Mesh>& m, const std::string& layout, bool mixed, bool p) -> Run {
     if (layout == "ddp") {
-      return train_replicated<DataParallel>(m, text, o, p);
+      return train_layout<DataParallel, false>(m, text, o, p);
     } else if (layout == "tp") {
-      return train_replicated<TensorSeq>(m, text, o, p);
+      return train_layout<TensorSeq, false>(m, text, o, p);
     } else if (layout == "cp_ring") {
-      return train_replicated<RingCp>(m, text, o, p);
+      return train_layout<RingCp, false>(m, text, o, p);
     } else if (layout == "cp_ulysses") {
-      return train_replicated<UlyssesCp>(m, text, o, p);
+      return train_layout<UlyssesCp, false>(m, text, o, p);
     } else if (layout == "fsdp") {
-      return mixed ? train_sharded<DataParallel, bfloat16>(m, text, o, p)
-                   : train_sharded<DataParallel, float>(m, text, o, p);
+      return mixed ? train_layout<DataParallel, true, bfloat16>(m, text, o, p)
+                   : train_layout<DataParallel, true>(m, text, o, p);
     } else if (layout == "fsdp_tp") {
-      return mixed ? train_sharded<TensorSeq, bfloat16>(m, text, o, p)
-                   : train_sharded<TensorSeq, float>(m, text, o, p);
+      return mixed ? train_layout<TensorSeq, true, bfloat16>(m, text, o, p)
+                   : train_layout<TensorSeq, true>(m, text, o, p);
     }
-    return mixed ? train_sharded<RingCp, bfloat16>(m, text, o, p)
-                 : train_sharded<RingCp, float>(m, text, o, p);
+    return mixed ? train_layout<RingCp, true, bfloat16>(m, text, o, p)
+                 : train_layout<RingCp, true>(m, text, o, p);
   };
   const Run run = train(mesh, o.layout, o.mixed, print);
   const double tokens = double(o.batch * o.seq) * std::max(1, run.timed_steps);

@@ -11,7 +11,9 @@
 //
 // The files: layers/layout.hpp (the layout and the placements it gives each tensor), layers/module.hpp
 // (what every layer shares: Gradients, TransformerConfig, checkpointed), embedding.hpp, norm.hpp,
-// mlp.hpp, attention.hpp, block.hpp, head.hpp.
+// mlp.hpp, attention.hpp, block.hpp (nn::TransformerBlock), mlp_block.hpp (nn::MlpBlock: a block without
+// attention), head.hpp; model.hpp (nn::LanguageModel: embedding, blocks, final norm, head) and trainer.hpp
+// (nn::DdpTrainer, nn::FsdpTrainer: its training step under DDP or FSDP/HSDP).
 
 #include "dtensor/parallel/layers/attention.hpp"
 #include "dtensor/parallel/layers/block.hpp"
@@ -19,5 +21,8 @@
 #include "dtensor/parallel/layers/head.hpp"
 #include "dtensor/parallel/layers/layout.hpp"
 #include "dtensor/parallel/layers/mlp.hpp"
+#include "dtensor/parallel/layers/mlp_block.hpp"
+#include "dtensor/parallel/layers/model.hpp"
 #include "dtensor/parallel/layers/module.hpp"
 #include "dtensor/parallel/layers/norm.hpp"
+#include "dtensor/parallel/layers/trainer.hpp"

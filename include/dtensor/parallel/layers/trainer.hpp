@@ -1,0 +1,343 @@
+#pragma once
+// The training step of an nn::LanguageModel as a type of the library: a step is the forward and backward of
+// one batch, the data-parallel reduction of the gradients overlapped with the backward, the clip by the
+// global norm and the optimizer's step. Two schedules:
+//
+//   nn::DdpTrainer<Model, "dp">         parameters replicated over every batch axis; DDPReducer's buckets
+//                                       all-reduce the gradients over "dp" while the backward runs; the
+//                                       other axes a gradient is Partial on (a second batch axis, cp, tp for
+//                                       the norms' weights under sequence parallelism) are reduced after it
+//   nn::FsdpTrainer<Model, Policy, C>   one FlatParamGroup per block, one for the embedding, one for the
+//   final
+//                                       norm and the head, sharded by Policy (Fsdp<"dp"> or Hsdp<"rep",
+//                                       "dp">; the parameters' tp placements kept) and run by FsdpSchedule:
+//                                       the next group's all_gather in flight while one computes, each block
+//                                       resharded after its forward and gathered again for its backward
+//                                       (which recomputes the block's forward from its saved input), the
+//                                       reductions asynchronous (options.schedule). C is the compute type:
+//                                       the gathered parameters and the activations (bfloat16: mixed
+//                                       precision with T shards, the all_gather in C, gradients reduced in
+//                                       ReduceT).
+//
+//   nn::FsdpTrainer<Model, Fsdp<"dp">> trainer(std::move(model), {.max_norm = 1.0});
+//   optim::AdamW opt({.lr = 3e-3});
+//   for (...) { opt.set_lr(lr); nn::StepResult r = trainer.step(ids, targets, opt); }
+//   trainer.with_gathered([&](const auto& m) { return m.loss(val_ids, val_targets); });   // evaluation
+//   std::apply([&](auto&... s) { save_training_state(dir, opt, progress, s...); }, trainer.state());
+//
+// Every rank makes the same calls in the same order, as for any collective. The optimizer's parameter
+// indices are the parameters' order (DdpTrainer) or the groups' (FsdpTrainer): the same for every run of
+// one trainer type, so a training state saved by one resumes on another layout of the same trainer. A
+// trainer holds references into its own members: it is neither copied nor moved.
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "dtensor/core/fixed_string.hpp"
+#include "dtensor/parallel/clip.hpp"
+#include "dtensor/parallel/ddp.hpp"
+#include "dtensor/parallel/fsdp.hpp"
+#include "dtensor/parallel/layers/layout.hpp"
+#include "dtensor/parallel/layers/model.hpp"
+#include "dtensor/parallel/layers/module.hpp"
+#include "dtensor/parallel/schedule.hpp"
+
+namespace dtensor::nn {
+
+/// What a trainer does besides the model's forward and backward.
+struct TrainerOptions {
+  double max_norm = 1.0;          ///< clip_grad_norm's bound (infinity: no clipping)
+  DDPOptions ddp{};               ///< DdpTrainer's buckets
+  FsdpScheduleOptions schedule{}; ///< FsdpTrainer's schedule
+};
+
+/// What one step did.
+struct StepResult {
+  double loss = 0;            ///< the batch's mean loss, before the step
+  double grad_norm = 0;       ///< the global 2-norm of the gradients, before clipping
+  double blocked_seconds = 0; ///< the calling thread's time waiting on the data-parallel communication
+};
+
+/// f(x) for every DTensor of a nest of tuples and ranges, in order.
+template <class P, class F>
+void for_each_tensor(P&& p, F&& f) {
+  using V = std::remove_cvref_t<P>;
+  if constexpr (AnyDTensor<V>) {
+    f(p);
+  } else if constexpr (requires { std::tuple_size<V>::value; }) {
+    std::apply([&](auto&&... e) { (for_each_tensor(e, f), ...); }, p);
+  } else {
+    for (auto&& e : p) {
+      for_each_tensor(e, f);
+    }
+  }
+}
+
+namespace detail {
+
+/// f(x, y) for the DTensors of two nests of the same shape, in order.
+template <class A, class B, class F>
+void for_each_pair(A&& a, B&& b, F&& f) {
+  using V = std::remove_cvref_t<A>;
+  if constexpr (AnyDTensor<V>) {
+    f(a, b);
+  } else if constexpr (requires { std::tuple_size<V>::value; }) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (for_each_pair(std::get<I>(a), std::get<I>(b), f), ...);
+    }
+    (std::make_index_sequence<std::tuple_size_v<V>>{});
+  } else {
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      for_each_pair(a[i], b[i], f);
+    }
+  }
+}
+
+/// A nest of references made a nest of handles (DTensor copies share their memory).
+template <class P>
+auto handles_of(const P& p) {
+  if constexpr (AnyDTensor<P>) {
+    return p;
+  } else if constexpr (requires { std::tuple_size<P>::value; }) {
+    return std::apply(
+        [](const auto&... e) { return std::tuple<decltype(handles_of(e))...>{handles_of(e)...}; }, p);
+  } else {
+    std::vector<decltype(handles_of(p[0]))> v;
+    for (const auto& e : p) {
+      v.push_back(handles_of(e));
+    }
+    return v;
+  }
+}
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+} // namespace detail
+
+/// Replicated parameters, DDP over the mesh axis `Axis` (see the top of the file).
+template <class Model, fixed_string Axis = "dp">
+class DdpTrainer {
+  using T = typename Model::value_type;
+  using Mesh = typename Model::layout_type::mesh_shape;
+  using Params = decltype(std::declval<Model&>().parameters());
+  static constexpr int per_block = int(std::tuple_size_v<typename Model::block_type::parameter_types>);
+
+public:
+  using model_type = Model;
+  using ids_type = typename Model::ids_type;
+
+  DdpTrainer(const DeviceMesh<Mesh>& mesh, Model model, TrainerOptions options = {})
+      : mesh_(mesh), model_(std::move(model)), options_(options), params_(model_.parameters()),
+        grads_(detail::handles_of(params_)) {
+    for_each_tensor(params_, [&](const auto& w) { numels_.push_back(w.local().numel()); });
+  }
+  DdpTrainer(const DdpTrainer&) = delete;
+  DdpTrainer& operator=(const DdpTrainer&) = delete;
+
+  const Model& model() const noexcept { return model_; }
+
+  /// One training step on (ids, targets): forward, backward with the buckets reduced as it runs, clip,
+  /// opt.step(i, parameter, gradient) for each parameter i in order.
+  template <class Optimizer>
+  StepResult step(const ids_type& ids, const ids_type& targets, Optimizer& opt) {
+    DDPReducer<Axis, T, Mesh> reducer(mesh_, numels_, options_.ddp);
+    std::vector<std::function<void()>> complete; // after finish(): the other axes' reductions
+    // Gradient I of a layer whose first parameter is `first`: to DDP now, into its slot after finish().
+    auto hand = [&](int first, auto& g, auto& slots) {
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (complete.push_back(
+             [r = reducer.ready(first + int(I), std::move(std::get<I>(g))), &slot = std::get<I>(slots)] {
+               slot = detail::gradient_as<std::remove_cvref_t<decltype(slot)>>(r);
+             }),
+         ...);
+      }
+      (std::make_index_sequence<std::tuple_size_v<std::remove_cvref_t<decltype(g)>>>{});
+    };
+    const int blocks = int(model_.blocks.size());
+    StepResult result;
+    result.loss = model_.step(ids, targets, [&](auto part, auto&& g) {
+      using Part = decltype(part);
+      if constexpr (std::is_same_v<Part, EmbeddingPart>) {
+        hand(0, g, std::get<0>(grads_));
+      } else if constexpr (std::is_same_v<Part, HeadPart>) {
+        hand(1 + blocks * per_block, g, std::get<2>(grads_));
+      } else {
+        hand(1 + part.index * per_block, g, std::get<1>(grads_)[std::size_t(part.index)]);
+      }
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    reducer.finish();
+    for (auto& f : complete) {
+      f();
+    }
+    result.blocked_seconds = detail::seconds_since(t0);
+    result.grad_norm = clip_grad_norm(options_.max_norm, grads_);
+    int index = 0;
+    detail::for_each_pair(params_, grads_, [&](auto& w, const auto& g) { opt.step(index++, w, g); });
+    return result;
+  }
+
+  /// The mean loss of one batch, no backward.
+  double loss(const ids_type& ids, const ids_type& targets) const { return model_.loss(ids, targets); }
+  /// f(model): the model with its parameters (evaluation, sampling, reading the weights).
+  template <class F>
+  decltype(auto) with_gathered(F&& f) {
+    return std::forward<F>(f)(model_);
+  }
+  /// The sources of the training state (parallel/train_state.hpp): the parameters.
+  auto state() { return std::tie(params_); }
+
+private:
+  DeviceMesh<Mesh> mesh_;
+  Model model_;
+  TrainerOptions options_;
+  Params params_;
+  decltype(detail::handles_of(std::declval<const Params&>())) grads_;
+  std::vector<std::int64_t> numels_;
+};
+
+/// Sharded parameters, FSDP or HSDP by Policy, compute type C, gradients reduced in ReduceT (see the top of
+/// the file).
+template <class Model, class Policy, class C = typename Model::value_type,
+          class ReduceT = typename Model::value_type>
+class FsdpTrainer {
+  using T = typename Model::value_type;
+  using L = typename Model::layout_type;
+  using Mesh = typename L::mesh_shape;
+  using View = typename Model::template rebind<C>;
+  using EmbGroup = FlatParamGroup<T, Mesh, Policy, params_of<Embedding<T, L>>, ReduceT, C>;
+  using BlockGroup = FlatParamGroup<T, Mesh, Policy, params_of<typename Model::block_type>, ReduceT, C>;
+  using HeadGroup =
+      FlatParamGroup<T, Mesh, Policy, params_of_layers<RmsNorm<T, L>, LmHead<T, L>>, ReduceT, C>;
+
+  template <class G, class P>
+  static G group_of(const P& params) {
+    return std::apply([](const auto&... p) { return G(p...); }, params);
+  }
+
+public:
+  using model_type = Model;
+  using ids_type = typename Model::ids_type;
+
+  /// The groups copy the model's parameters into their shards; the model keeps its layers' configuration
+  /// only (nn::release_parameters).
+  explicit FsdpTrainer(Model model, TrainerOptions options = {})
+      : model_(std::move(model)), options_(options),
+        embedding_(group_of<EmbGroup>(model_.embedding.parameters())),
+        head_(group_of<HeadGroup>(std::tuple_cat(model_.norm.parameters(), model_.head.parameters()))) {
+    for (auto& b : model_.blocks) {
+      blocks_.push_back(group_of<BlockGroup>(b.parameters()));
+    }
+    release_parameters(model_.embedding);
+    for (auto& b : model_.blocks) {
+      release_parameters(b);
+    }
+    release_parameters(model_.norm);
+    release_parameters(model_.head);
+  }
+  FsdpTrainer(const FsdpTrainer&) = delete;
+  FsdpTrainer& operator=(const FsdpTrainer&) = delete;
+
+  /// One training step on (ids, targets) under FsdpSchedule, then clip over the groups and
+  /// opt.step(i, group) for each group i (embedding, blocks, head).
+  template <class Optimizer>
+  StepResult step(const ids_type& ids, const ids_type& targets, Optimizer& opt) {
+    FsdpSchedule sched(options_.schedule);
+    for_each_group([&](auto& g) { sched.add(g); });
+    using Act = act_t<L, C>;
+    std::vector<Act> inputs; // each block keeps its input only
+    inputs.reserve(blocks_.size());
+    Act h = sched.forward(embedding_,
+                          [&](const auto& w) { return model_.embedding.with_parameters(w).forward(ids); });
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      inputs.push_back(h);
+      h = sched.forward(blocks_[b],
+                        [&](const auto&... p) { return model_.blocks[b].with_parameters(p...).forward(h); });
+    }
+    StepResult result;
+    std::optional<Act> dh;
+    sched.backward(head_, [&](const auto& g, const auto& w) { // the head's forward and backward at once
+      auto [n, norm_back] = model_.norm.with_parameters(g).forward(h, with_backward);
+      auto [l, head_back] = model_.head.with_parameters(w).forward(n, targets, with_backward);
+      result.loss = double(l.full_tensor().to(Device::cpu()).data()[0]);
+      auto [dn, head_grads] = head_back(1.0);
+      auto [d, norm_grads] = norm_back(dn);
+      dh.emplace(std::move(d));
+      return std::tuple_cat(std::move(norm_grads), std::move(head_grads));
+    });
+    for (std::size_t b = blocks_.size(); b-- > 0;) {
+      sched.backward(blocks_[b], [&](const auto&... p) {
+        auto [dx, grads] =
+            model_.blocks[b].with_parameters(p...).forward(inputs[b], with_backward).backward(*dh);
+        dh.emplace(std::move(dx));
+        return grads;
+      });
+    }
+    sched.backward(embedding_, [&](const auto& w) {
+      return model_.embedding.with_parameters(w).forward(ids, with_backward).backward(*dh).params;
+    });
+    sched.finish();
+    result.blocked_seconds = sched.stats().blocked_seconds;
+    result.grad_norm = clip_grad_norm(options_.max_norm, embedding_, blocks_, head_);
+    int index = 0;
+    for_each_group([&](auto& g) {
+      opt.step(index++, g);
+      g.zero_grad();
+    });
+    return result;
+  }
+
+  /// f(model) with every group gathered: the model in the compute type on the full parameters (evaluation,
+  /// sampling, reading the weights). The groups are resharded after.
+  template <class F>
+  decltype(auto) with_gathered(F&& f) {
+    for_each_group([](auto& g) { g.unshard(); });
+    struct Reshard {
+      FsdpTrainer& t;
+      ~Reshard() {
+        t.for_each_group([](auto& g) { g.reshard(); });
+      }
+    } reshard{*this};
+    auto [w_emb] = embedding_.params();
+    View view{model_.embedding.with_parameters(w_emb),
+              {},
+              model_.norm.with_parameters(head_.template param<0>()),
+              model_.head.with_parameters(head_.template param<1>())};
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      view.blocks.push_back(std::apply(
+          [&](const auto&... p) { return model_.blocks[b].with_parameters(p...); }, blocks_[b].params()));
+    }
+    return std::forward<F>(f)(view);
+  }
+  /// The mean loss of one batch, no backward (the groups gathered for it).
+  double loss(const ids_type& ids, const ids_type& targets) {
+    return with_gathered([&](const View& m) { return m.loss(ids, targets); });
+  }
+  /// The sources of the training state (parallel/train_state.hpp): the groups.
+  auto state() { return std::tie(embedding_, blocks_, head_); }
+
+private:
+  template <class F>
+  void for_each_group(F&& f) {
+    f(embedding_);
+    for (auto& b : blocks_) {
+      f(b);
+    }
+    f(head_);
+  }
+
+  Model model_;
+  TrainerOptions options_;
+  EmbGroup embedding_;
+  std::vector<BlockGroup> blocks_;
+  HeadGroup head_;
+};
+
+} // namespace dtensor::nn
