@@ -263,13 +263,7 @@ Run train_layout(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& 
       .schedule = {.prefetch = 1, .reshard_after_forward = true, .max_reductions = 2}};
   using Trainer = std::conditional_t<Sharded, nn::FsdpTrainer<Gpt<float, L>, Fsdp<"dp">, C>,
                                      nn::DdpTrainer<Gpt<float, L>, "dp">>;
-  const auto trainer = [&] {
-    if constexpr (Sharded) {
-      return std::make_unique<Trainer>(std::move(gpt), options);
-    } else {
-      return std::make_unique<Trainer>(mesh, std::move(gpt), options);
-    }
-  }();
+  const auto trainer = std::make_unique<Trainer>(mesh, std::move(gpt), options);
   optim::AdamW opt({.lr = o.lr, .weight_decay = 0.01});
   Run run;
   if (!o.resume.empty()) {

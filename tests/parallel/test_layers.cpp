@@ -497,8 +497,9 @@ TEST_CASE("nn layers under FsdpSchedule: a block's FlatParamGroup from nn::param
 #if DTENSOR_HAS_CHECKPOINT
 
 // ---- The full training state in a sharded checkpoint (parallel/train_state.hpp): a small GPT of nn layers
-// (embedding, one block with GQA attention and a SwiGLU MLP, a final norm, the head) trained with AdamW in
-// double, saved after 2 steps and resumed for 2 more:
+// (nn::LanguageModel: embedding, one block with GQA attention and a SwiGLU MLP, a final norm, the head)
+// trained by nn::DdpTrainer or nn::FsdpTrainer with AdamW in double, saved after 2 steps and resumed for 2
+// more:
 //  - on the same layout (replicated parameters on 2 ranks; FSDP groups on 2 ranks): the losses and the final
 //    parameters equal those of the uninterrupted run bit for bit;
 //  - onto other layouts and rank counts (saved under FSDP x TP on (dp=2, tp=2), resumed replicated under TP
@@ -513,22 +514,9 @@ namespace state {
 const nn::TransformerConfig config{
     .vocab = 13, .hidden = 8, .heads = 4, .kv_heads = 2, .ffn = 10, .rope_base = 100, .init_std = 0.5};
 
-/// The model's layers in layout L (double).
+/// The model in layout L (double): embedding, one block, final norm, head.
 template <class L>
-struct Model {
-  nn::Embedding<double, L> emb;
-  nn::TransformerBlock<double, L> block;
-  nn::RmsNorm<double, L> norm;
-  nn::LmHead<double, L> head;
-
-  static Model init(const DeviceMesh<Mesh>& mesh) {
-    init::InitKeys keys(5);
-    auto emb = nn::Embedding<double, L>(mesh, config.vocab, config.hidden, keys.next(), 1.0);
-    auto block = nn::TransformerBlock<double, L>(mesh, config, keys);
-    return {emb, block, nn::RmsNorm<double, L>(mesh, config.hidden),
-            nn::LmHead<double, L>(mesh, config.vocab, config.hidden, keys.next(), 0.5)};
-  }
-};
+using Model = nn::LanguageModel<double, L, nn::TransformerBlock>;
 
 /// Step `step`'s ids and targets (batch 3, seq 5): a pattern of the step.
 template <class L>
@@ -550,126 +538,43 @@ struct Run {
   TrainingProgress progress;
 };
 
-template <class P>
-void append_full(const P& w, std::vector<std::vector<double>>& out) {
-  const auto full = w.full_tensor();
-  out.emplace_back(full.data(), full.data() + full.numel());
-}
-
 const optim::AdamWOptions adamw{.lr = 1e-2, .weight_decay = 0.01};
 
-/// Steps [first, last) with replicated parameters in layout L: each gradient reduced to its parameter's
-/// placements, AdamW per parameter. Loads `from` first (unless empty), saves into `to` at the end (unless
-/// empty).
-template <class L>
-Run train_replicated(const DeviceMesh<Mesh>& mesh, int first, int last, const std::string& from,
-                     const std::string& to) {
-  Model<L> m = Model<L>::init(mesh);
-  auto params =
-      std::tuple_cat(m.emb.parameters(), m.block.parameters(), m.norm.parameters(), m.head.parameters());
+/// Steps [first, last) in layout L with nn::FsdpTrainer over dp (Sharded) or nn::DdpTrainer: loads `from`
+/// first (unless empty), saves into `to` at the end (unless empty).
+template <class L, bool Sharded>
+Run train(const DeviceMesh<Mesh>& mesh, int first, int last, const std::string& from, const std::string& to) {
+  init::InitKeys keys(5);
+  using Trainer =
+      std::conditional_t<Sharded, nn::FsdpTrainer<Model<L>, Fsdp<"dp">>, nn::DdpTrainer<Model<L>>>;
+  Trainer trainer(mesh, Model<L>(mesh, config, 1, keys));
   optim::AdamW opt(adamw);
   Run run;
   if (!from.empty()) {
-    run.progress = load_training_state(from, opt, params);
+    run.progress =
+        std::apply([&](auto&... s) { return load_training_state(from, opt, s...); }, trainer.state());
     expect(run.progress.step == first, "the resumed step " + std::to_string(run.progress.step));
   }
   for (int s = first; s < last; ++s) {
     const auto [ids, targets] = batch<L>(mesh, s);
-    auto [h0, emb_back] = m.emb.forward(ids, with_backward);
-    auto [h1, block_back] = m.block.forward(h0, with_backward);
-    auto [n, norm_back] = m.norm.forward(h1, with_backward);
-    auto [loss, head_back] = m.head.forward(n, targets, with_backward);
-    run.losses.push_back(loss.full_tensor().data()[0]);
-    auto [dn, head_grads] = head_back(1.0);
-    auto [dh1, norm_grads] = norm_back(dn);
-    auto [dh0, block_grads] = block_back(dh1);
-    const auto grads = std::tuple_cat(emb_back(dh0).params, block_grads, norm_grads, head_grads);
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (opt.step(
-           int(I), std::get<I>(params),
-           nn::detail::gradient_as<std::remove_cvref_t<decltype(std::get<I>(params))>>(std::get<I>(grads))),
-       ...);
-    }
-    (std::make_index_sequence<std::tuple_size_v<decltype(params)>>{});
+    run.losses.push_back(trainer.step(ids, targets, opt).loss);
   }
   if (!to.empty()) {
-    save_training_state(to, opt, {.step = last, .data_position = 3 * last, .rng_seed = 17, .rng_offset = 4},
-                        params);
+    std::apply(
+        [&](auto&... s) {
+          save_training_state(
+              to, opt, {.step = last, .data_position = 3 * last, .rng_seed = 17, .rng_offset = 4}, s...);
+        },
+        trainer.state());
   }
-  std::apply([&](const auto&... w) { (append_full(w, run.params), ...); }, params);
+  trainer.with_gathered([&](auto& m) {
+    nn::for_each_tensor(m.parameters(), [&](const auto& w) {
+      const auto full = w.full_tensor();
+      run.params.emplace_back(full.data(), full.data() + full.numel());
+    });
+  });
   return run;
 }
-
-/// The same with FSDP over dp: one group for the embedding, one for the block, one for the norm and head.
-template <class L>
-Run train_sharded(const DeviceMesh<Mesh>& mesh, int first, int last, const std::string& from,
-                  const std::string& to) {
-  Model<L> m = Model<L>::init(mesh);
-  using EmbGroup = FlatParamGroup<double, Mesh, Fsdp<"dp">, nn::params_of<nn::Embedding<double, L>>>;
-  using BlockGroup = FlatParamGroup<double, Mesh, Fsdp<"dp">, nn::params_of<nn::TransformerBlock<double, L>>>;
-  using HeadGroup = FlatParamGroup<double, Mesh, Fsdp<"dp">,
-                                   nn::params_of_layers<nn::RmsNorm<double, L>, nn::LmHead<double, L>>>;
-  auto make = [](auto tag, const auto& p) {
-    return std::apply([](const auto&... w) { return typename decltype(tag)::type(w...); }, p);
-  };
-  EmbGroup ge = make(std::type_identity<EmbGroup>{}, m.emb.parameters());
-  BlockGroup gb = make(std::type_identity<BlockGroup>{}, m.block.parameters());
-  HeadGroup gh =
-      make(std::type_identity<HeadGroup>{}, std::tuple_cat(m.norm.parameters(), m.head.parameters()));
-  optim::AdamW opt(adamw);
-  Run run;
-  if (!from.empty()) {
-    run.progress = load_training_state(from, opt, ge, gb, gh);
-    expect(run.progress.step == first, "the resumed step " + std::to_string(run.progress.step));
-  }
-  for (int s = first; s < last; ++s) {
-    const auto [ids, targets] = batch<L>(mesh, s);
-    FsdpSchedule sched;
-    sched.add(ge);
-    sched.add(gb);
-    sched.add(gh);
-    const auto h0 = sched.forward(ge, [&](const auto& w) { return m.emb.with_parameters(w).forward(ids); });
-    const auto h1 =
-        sched.forward(gb, [&](const auto&... p) { return m.block.with_parameters(p...).forward(h0); });
-    std::optional<nn::act_t<L, double>> dh;
-    sched.backward(gh, [&](const auto& g, const auto& w) {
-      auto [n, norm_back] = m.norm.with_parameters(g).forward(h1, with_backward);
-      auto [loss, head_back] = m.head.with_parameters(w).forward(n, targets, with_backward);
-      run.losses.push_back(loss.full_tensor().data()[0]);
-      auto [dn, head_grads] = head_back(1.0);
-      auto [d, norm_grads] = norm_back(dn);
-      dh.emplace(d);
-      return std::tuple_cat(norm_grads, head_grads);
-    });
-    sched.backward(gb, [&](const auto&... p) {
-      auto [dx, grads] = m.block.with_parameters(p...).forward(h0, with_backward).backward(*dh);
-      dh.emplace(dx);
-      return grads;
-    });
-    sched.backward(ge, [&](const auto& w) {
-      return m.emb.with_parameters(w).forward(ids, with_backward).backward(*dh).params;
-    });
-    sched.finish();
-    opt.step(0, ge);
-    opt.step(1, gb);
-    opt.step(2, gh);
-    ge.zero_grad();
-    gb.zero_grad();
-    gh.zero_grad();
-  }
-  if (!to.empty()) {
-    save_training_state(to, opt, {.step = last, .data_position = 3 * last, .rng_seed = 17, .rng_offset = 4},
-                        ge, gb, gh);
-  }
-  std::apply([&](const auto&... w) { (append_full(w, run.params), ...); },
-             ge.unflatten_shard(ge.local_param()));
-  std::apply([&](const auto&... w) { (append_full(w, run.params), ...); },
-             gb.unflatten_shard(gb.local_param()));
-  std::apply([&](const auto&... w) { (append_full(w, run.params), ...); },
-             gh.unflatten_shard(gh.local_param()));
-  return run;
-}
-
 /// `tail` equals the last steps of `whole`, within `tol` (0: bit for bit).
 void compare(const Run& tail, const Run& whole, double tol, const std::string& name) {
   const std::size_t skip = whole.losses.size() - tail.losses.size();
@@ -705,9 +610,9 @@ TEST_CASE("nn layers, training state: resumed on the same layout, the run goes o
     const std::string dir = state::scratch("tp");
     testing::run_ranks(2, [&](ProcessGroup& world) {
       const auto mesh = init_device_mesh<Mesh>(world, 1, 1, 2);
-      const state::Run whole = state::train_replicated<TpSp>(mesh, 0, 4, "", "");
-      state::train_replicated<TpSp>(mesh, 0, 2, "", dir);
-      const state::Run tail = state::train_replicated<TpSp>(mesh, 2, 4, dir, "");
+      const state::Run whole = state::train<TpSp, false>(mesh, 0, 4, "", "");
+      state::train<TpSp, false>(mesh, 0, 2, "", dir);
+      const state::Run tail = state::train<TpSp, false>(mesh, 2, 4, dir, "");
       state::compare(tail, whole, 0, "tp resumed on tp");
       expect(tail.progress.data_position == 6 && tail.progress.rng_seed == 17 &&
                  tail.progress.rng_offset == 4,
@@ -718,9 +623,9 @@ TEST_CASE("nn layers, training state: resumed on the same layout, the run goes o
     const std::string dir = state::scratch("fsdp");
     testing::run_ranks(2, [&](ProcessGroup& world) {
       const auto mesh = init_device_mesh<Mesh>(world, 2, 1, 1);
-      const state::Run whole = state::train_sharded<Dp>(mesh, 0, 4, "", "");
-      state::train_sharded<Dp>(mesh, 0, 2, "", dir);
-      const state::Run tail = state::train_sharded<Dp>(mesh, 2, 4, dir, "");
+      const state::Run whole = state::train<Dp, true>(mesh, 0, 4, "", "");
+      state::train<Dp, true>(mesh, 0, 2, "", dir);
+      const state::Run tail = state::train<Dp, true>(mesh, 2, 4, dir, "");
       state::compare(tail, whole, 0, "fsdp resumed on fsdp");
     });
   }
@@ -731,29 +636,28 @@ TEST_CASE("nn layers, training state: saved on one layout, resumed on another an
           "[parallel][checkpoint]") {
   state::Run whole;
   testing::run_ranks(1, [&](ProcessGroup& one) {
-    whole = state::train_replicated<Dp>(init_device_mesh<Mesh>(one, 1, 1, 1), 0, 4, "", "");
+    whole = state::train<Dp, false>(init_device_mesh<Mesh>(one, 1, 1, 1), 0, 4, "", "");
   });
   const std::string from_fsdp_tp = state::scratch("fsdp_tp");
   testing::run_ranks(4, [&](ProcessGroup& world) {
-    state::train_sharded<TpSp>(init_device_mesh<Mesh>(world, 2, 1, 2), 0, 2, "", from_fsdp_tp);
+    state::train<TpSp, true>(init_device_mesh<Mesh>(world, 2, 1, 2), 0, 2, "", from_fsdp_tp);
   });
   testing::run_ranks(2, [&](ProcessGroup& world) {
     const state::Run tail =
-        state::train_replicated<TpSp>(init_device_mesh<Mesh>(world, 1, 1, 2), 2, 4, from_fsdp_tp, "");
+        state::train<TpSp, false>(init_device_mesh<Mesh>(world, 1, 1, 2), 2, 4, from_fsdp_tp, "");
     state::compare(tail, whole, 1e-10, "saved under fsdp x tp on 4, resumed under tp on 2");
   });
   testing::run_ranks(1, [&](ProcessGroup& one) {
     const state::Run tail =
-        state::train_replicated<Dp>(init_device_mesh<Mesh>(one, 1, 1, 1), 2, 4, from_fsdp_tp, "");
+        state::train<Dp, false>(init_device_mesh<Mesh>(one, 1, 1, 1), 2, 4, from_fsdp_tp, "");
     state::compare(tail, whole, 1e-10, "saved under fsdp x tp on 4, resumed on one rank");
   });
   const std::string from_tp = state::scratch("tp_to_fsdp");
   testing::run_ranks(2, [&](ProcessGroup& world) {
-    state::train_replicated<TpSp>(init_device_mesh<Mesh>(world, 1, 1, 2), 0, 2, "", from_tp);
+    state::train<TpSp, false>(init_device_mesh<Mesh>(world, 1, 1, 2), 0, 2, "", from_tp);
   });
   testing::run_ranks(3, [&](ProcessGroup& world) {
-    const state::Run tail =
-        state::train_sharded<Dp>(init_device_mesh<Mesh>(world, 3, 1, 1), 2, 4, from_tp, "");
+    const state::Run tail = state::train<Dp, true>(init_device_mesh<Mesh>(world, 3, 1, 1), 2, 4, from_tp, "");
     state::compare(tail, whole, 1e-10, "saved under tp on 2, resumed under fsdp on 3");
   });
   SECTION("a model of other shapes: an error naming the parameter") {

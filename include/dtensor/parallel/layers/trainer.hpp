@@ -19,7 +19,7 @@
 //                                       precision with T shards, the all_gather in C, gradients reduced in
 //                                       ReduceT).
 //
-//   nn::FsdpTrainer<Model, Fsdp<"dp">> trainer(std::move(model), {.max_norm = 1.0});
+//   nn::FsdpTrainer<Model, Fsdp<"dp">> trainer(mesh, std::move(model), {.max_norm = 1.0});
 //   optim::AdamW opt({.lr = 3e-3});
 //   for (...) { opt.set_lr(lr); nn::StepResult r = trainer.step(ids, targets, opt); }
 //   trainer.with_gathered([&](const auto& m) { return m.loss(val_ids, val_targets); });   // evaluation
@@ -141,7 +141,7 @@ public:
   DdpTrainer(const DdpTrainer&) = delete;
   DdpTrainer& operator=(const DdpTrainer&) = delete;
 
-  const Model& model() const noexcept { return model_; }
+  const DeviceMesh<Mesh>& mesh() const noexcept { return mesh_; }
 
   /// One training step on (ids, targets): forward, backward with the buckets reduced as it runs, clip,
   /// opt.step(i, parameter, gradient) for each parameter i in order.
@@ -228,8 +228,8 @@ public:
 
   /// The groups copy the model's parameters into their shards; the model keeps its layers' configuration
   /// only (nn::release_parameters).
-  explicit FsdpTrainer(Model model, TrainerOptions options = {})
-      : model_(std::move(model)), options_(options),
+  FsdpTrainer(const DeviceMesh<Mesh>& mesh, Model model, TrainerOptions options = {})
+      : mesh_(mesh), model_(std::move(model)), options_(options),
         embedding_(group_of<EmbGroup>(model_.embedding.parameters())),
         head_(group_of<HeadGroup>(std::tuple_cat(model_.norm.parameters(), model_.head.parameters()))) {
     for (auto& b : model_.blocks) {
@@ -244,6 +244,8 @@ public:
   }
   FsdpTrainer(const FsdpTrainer&) = delete;
   FsdpTrainer& operator=(const FsdpTrainer&) = delete;
+
+  const DeviceMesh<Mesh>& mesh() const noexcept { return mesh_; }
 
   /// One training step on (ids, targets) under FsdpSchedule, then clip over the groups and
   /// opt.step(i, group) for each group i (embedding, blocks, head).
@@ -333,6 +335,7 @@ private:
     f(head_);
   }
 
+  DeviceMesh<Mesh> mesh_;
   Model model_;
   TrainerOptions options_;
   EmbGroup embedding_;

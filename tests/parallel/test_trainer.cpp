@@ -1,0 +1,232 @@
+// The training step of the library (parallel/layers/trainer.hpp): nn::DdpTrainer and nn::FsdpTrainer on an
+// nn::LanguageModel of MLP blocks (the model of examples/06_train.cpp: a vocab-parallel embedding, blocks of
+// rms_norm + a GELU MLP in tensor + sequence parallel + a residual, a final rms_norm, the vocab-parallel head
+// and its loss) on a (rep, dp, tp) mesh, in each layout 06 names:
+//   tp       (1, 1, n)   replicated parameters, DdpTrainer over dp
+//   ddp      (1, n, 1)   the same trainer
+//   fsdp     (1, n, 1)   FsdpTrainer<Fsdp<"dp">>; rep is a second batch axis whose gradients are all-reduced
+//   hsdp     (2, n/2, 1) FsdpTrainer<Hsdp<"rep", "dp">>
+//   fsdp_tp  (1, 2, 2)   FSDP over dp of tensor-parallel parameters
+// - Against one rank: three AdamW steps with clipping on 1-4 ranks (and hsdp on 2 and 4, fsdp_tp on 4) give
+//   the one-rank losses, gradient norms and final parameters within 1e-10 (double), with uneven and empty
+//   shards (batch 3 over up to 4 batch ranks, sequence 7 over tp, hidden 18, ffn 30, vocab 37).
+// - The collectives of a step are pinned per layout: derived from the model's structure (its blocks, the
+//   FSDP groups, DDP's buckets), counted by CommDebugMode.
+// - Gradient accumulation is the schedule's (tests/parallel/test_fsdp.cpp); the training state's
+//   round trip is in test_layers.cpp.
+#include <catch2/catch.hpp>
+
+#include <dtensor/comm/comm_debug.hpp>
+#include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/parallel/fsdp.hpp>
+#include <dtensor/parallel/layers/mlp_block.hpp>
+#include <dtensor/parallel/layers/model.hpp>
+#include <dtensor/parallel/layers/trainer.hpp>
+#include <dtensor/parallel/optim.hpp>
+#include <dtensor/testing/run_ranks.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace dtensor;
+
+namespace {
+
+using Mesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"tp">>;
+using L = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel>;
+using Model = nn::LanguageModel<double, L, nn::MlpBlock>;
+
+constexpr int kBlocks = 3, kSteps = 3;
+constexpr std::int64_t kBatch = 3, kSeq = 7;
+const nn::TransformerConfig config{.vocab = 37, .hidden = 18, .ffn = 30, .norm_eps = 1e-6, .init_std = 0.5};
+
+enum class Layout { tp, ddp, fsdp, hsdp, fsdp_tp };
+
+void expect(bool ok, const std::string& what) {
+  DTENSOR_CHECK(ok, what);
+}
+
+/// What a run gives: per step the loss and the gradient norm, the final parameters (full), the
+/// collectives of the last step.
+struct Run {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<double>> params;
+  std::map<std::pair<std::string, std::string>, std::int64_t> comms;
+  int buckets = 0; ///< DDP's buckets (replicated layouts)
+};
+
+nn::ids_t<L> tokens(const DeviceMesh<Mesh>& mesh, int step, std::int64_t shift) {
+  return [&]<class... Q>(DTensor<std::int64_t, 2, Mesh, Q...>*) {
+    return from_global_index<std::int64_t, Q...>(mesh, {kBatch, kSeq}, [&](const auto& i) {
+      return (i[0] * 11 + i[1] * 5 + step * 3 + shift + i[1] * i[1]) % config.vocab;
+    });
+  }(static_cast<nn::ids_t<L>*>(nullptr));
+}
+
+template <class Trainer>
+Run train(Trainer& trainer) {
+  optim::AdamW opt({.lr = 2e-2, .weight_decay = 0.01});
+  Run run;
+  for (int s = 0; s < kSteps; ++s) {
+    const auto& mesh = trainer.mesh();
+    const auto ids = tokens(mesh, s, 0);
+    const auto targets = tokens(mesh, s, 1);
+    CommDebugMode comm;
+    const nn::StepResult r = trainer.step(ids, targets, opt);
+    run.losses.push_back(r.loss);
+    run.norms.push_back(r.grad_norm);
+    run.comms.clear();
+    for (const auto& [key, e] : comm.entries()) {
+      run.comms[key] = e.count;
+    }
+  }
+  trainer.with_gathered([&](auto& m) {
+    nn::for_each_tensor(m.parameters(), [&](const auto& w) {
+      const auto full = w.full_tensor();
+      run.params.emplace_back(full.data(), full.data() + full.numel());
+    });
+  });
+  return run;
+}
+
+Run run_layout(const DeviceMesh<Mesh>& mesh, Layout layout) {
+  init::InitKeys keys(7);
+  Model model(mesh, config, kBlocks, keys);
+  // A clip that binds in the first steps, buckets small enough that there are several.
+  const nn::TrainerOptions options{.max_norm = 0.5,
+                                   .ddp = {.bucket_cap_bytes = 2048, .first_bucket_cap_bytes = 1024}};
+  if (layout == Layout::tp || layout == Layout::ddp) {
+    nn::DdpTrainer<Model, "dp"> trainer(mesh, std::move(model), options);
+    Run run = train(trainer);
+    std::vector<std::int64_t> bytes;
+    trainer.with_gathered([&](auto& m) {
+      nn::for_each_tensor(m.parameters(), [&](const auto& w) { bytes.push_back(w.local().numel() * 8); });
+    });
+    run.buckets = int(assign_buckets(bytes, 1024, 2048).size());
+    return run;
+  }
+  if (layout == Layout::hsdp) {
+    nn::FsdpTrainer<Model, Hsdp<"rep", "dp">> trainer(mesh, std::move(model), options);
+    return train(trainer);
+  }
+  nn::FsdpTrainer<Model, Fsdp<"dp">> trainer(mesh, std::move(model), options);
+  return train(trainer);
+}
+
+/// The collectives one step of `layout` issues, from the model's structure (06_train's accounting).
+std::map<std::pair<std::string, std::string>, std::int64_t> expected_comms(Layout layout, int buckets) {
+  const std::int64_t b = kBlocks, params = 1 + 3 * b + 2; // embedding, (gain, W1, W2) per block, gain, head
+  std::map<std::pair<std::string, std::string>, std::int64_t> c;
+  // cross_entropy on logits sharded on the vocabulary over tp: the row max and the row sums over tp, the
+  // mean over each axis that shards the rows (rep, dp).
+  c[{"all_reduce", "tp"}] = 2;
+  c[{"all_reduce", "rep"}] = 1;
+  c[{"all_reduce", "dp"}] = 1;
+  c[{"all_reduce", "tp"}] += b + 1; // the rms_norm gains' gradients: Partial over tp (sequence parallel)
+  if (layout == Layout::tp || layout == Layout::ddp) {
+    // Sequence parallel: forward one all_gather into each region (b blocks, the head) and one
+    // reduce_scatter out (b blocks, the embedding); the backward runs their duals.
+    c[{"all_gather", "tp"}] = 2 * (b + 1);
+    c[{"reduce_scatter", "tp"}] = 2 * (b + 1);
+    c[{"all_reduce", "dp"}] += buckets; // DDP: one per bucket
+    c[{"all_reduce", "rep"}] += params; // rep is a second batch axis: every gradient
+    c[{"all_reduce", "tp"}] += 1;       // clip: one double over the axes where a gradient is sharded
+    return c;
+  }
+  const std::int64_t groups = b + 2;
+  // Each group gathered for its forward and again for its backward, but the head's (forward and backward
+  // at once); the blocks and the embedding recompute their forward in the backward, with its collectives.
+  c[{"all_gather", "dp"}] = groups + (b + 1);
+  c[{"all_gather", "tp"}] = (b + 1) + b + (b + 1);
+  c[{"reduce_scatter", "tp"}] = (b + 1) + (b + 1) + (b + 1);
+  c[{"reduce_scatter", "dp"}] = groups;
+  if (layout == Layout::hsdp) {
+    c[{"all_reduce", "rep"}] += groups; // each group's reduced shard over the replicas
+  } else {
+    c[{"all_reduce", "rep"}] += params; // rep is no FSDP axis: every gradient, before packing
+  }
+  c[{"all_reduce", "dp*tp"}] = 1; // clip over the groups: the axes where gradient shards differ
+  return c;
+}
+
+std::string describe(const std::map<std::pair<std::string, std::string>, std::int64_t>& c) {
+  std::string s;
+  for (const auto& [key, n] : c) {
+    s += " " + key.first + "(" + key.second + ")=" + std::to_string(n);
+  }
+  return s;
+}
+
+void compare(const Run& got, const Run& want, const std::string& name) {
+  constexpr double tol = 1e-10;
+  for (int s = 0; s < kSteps; ++s) {
+    expect(std::abs(got.losses[s] - want.losses[s]) <= tol * std::abs(want.losses[s]),
+           name + ": step " + std::to_string(s) + "'s loss " + std::to_string(got.losses[s]) + ", one rank " +
+               std::to_string(want.losses[s]));
+    expect(std::abs(got.norms[s] - want.norms[s]) <= tol * std::abs(want.norms[s]),
+           name + ": step " + std::to_string(s) + "'s gradient norm " + std::to_string(got.norms[s]) +
+               ", one rank " + std::to_string(want.norms[s]));
+  }
+  expect(got.params.size() == want.params.size(), name + ": the number of parameters");
+  for (std::size_t i = 0; i < want.params.size(); ++i) {
+    expect(got.params[i].size() == want.params[i].size(),
+           name + ": parameter " + std::to_string(i) + "'s size");
+    for (std::size_t e = 0; e < want.params[i].size(); ++e) {
+      const double d = std::abs(got.params[i][e] - want.params[i][e]);
+      expect(d <= tol * std::max(1.0, std::abs(want.params[i][e])),
+             name + ": parameter " + std::to_string(i) + " element " + std::to_string(e) + " differs by " +
+                 std::to_string(d));
+    }
+  }
+}
+
+const Run& reference() {
+  static const Run want = [] {
+    Run r;
+    testing::run_ranks(
+        1, [&](ProcessGroup& one) { r = run_layout(init_device_mesh<Mesh>(one, 1, 1, 1), Layout::ddp); });
+    return r;
+  }();
+  return want;
+}
+
+void check(Layout layout, int rep, int dp, int tp, const std::string& name) {
+  const std::string where = name + " on (rep=" + std::to_string(rep) + ", dp=" + std::to_string(dp) +
+                            ", tp=" + std::to_string(tp) + ")";
+  INFO(where);
+  const Run& want = reference();
+  testing::run_ranks(rep * dp * tp, [&](ProcessGroup& world) {
+    const Run got = run_layout(init_device_mesh<Mesh>(world, rep, dp, tp), layout);
+    compare(got, want, where);
+    const auto pins = expected_comms(layout, got.buckets);
+    expect(got.comms == pins,
+           where + ": a step's collectives" + describe(got.comms) + "; expected" + describe(pins));
+  });
+}
+
+} // namespace
+
+TEST_CASE("nn::DdpTrainer: tensor + sequence parallel and data parallel steps equal one rank's, collectives "
+          "pinned",
+          "[parallel][trainer]") {
+  for (int n = 1; n <= 4; ++n) {
+    check(Layout::tp, 1, 1, n, "tp");
+    check(Layout::ddp, 1, n, 1, "ddp");
+  }
+  check(Layout::ddp, 2, 2, 1, "ddp with a second batch axis");
+}
+
+TEST_CASE("nn::FsdpTrainer: FSDP, HSDP and FSDP x TP steps equal one rank's, collectives pinned",
+          "[parallel][trainer]") {
+  for (int n = 1; n <= 4; ++n) {
+    check(Layout::fsdp, 1, n, 1, "fsdp");
+  }
+  check(Layout::hsdp, 2, 1, 1, "hsdp");
+  check(Layout::hsdp, 2, 2, 1, "hsdp");
+  check(Layout::fsdp_tp, 1, 2, 2, "fsdp_tp");
+}
