@@ -561,7 +561,7 @@ train=""
 for layout in tp ddp fsdp hsdp fsdp_tp; do
   name="06_train_cuda --layout $layout, 2 processes"
   built "$train" "$name" && step "$name" 45 12 "${multi[@]}" 2 \
-    "$train" --layout "$layout" --dtype float --hidden 30 --ffn 42 --vocab 61 --steps 3
+    "$train" --layout "$layout" --hidden 30 --ffn 42 --vocab 61 --steps 3
 done
 
 # ---- 6. benchmarks (BENCHMARKS.md, "GPU"): small sizes, few samples, JSON into $results ------------------

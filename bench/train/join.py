@@ -91,7 +91,7 @@ def main():
                 rec["paired_ratio"] = med(pairs) if pairs else None
             rec["date"], rec["host"] = time.strftime("%Y-%m-%d", time.gmtime()), socket.gethostname()
             rec["check"] = "FAILED" if any(p.startswith(f"{size} {layout}:") for p in problems) else \
-                "ok: collectives pinned every step" + ("; torch equal to one process" if t else "")
+                "ok: numerics and collectives pinned by tests/parallel/test_trainer" + ("; torch equal to one process" if t else "")
             out.append(rec)
     if args.out:
         path = os.path.join(args.out, f"train_vs_torch_n{args.ranks}.json")

@@ -5,9 +5,9 @@
         --layout tp|ddp [--steps N] [--tokens T --hidden H --ffn F --vocab V] [--check-steps K] \
         [--threads 1] [--json FILE]
 
-The model, as 06_train builds it: a vocab-parallel embedding (V, H), 3 blocks of h + W2 gelu(W1 rms_norm(h))
+The model, as bench_train builds it (nn::LanguageModel of nn::MlpBlock): a vocab-parallel embedding (V, H), 3 blocks of h + W2 gelu(W1 rms_norm(h))
 with rms_norm gains (H), W1 (F, H), W2 (H, F), a final rms_norm and a head W_out (V, H); cross entropy, the mean
-over the step's tokens (ids from the same formula as 06_train's batch()); gradients clipped to a global norm
+over the step's tokens (ids from the same formula as bench_train's tokens(), over the flattened (8, T/8) batch); gradients clipped to a global norm
 of 0.5, torch.optim.AdamW(lr 1e-2, weight_decay 0.01); float32; initial values drawn with torch's own RNG
 from the same distributions (normal for the embedding, kaiming_uniform(a=sqrt 5) for the matrices, ones for
 the gains), so the losses are not ours, the work is.
@@ -21,13 +21,13 @@ Layouts (the world is the one mesh axis):
        gloo has no reduce_scatter: it is an all_to_all_single then a local sum (the same bytes a ring
        reduce_scatter moves); the all_gather is dist.all_gather_into_tensor where gloo has it, else
        dist.all_gather into views of one buffer.
-  ddp  torch.nn.parallel.DistributedDataParallel (bucket_cap_mb = 4 KiB as 06_train's DDPReducer), the
+  ddp  torch.nn.parallel.DistributedDataParallel (bucket_cap_mb = 4 KiB as bench_train's DDPReducer), the
        tokens split over the ranks as torch.chunk splits them; each rank's loss the mean of its own tokens
        (DDP averages the gradients: the global mean when the ranks' shares are equal, as in the bench).
 
-Timing, as 06_train: the mean over steps 2..N of the step (perf_counter around forward, backward, clip,
+Timing, as bench_train: the mean over steps 2..N of the step (perf_counter around forward, backward, clip,
 optimizer step) and of rank 0's minor page faults in it (getrusage); for tp also the time blocked in the sequence-parallel collectives and the gains' all_reduce
-("comm"; the loss's and the clip's small all_reduces count as compute, as in 06_train). DDP's all_reduces run
+("comm"; the loss's and the clip's small all_reduces count as compute; bench_train counts every TP collective as compute). DDP's all_reduces run
 inside backward(): no split. Check: rank 0 trains the same weights on one process (no collectives) for K steps
 (--check-steps, default 2) and compares the losses (1e-4 relative): the exit status is 1 on a mismatch.
 """
@@ -49,7 +49,7 @@ MASK64 = (1 << 64) - 1
 
 
 def batch(step, tokens, vocab):
-    """06_train's batch(): ids and targets of step `step` (all the tokens)."""
+    """bench_train's tokens(): ids and targets of step `step` (all the tokens)."""
     ids = []
     for i in range(tokens):
         z = ((step * 1000003 + i * 7919) * 2654435761) & MASK64

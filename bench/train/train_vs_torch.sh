@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The training step of examples/06_train.cpp per layout, ours (bench_train: 06_train with the heap counted)
+# The training step of examples/06_train.cpp's model per layout, ours (bench_train: the library's trainers, heap counted)
 # next to torch 1.13 training the same model (bench/train/torch_train.py: hand-written Megatron TP + SP, and
 # torch DDP), fp32, N processes of 1 thread. K passes; in each, for every size and layout, one launch of ours
 # and, for tp and ddp, one of torch, the order alternating pass by pass (ours first in odd passes) so a drift
@@ -62,7 +62,7 @@ for ((p = 1; p <= passes; ++p)); do
     flags=(--steps "$steps" --tokens "$t" --hidden "$h" --ffn "$f" --vocab "$v")
     for layout in tp ddp fsdp hsdp fsdp_tp; do
       ours() {
-        $run "$build/bench/bench_train" --layout "$layout" --dtype float --no-check "${flags[@]}" \
+        $run "$build/bench/bench_train" --layout "$layout" --no-check "${flags[@]}" \
           --json "$d/ours_${size}_${layout}.json" | grep -E "time per step|page faults|heap|MISMATCH"
       }
       theirs() {

@@ -40,13 +40,13 @@ DTENSOR_HOST_DEVICE inline float exp_of(float x) {
   return expf(x);
 }
 DTENSOR_HOST_DEVICE inline double exp_of(double x) {
-  return exp(x);
+  return ::exp(x);
 }
 DTENSOR_HOST_DEVICE inline float log_of(float x) {
   return logf(x);
 }
 DTENSOR_HOST_DEVICE inline double log_of(double x) {
-  return log(x);
+  return ::log(x);
 }
 
 /// What every thread reads: contiguous (batch, heads, seq, dim) inputs, positions on the device.

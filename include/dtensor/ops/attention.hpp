@@ -435,7 +435,9 @@ auto scaled_dot_product_attention(const Q& q, const K& k, const V& v, const Atte
 /// uneven head counts leave some ranks fewer (the all_to_all's splits differ); with GQA each rank's q
 /// heads must be whole groups of its k/v heads (an error names them otherwise: then use Ring).
 template <fixed_string Axis>
-struct Ulysses {};
+struct Ulysses {
+  static constexpr auto context_parallel_axis = Axis;
+};
 
 namespace detail {
 
@@ -529,7 +531,9 @@ struct attention_form<Ulysses<Axis>> {
 /// different sizes). q, k and v must have the same placements on every axis (e.g. batch over dp, heads over
 /// tp beside it).
 template <fixed_string Axis>
-struct Ring {};
+struct Ring {
+  static constexpr auto context_parallel_axis = Axis;
+};
 
 /// What ring attention did, in order, on this thread while one is alive (like CommDebugMode): "post t" when
 /// step t's exchange is posted, "compute t" when its kernel starts, "wait t" when it waits for the exchange

@@ -60,6 +60,10 @@ namespace dtensor {
 struct DDPOptions {
   std::int64_t bucket_cap_bytes = std::int64_t{25} << 20;
   std::int64_t first_bucket_cap_bytes = std::int64_t{1} << 20;
+  /// false: each bucket's all_reduce is waited for as soon as it is issued (the same collectives in the
+  /// same order, numerically the same step, no overlap with the backward: measures the whole
+  /// communication, as FsdpScheduleOptions::overlap does).
+  bool overlap = true;
 };
 
 /// The buckets of parameters whose gradients have `bytes[i]` bytes (i in registration order): walked from
@@ -94,8 +98,9 @@ template <class T>
 class BucketReducer {
 public:
   BucketReducer(ProcessGroup group, std::vector<std::int64_t> numels, DDPOptions options)
-      : group_(std::move(group)), numels_(std::move(numels)), grads_(numels_.size()),
-        bucket_of_(numels_.size()), offset_(numels_.size()), done_(numels_.size(), false) {
+      : group_(std::move(group)), numels_(std::move(numels)), overlap_(options.overlap),
+        grads_(numels_.size()), bucket_of_(numels_.size()), offset_(numels_.size()),
+        done_(numels_.size(), false) {
     DTENSOR_CHECK(options.bucket_cap_bytes > 0 && options.first_bucket_cap_bytes > 0,
                   "DDPReducer: bucket caps must be positive");
     std::vector<std::int64_t> bytes;
@@ -147,6 +152,9 @@ public:
         ready_bucket.buffer = Tensor<T, 1>({0});
       }
       ready_bucket.work = all_reduce(ready_bucket.buffer, ReduceOp::sum, group_, async_op);
+      if (!overlap_) {
+        ready_bucket.work.wait();
+      }
       ready_bucket.unsynced = Tensor<T, 1>(); // added into the buffer: freed
       ++next_;
     }
@@ -242,6 +250,7 @@ private:
 
   ProcessGroup group_;
   std::vector<std::int64_t> numels_;
+  bool overlap_;
   std::vector<Tensor<T, 1>> grads_;
   std::vector<int> bucket_of_;
   std::vector<std::int64_t> offset_;

@@ -41,50 +41,66 @@ namespace dtensor::nn {
 /// Tensor parallelism over mesh axis `Axis` (Megatron): the projections split column- and row-wise, the
 /// attention heads and the MLP's hidden units over Axis, the vocabulary of the embedding and the head too.
 template <fixed_string Axis>
-struct TensorParallel {};
+struct TensorParallel {
+  static constexpr auto tensor_parallel_axis = Axis;
+};
 
 /// With TensorParallel: between the tensor-parallel regions (norms, residuals) the activations are
 /// sharded on the sequence over the tp axis; each region all_gathers on entry and reduce_scatters on exit
 /// (instead of an all_reduce on exit).
-struct SequenceParallel {};
+struct SequenceParallel {
+  static constexpr bool sequence_parallel = true;
+};
 
 /// Context parallelism in `Form` (Ring<"cp"> or Ulysses<"cp">, ops/attention.hpp): the sequence sharded over
 /// the form's axis everywhere; attention runs in that form.
 template <class Form>
-struct ContextParallel {};
+struct ContextParallel {
+  using context_parallel_form = Form;
+};
 
 namespace detail {
 
-/// What one option of Layout sets: the tp axis, sp, the cp axis and form (-1 and void: unset).
+// What one option of Layout sets: the tp axis, sp, the cp axis and form (-1 and void: unset). The options
+// carry their axes as members (read here with requires-expressions rather than by partial specializations
+// on fixed_string parameters, which nvcc's front end does not match).
+template <class O>
+concept TensorParallelOption = requires {
+  O::tensor_parallel_axis;
+};
+template <class O>
+concept SequenceParallelOption = requires {
+  O::sequence_parallel;
+};
+template <class O>
+concept ContextParallelOption = requires {
+  typename O::context_parallel_form;
+};
+
 template <class Mesh, class O>
 struct LayoutOption {
-  static_assert(sizeof(O) == 0,
+  static_assert(TensorParallelOption<O> || SequenceParallelOption<O> ||
+                    (ContextParallelOption<O> &&
+                     requires { O::context_parallel_form::context_parallel_axis; }),
                 "nn::Layout: an option is nn::TensorParallel<\"axis\">, nn::SequenceParallel or "
                 "nn::ContextParallel<Ring<\"axis\">> / <Ulysses<\"axis\">>");
-};
-template <class Mesh, fixed_string A>
-struct LayoutOption<Mesh, TensorParallel<A>> {
-  static constexpr int tp = Mesh::template index_of<A>(), cp = -1;
-  static constexpr bool sp = false;
-  using form = void;
-};
-template <class Mesh>
-struct LayoutOption<Mesh, SequenceParallel> {
-  static constexpr int tp = -1, cp = -1;
-  static constexpr bool sp = true;
-  using form = void;
-};
-template <class Mesh, fixed_string A>
-struct LayoutOption<Mesh, ContextParallel<Ring<A>>> {
-  static constexpr int tp = -1, cp = Mesh::template index_of<A>();
-  static constexpr bool sp = false;
-  using form = Ring<A>;
-};
-template <class Mesh, fixed_string A>
-struct LayoutOption<Mesh, ContextParallel<Ulysses<A>>> {
-  static constexpr int tp = -1, cp = Mesh::template index_of<A>();
-  static constexpr bool sp = false;
-  using form = Ulysses<A>;
+  static constexpr int tp = [] {
+    if constexpr (TensorParallelOption<O>) {
+      return Mesh::template index_of<O::tensor_parallel_axis>();
+    } else {
+      return -1;
+    }
+  }();
+  static constexpr int cp = [] {
+    if constexpr (ContextParallelOption<O> && requires { O::context_parallel_form::context_parallel_axis; }) {
+      return Mesh::template index_of<O::context_parallel_form::context_parallel_axis>();
+    } else {
+      return -1;
+    }
+  }();
+  static constexpr bool sp = SequenceParallelOption<O>;
+  using form =
+      typename std::conditional_t<ContextParallelOption<O>, O, ContextParallel<void>>::context_parallel_form;
 };
 
 template <class... F>

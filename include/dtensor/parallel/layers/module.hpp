@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "dtensor/backward/activation_checkpoint.hpp"
@@ -112,11 +113,27 @@ void release_parameters(Layer& layer) {
 
 /// Activation checkpointing of a layer (torch.utils.checkpoint): `nn::checkpointed(block).forward(x,
 /// with_backward)` keeps x and the parameters' handles only and runs the layer's forward again in its
-/// backward (backward/activation_checkpoint.hpp); the results equal the plain forward's bit for bit.
+/// backward (backward/activation_checkpoint.hpp); the results equal the plain forward's bit for bit. It is
+/// a layer itself (the wrapped layer's constructor, parameters and with_parameters), so a model can hold
+/// checkpointed blocks: `template <class T, class L> using Ckpt = nn::Checkpointed<nn::MlpBlock<T, L>>;`
+/// then `nn::LanguageModel<T, L, Ckpt>`.
 template <class Layer>
 struct Checkpointed {
+  using parameter_types = typename Layer::parameter_types;
+
   Layer layer;
 
+  Checkpointed(Layer l) : layer(std::move(l)) {}
+  template <class... A>
+  requires std::is_constructible_v<Layer, A&&...>
+  explicit Checkpointed(A&&... args) : layer(std::forward<A>(args)...) {}
+
+  auto parameters() { return layer.parameters(); }
+  template <class... W>
+  auto with_parameters(const W&... w) const {
+    using Inner = decltype(layer.with_parameters(w...));
+    return Checkpointed<Inner>(layer.with_parameters(w...));
+  }
   template <class X>
   auto forward(const X& x) const {
     return layer.forward(x);
@@ -129,7 +146,7 @@ struct Checkpointed {
 };
 template <class Layer>
 Checkpointed<Layer> checkpointed(const Layer& layer) {
-  return {layer};
+  return Checkpointed<Layer>(layer);
 }
 
 } // namespace dtensor::nn

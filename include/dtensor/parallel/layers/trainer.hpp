@@ -142,6 +142,9 @@ public:
   DdpTrainer& operator=(const DdpTrainer&) = delete;
 
   const DeviceMesh<Mesh>& mesh() const noexcept { return mesh_; }
+  /// The options; changes apply from the next step (e.g. overlap off for a step that measures the whole
+  /// communication: options().ddp.overlap, options().schedule.overlap).
+  TrainerOptions& options() noexcept { return options_; }
 
   /// One training step on (ids, targets): forward, backward with the buckets reduced as it runs, clip,
   /// opt.step(i, parameter, gradient) for each parameter i in order.
@@ -246,6 +249,9 @@ public:
   FsdpTrainer& operator=(const FsdpTrainer&) = delete;
 
   const DeviceMesh<Mesh>& mesh() const noexcept { return mesh_; }
+  /// The options; changes apply from the next step (e.g. overlap off for a step that measures the whole
+  /// communication: options().ddp.overlap, options().schedule.overlap).
+  TrainerOptions& options() noexcept { return options_; }
 
   /// One training step on (ids, targets) under FsdpSchedule, then clip over the groups and
   /// opt.step(i, group) for each group i (embedding, blocks, head).
