@@ -11,7 +11,8 @@
 //   the one-rank losses, gradient norms and final parameters within 1e-10 (double), with uneven and empty
 //   shards (batch 3 over up to 4 batch ranks, sequence 7 over tp, hidden 18, ffn 30, vocab 37).
 // - The collectives of a step are pinned per layout: derived from the model's structure (its blocks, the
-//   FSDP groups, DDP's buckets), counted by CommDebugMode.
+//   FSDP groups, DDP's buckets), counted by CommDebugMode; every step issues the same, the second one with
+//   overlap off (TrainerOptions' ddp.overlap and schedule.overlap), which must not change the numbers.
 // - Gradient accumulation is the schedule's (tests/parallel/test_fsdp.cpp); the training state's
 //   round trip is in test_layers.cpp.
 #include <catch2/catch.hpp>
@@ -76,14 +77,19 @@ Run train(Trainer& trainer) {
     const auto& mesh = trainer.mesh();
     const auto ids = tokens(mesh, s, 0);
     const auto targets = tokens(mesh, s, 1);
+    // Step 2 runs with overlap off (each asynchronous collective waited for when issued): the same step.
+    trainer.options().ddp.overlap = trainer.options().schedule.overlap = s != 1;
     CommDebugMode comm;
     const nn::StepResult r = trainer.step(ids, targets, opt);
     run.losses.push_back(r.loss);
     run.norms.push_back(r.grad_norm);
-    run.comms.clear();
+    std::map<std::pair<std::string, std::string>, std::int64_t> counts;
     for (const auto& [key, e] : comm.entries()) {
-      run.comms[key] = e.count;
+      counts[key] = e.count;
     }
+    expect(s == 0 || counts == run.comms,
+           "step " + std::to_string(s) + "'s collectives differ from step 0's");
+    run.comms = counts;
   }
   trainer.with_gathered([&](auto& m) {
     nn::for_each_tensor(m.parameters(), [&](const auto& w) {
