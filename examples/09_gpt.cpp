@@ -16,7 +16,7 @@
 //                       cp_ulysses  (1, n, 1)   Ulysses attention over cp
 //                       fsdp_tp     (n/2, 1, 2) FSDP over dp of tensor + sequence parallel blocks
 //                       fsdp_tp_cp  (n/4, 2, 2) the same with ring attention over cp (8 processes: 2x2x2)
-//   --mixed           FSDP layouts: parameters kept in float shards, gathered and computed in bfloat16
+//   --mixed           fsdp, fsdp_tp: parameters kept in float shards, gathered and computed in bfloat16
 //                     (the all_gather moves bfloat16), gradients reduced in float
 //   --steps N --batch B --seq S --layers K --hidden H --heads N --kv-heads N --ffn F --lr X
 //   --eval-every N    validation loss every N steps (on --eval-batches fixed batches)
@@ -421,8 +421,8 @@ int run_main(int argc, char** argv) {
   const Text text = Text::load(o.data);
   o.model.vocab = std::int64_t(text.bytes_of.size());
   const bool sharded = o.layout.rfind("fsdp", 0) == 0;
-  if (o.mixed && !sharded) {
-    usage("--mixed is a policy of the FSDP layouts (fsdp, fsdp_tp, fsdp_tp_cp)");
+  if (o.mixed && o.layout != "fsdp" && o.layout != "fsdp_tp") {
+    usage("--mixed is a policy of the FSDP layouts fsdp and fsdp_tp");
   }
   // The mesh (dp, cp, tp) of each layout.
   int dp = n, cp = 1, tp = 1;
@@ -467,8 +467,7 @@ int run_main(int argc, char** argv) {
       return mixed ? train_layout<TensorSeq, true, bfloat16>(m, text, o, p)
                    : train_layout<TensorSeq, true>(m, text, o, p);
     }
-    return mixed ? train_layout<RingCp, true, bfloat16>(m, text, o, p)
-                 : train_layout<RingCp, true>(m, text, o, p);
+    return train_layout<RingCp, true>(m, text, o, p); // fsdp_tp_cp
   };
   const Run run = train(mesh, o.layout, o.mixed, print);
   const double tokens = double(o.batch * o.seq) * std::max(1, run.timed_steps);

@@ -6,7 +6,7 @@
 // step") has the numbers.
 //
 //   dtensor-run --nproc-per-node 4 ./bench_train --layout tp|ddp|fsdp|hsdp|fsdp_tp [--steps N]
-//       [--tokens T --hidden H --ffn F --vocab V] [--no-check] [--json FILE]
+//       [--tokens T --hidden H --ffn F --vocab V] [--checkpoint] [--no-check] [--json FILE]
 //
 // The step's T tokens are 8 sequences of T / 8 (the batch over the batch axes, the sequence over tp), float.
 // Step 1 warms up; steps 2, 7, 12, ... run with overlap off (FsdpScheduleOptions::overlap and
@@ -14,8 +14,9 @@
 // data-parallel communication ("comm"); the other steps give the step time and its exposed part (the
 // training thread's time waiting on the data-parallel communication: FSDP's all_gathers and reduce_scatters,
 // DDP's buckets and the reductions over the other axes). The tensor-parallel collectives run inside the
-// layers and count as compute. With the check (default; --no-check skips it) the same training runs on one
-// rank in this process and the losses of every step must agree within 1e-4 (relative): exit 1 otherwise.
+// layers and count as compute. --checkpoint (tp, ddp): every block nn::Checkpointed. With the check (default;
+// --no-check skips it) the same training runs on one rank in this process and the losses of every step must
+// agree within 1e-4 (relative): exit 1 otherwise.
 #include "../common/alloc_counter.hpp"
 
 #include <dtensor/comm/collectives.hpp>
@@ -45,6 +46,8 @@ namespace {
 using Mesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"tp">>;
 using L = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel>;
 using Model = nn::LanguageModel<float, L, nn::MlpBlock>;
+template <class T, class Layout>
+using CheckpointedBlock = nn::Checkpointed<nn::MlpBlock<T, Layout>>;
 constexpr int kBlocks = 3;
 constexpr std::int64_t kBatch = 8;
 
@@ -53,7 +56,7 @@ struct Options {
   int steps = 12;
   std::int64_t tokens = 512;
   nn::TransformerConfig model{.vocab = 2048, .hidden = 256, .ffn = 1024, .norm_eps = 1e-6, .init_std = 0.02};
-  bool check = true;
+  bool check = true, checkpoint = false;
 };
 
 nn::ids_t<L> tokens(const DeviceMesh<Mesh>& mesh, const Options& o, int step, bool targets) {
@@ -140,10 +143,18 @@ Measured train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, c
     nn::FsdpTrainer<Model, Hsdp<"rep", "dp">> t(mesh, Model(mesh, o.model, kBlocks, keys), options);
     return sharded(t);
   }
+  auto replicated = [&](auto& t) {
+    std::int64_t n = 0;
+    nn::for_each_tensor(std::get<0>(t.state()), [&](const auto& w) { n += w.local().numel(); });
+    return run(t, o, n);
+  };
+  if (o.checkpoint) { // every block keeps its input only and runs again in the backward
+    using Ckpt = nn::LanguageModel<float, L, CheckpointedBlock>;
+    nn::DdpTrainer<Ckpt, "dp"> t(mesh, Ckpt(mesh, o.model, kBlocks, keys), options);
+    return replicated(t);
+  }
   nn::DdpTrainer<Model, "dp"> t(mesh, Model(mesh, o.model, kBlocks, keys), options);
-  std::int64_t n = 0;
-  nn::for_each_tensor(std::get<0>(t.state()), [&](const auto& w) { n += w.local().numel(); });
-  return run(t, o, n);
+  return replicated(t);
 }
 
 [[noreturn]] void usage(const std::string& why) {
@@ -163,6 +174,10 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--no-check") {
       o.check = false;
+      continue;
+    }
+    if (a == "--checkpoint") {
+      o.checkpoint = true;
       continue;
     }
     if (i + 1 >= argc) {

@@ -58,9 +58,11 @@ struct TrainerOptions {
 
 /// What one step did.
 struct StepResult {
-  double loss = 0;            ///< the batch's mean loss, before the step
-  double grad_norm = 0;       ///< the global 2-norm of the gradients, before clipping
-  double blocked_seconds = 0; ///< the calling thread's time waiting on the data-parallel communication
+  double loss = 0;      ///< the batch's mean loss, before the step
+  double grad_norm = 0; ///< the global 2-norm of the gradients, before clipping
+  /// The calling thread's time in the data-parallel communication: waits, and the calls that issue it
+  /// (FsdpScheduleStats::blocked_seconds; DDPReducer::ready and finish, and the other axes' reductions).
+  double blocked_seconds = 0;
 };
 
 /// f(x) for every DTensor of a nest of tuples and ranges, in order.
@@ -150,10 +152,20 @@ public:
   /// opt.step(i, parameter, gradient) for each parameter i in order.
   template <class Optimizer>
   StepResult step(const ids_type& ids, const ids_type& targets, Optimizer& opt) {
-    DDPReducer<Axis, T, Mesh> reducer(mesh_, numels_, options_.ddp);
+    const DDPOptions& d =
+        options_.ddp; // the reducer (its buckets) lives across steps; rebuilt on new options
+    if (!reducer_ || d.bucket_cap_bytes != reducer_options_.bucket_cap_bytes ||
+        d.first_bucket_cap_bytes != reducer_options_.first_bucket_cap_bytes ||
+        d.overlap != reducer_options_.overlap) {
+      reducer_.emplace(mesh_, numels_, d);
+      reducer_options_ = d;
+    }
+    DDPReducer<Axis, T, Mesh>& reducer = *reducer_;
     std::vector<std::function<void()>> complete; // after finish(): the other axes' reductions
     // Gradient I of a layer whose first parameter is `first`: to DDP now, into its slot after finish().
+    StepResult result;
     auto hand = [&](int first, auto& g, auto& slots) {
+      const auto t0 = std::chrono::steady_clock::now(); // ready() issues buckets (and waits, overlap off)
       [&]<std::size_t... I>(std::index_sequence<I...>) {
         (complete.push_back(
              [r = reducer.ready(first + int(I), std::move(std::get<I>(g))), &slot = std::get<I>(slots)] {
@@ -162,9 +174,9 @@ public:
          ...);
       }
       (std::make_index_sequence<std::tuple_size_v<std::remove_cvref_t<decltype(g)>>>{});
+      result.blocked_seconds += detail::seconds_since(t0);
     };
     const int blocks = int(model_.blocks.size());
-    StepResult result;
     result.loss = model_.step(ids, targets, [&](auto part, auto&& g) {
       using Part = decltype(part);
       if constexpr (std::is_same_v<Part, EmbeddingPart>) {
@@ -180,7 +192,7 @@ public:
     for (auto& f : complete) {
       f();
     }
-    result.blocked_seconds = detail::seconds_since(t0);
+    result.blocked_seconds += detail::seconds_since(t0);
     result.grad_norm = clip_grad_norm(options_.max_norm, grads_);
     int index = 0;
     detail::for_each_pair(params_, grads_, [&](auto& w, const auto& g) { opt.step(index++, w, g); });
@@ -204,6 +216,8 @@ private:
   Params params_;
   decltype(detail::handles_of(std::declval<const Params&>())) grads_;
   std::vector<std::int64_t> numels_;
+  std::optional<DDPReducer<Axis, T, Mesh>> reducer_;
+  DDPOptions reducer_options_;
 };
 
 /// Sharded parameters, FSDP or HSDP by Policy, compute type C, gradients reduced in ReduceT (see the top of
