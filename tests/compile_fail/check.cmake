@@ -3,7 +3,7 @@
 # ": error:" or ": fatal error:" (GCC and Clang: "file:line:col: error: static assertion failed: <message>";
 # a source line the compiler quotes, with "internal error: ..." in a string, is not one). The "In
 # instantiation of" and "required from" lines before it are context, and the errors after it do not count:
-# a case pins the message a user reads first.
+# a case pins the message a user reads first (so a case compiles with -Wfatal-errors: nothing after it).
 #
 # PCH (optional): a header holding SOURCE's preprocessor lines before its cases, precompiled next to it
 # (PCH.gch, same flags); the compile starts from it (-include), unless a header under INCLUDE is newer than
@@ -25,7 +25,9 @@ if(PCH AND EXISTS ${PCH}.gch)
   endif()
 endif()
 if(CASE)
-  list(APPEND args -DCASE_${CASE})
+  # -Wfatal-errors: the compile stops at the first error, the one a case pins (the instantiation context
+  # before it is still printed); the cascade after it would cost time and is not read.
+  list(APPEND args -DCASE_${CASE} -Wfatal-errors)
 endif()
 execute_process(COMMAND ${COMPILER} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 if(NOT CASE)

@@ -13,8 +13,10 @@
 // - The collectives of a step are pinned per layout: derived from the model's structure (its blocks, the
 //   FSDP groups, DDP's buckets), counted by CommDebugMode; every step issues the same, the second one with
 //   overlap off (TrainerOptions' ddp.overlap and schedule.overlap), which must not change the numbers.
-// - Gradient accumulation is the schedule's (tests/parallel/test_fsdp.cpp); the training state's
-//   round trip is in test_layers.cpp.
+// - Gradient accumulation: a step on 3 micro-batches of 3 rows equals a step on their 9 rows at once (loss
+//   and parameters within 1e-10, two steps) under both trainers, and the data-parallel reductions are issued
+//   once (the micro-batches' own collectives are the loss's means). The training state's round trip is in
+//   test_layers.cpp.
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/comm_debug.hpp>
@@ -30,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,10 +64,13 @@ struct Run {
   int buckets = 0; ///< DDP's buckets (replicated layouts)
 };
 
-nn::ids_t<L> tokens(const DeviceMesh<Mesh>& mesh, int step, std::int64_t shift) {
+/// Step `step`'s ids (shift 0) or targets (shift 1): rows [first_row, first_row + rows) of its batch.
+nn::ids_t<L> tokens(const DeviceMesh<Mesh>& mesh, int step, std::int64_t shift, std::int64_t rows = kBatch,
+                    std::int64_t first_row = 0) {
   return [&]<class... Q>(DTensor<std::int64_t, 2, Mesh, Q...>*) {
-    return from_global_index<std::int64_t, Q...>(mesh, {kBatch, kSeq}, [&](const auto& i) {
-      return (i[0] * 11 + i[1] * 5 + step * 3 + shift + i[1] * i[1]) % config.vocab;
+    return from_global_index<std::int64_t, Q...>(mesh, {rows, kSeq}, [&](const auto& i) {
+      const std::int64_t r = i[0] + first_row;
+      return (r * 11 + i[1] * 5 + step * 3 + shift + i[1] * i[1]) % config.vocab;
     });
   }(static_cast<nn::ids_t<L>*>(nullptr));
 }
@@ -215,7 +221,90 @@ void check(Layout layout, int rep, int dp, int tp, const std::string& name) {
   });
 }
 
+/// Two steps on 9 rows, whole or as 3 micro-batches: the losses, the final parameters, the collectives of the
+/// last step.
+template <class Trainer>
+Run accumulate(Trainer& trainer, bool micro) {
+  optim::AdamW opt({.lr = 2e-2, .weight_decay = 0.01});
+  Run run;
+  for (int s = 0; s < 2; ++s) {
+    std::vector<std::pair<nn::ids_t<L>, nn::ids_t<L>>> batches;
+    for (int k = 0; k < (micro ? 3 : 1); ++k) {
+      const std::int64_t rows = micro ? 3 : 9, first = micro ? 3 * k : 0;
+      batches.emplace_back(tokens(trainer.mesh(), s, 0, rows, first),
+                           tokens(trainer.mesh(), s, 1, rows, first));
+    }
+    CommDebugMode comm;
+    run.losses.push_back(
+        trainer.step(std::span<const std::pair<nn::ids_t<L>, nn::ids_t<L>>>(batches), opt).loss);
+    run.comms.clear();
+    for (const auto& [key, e] : comm.entries()) {
+      run.comms[key] = e.count;
+    }
+  }
+  trainer.with_gathered([&](auto& m) {
+    nn::for_each_tensor(m.parameters(), [&](const auto& w) {
+      const auto full = w.full_tensor();
+      run.params.emplace_back(full.data(), full.data() + full.numel());
+    });
+  });
+  return run;
+}
+
+void check_accumulation(bool sharded, int dp, int tp) {
+  const std::string name = std::string(sharded ? "fsdp" : "ddp") + " on (1, " + std::to_string(dp) + ", " +
+                           std::to_string(tp) + "), 3 micro-batches";
+  INFO(name);
+  testing::run_ranks(dp * tp, [&](ProcessGroup& world) {
+    const auto mesh = init_device_mesh<Mesh>(world, 1, dp, tp);
+    auto run = [&](bool micro) {
+      init::InitKeys keys(7);
+      if (sharded) {
+        nn::FsdpTrainer<Model, Fsdp<"dp">> t(mesh, Model(mesh, config, kBlocks, keys), {.max_norm = 0.5});
+        return accumulate(t, micro);
+      }
+      nn::DdpTrainer<Model, "dp"> t(
+          mesh, Model(mesh, config, kBlocks, keys),
+          {.max_norm = 0.5, .ddp = {.bucket_cap_bytes = 2048, .first_bucket_cap_bytes = 1024}});
+      return accumulate(t, micro);
+    };
+    const Run whole = run(false), micro = run(true);
+    for (std::size_t s = 0; s < whole.losses.size(); ++s) {
+      expect(std::abs(micro.losses[s] - whole.losses[s]) <= 1e-10 * std::abs(whole.losses[s]),
+             name + ": step " + std::to_string(s) + "'s loss " + std::to_string(micro.losses[s]) +
+                 ", whole batch " + std::to_string(whole.losses[s]));
+    }
+    for (std::size_t i = 0; i < whole.params.size(); ++i) {
+      for (std::size_t e = 0; e < whole.params[i].size(); ++e) {
+        const double d = std::abs(micro.params[i][e] - whole.params[i][e]);
+        expect(d <= 1e-10 * std::max(1.0, std::abs(whole.params[i][e])),
+               name + ": parameter " + std::to_string(i) + " element " + std::to_string(e) + " differs by " +
+                   std::to_string(d));
+      }
+    }
+    // The data-parallel reductions once a step: the micro-batches add only their losses' means over dp
+    // (cross_entropy's all_reduce, one per micro-batch) and their tensor-parallel collectives.
+    auto count = [](const Run& r, const std::string& op, const std::string& axes) {
+      const auto at = r.comms.find({op, axes});
+      return at == r.comms.end() ? std::int64_t{0} : at->second;
+    };
+    expect(count(micro, "reduce_scatter", "dp") == count(whole, "reduce_scatter", "dp") &&
+               count(micro, "all_reduce", "dp") == count(whole, "all_reduce", "dp") + 2,
+           name + ": the data-parallel reductions" + describe(micro.comms) + "; whole batch" +
+               describe(whole.comms));
+  });
+}
+
 } // namespace
+
+TEST_CASE("nn::DdpTrainer and nn::FsdpTrainer: K micro-batches equal one batch K times larger, reduced once",
+          "[parallel][trainer]") {
+  check_accumulation(false, 2, 1);
+  check_accumulation(false, 3, 1);
+  check_accumulation(false, 1, 2);
+  check_accumulation(true, 2, 1);
+  check_accumulation(true, 2, 2);
+}
 
 TEST_CASE("nn::DdpTrainer: tensor + sequence parallel and data parallel steps equal one rank's, collectives "
           "pinned",

@@ -80,9 +80,10 @@ public:
   auto logits(const ids_type& ids) const { return head.logits(norm.forward(hidden(ids))); }
 
   /// Forward and backward of one batch: the loss; each layer's gradients handed to `grads(part, tuple)`
-  /// as soon as the backward has them (see the top of the file).
+  /// as soon as the backward has them (see the top of the file), of the loss times `loss_scale` (1 / K for
+  /// one of K micro-batches).
   template <class F>
-  double step(const ids_type& ids, const ids_type& targets, F&& grads) const {
+  double step(const ids_type& ids, const ids_type& targets, F&& grads, double loss_scale = 1.0) const {
     auto [h0, emb_back] = embedding.forward(ids, with_backward);
     using Back = decltype(std::declval<const block_type&>().forward(h0, with_backward).backward);
     std::vector<Back> backs;
@@ -95,7 +96,7 @@ public:
     }
     auto [n, norm_back] = norm.forward(h, with_backward);
     auto [loss, head_back] = head.forward(n, targets, with_backward);
-    auto [dn, head_grads] = head_back(1.0);
+    auto [dn, head_grads] = head_back(loss_scale);
     auto [dh, norm_grads] = norm_back(dn);
     grads(HeadPart{}, std::tuple_cat(std::move(norm_grads), std::move(head_grads)));
     for (int b = int(blocks.size()) - 1; b >= 0; --b) {

@@ -22,6 +22,7 @@
 //   nn::FsdpTrainer<Model, Fsdp<"dp">> trainer(mesh, std::move(model), {.max_norm = 1.0});
 //   optim::AdamW opt({.lr = 3e-3});
 //   for (...) { opt.set_lr(lr); nn::StepResult r = trainer.step(ids, targets, opt); }
+//   trainer.step(std::span(micro_batches), opt);   // K (ids, targets) pairs: accumulated, reduced once
 //   trainer.with_gathered([&](const auto& m) { return m.loss(val_ids, val_targets); });   // evaluation
 //   std::apply([&](auto&... s) { save_training_state(dir, opt, progress, s...); }, trainer.state());
 //
@@ -33,11 +34,13 @@
 #include <cstddef>
 #include <functional>
 #include <optional>
+#include <span>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "dtensor/core/error.hpp"
 #include "dtensor/core/fixed_string.hpp"
 #include "dtensor/parallel/clip.hpp"
 #include "dtensor/parallel/ddp.hpp"
@@ -152,6 +155,16 @@ public:
   /// opt.step(i, parameter, gradient) for each parameter i in order.
   template <class Optimizer>
   StepResult step(const ids_type& ids, const ids_type& targets, Optimizer& opt) {
+    const std::pair<ids_type, ids_type> one{ids, targets};
+    return step(std::span(&one, 1), opt);
+  }
+  /// One training step on K micro-batches of equal size (gradient accumulation, DDP's no_sync): the first
+  /// K - 1 backwards add their gradients to the buckets' accumulators with no communication, the last one's
+  /// buckets carry the sum; each micro-batch's loss is scaled by 1 / K, so the step equals one on a batch K
+  /// times larger. The loss reported is the micro-batches' mean.
+  template <class Optimizer>
+  StepResult step(std::span<const std::pair<ids_type, ids_type>> micro, Optimizer& opt) {
+    DTENSOR_CHECK(!micro.empty(), "nn::DdpTrainer::step: no micro-batch to train on");
     const DDPOptions& d =
         options_.ddp; // the reducer (its buckets) lives across steps; rebuilt on new options
     if (!reducer_ || d.bucket_cap_bytes != reducer_options_.bucket_cap_bytes ||
@@ -161,9 +174,37 @@ public:
       reducer_options_ = d;
     }
     DDPReducer<Axis, T, Mesh>& reducer = *reducer_;
+    const int blocks = int(model_.blocks.size());
+    // f(index of the layer's first parameter, its gradients, their slots) for the layer `part` names.
+    auto route = [&](auto part, auto& g, auto&& f) {
+      using Part = decltype(part);
+      if constexpr (std::is_same_v<Part, EmbeddingPart>) {
+        f(0, g, std::get<0>(grads_));
+      } else if constexpr (std::is_same_v<Part, HeadPart>) {
+        f(1 + blocks * per_block, g, std::get<2>(grads_));
+      } else {
+        f(1 + part.index * per_block, g, std::get<1>(grads_)[std::size_t(part.index)]);
+      }
+    };
+    const double scale = 1.0 / double(micro.size());
+    StepResult result;
+    for (std::size_t k = 0; k + 1 < micro.size(); ++k) { // no_sync: into the buckets' accumulators
+      result.loss +=
+          scale *
+          model_.step(
+              micro[k].first, micro[k].second,
+              [&](auto part, auto&& g) {
+                route(part, g, [&](int first, auto& grads, auto&) {
+                  [&]<std::size_t... I>(std::index_sequence<I...>) {
+                    (reducer.accumulate(first + int(I), std::move(std::get<I>(grads))), ...);
+                  }
+                  (std::make_index_sequence<std::tuple_size_v<std::remove_cvref_t<decltype(grads)>>>{});
+                });
+              },
+              scale);
+    }
     std::vector<std::function<void()>> complete; // after finish(): the other axes' reductions
     // Gradient I of a layer whose first parameter is `first`: to DDP now, into its slot after finish().
-    StepResult result;
     auto hand = [&](int first, auto& g, auto& slots) {
       const auto t0 = std::chrono::steady_clock::now(); // ready() issues buckets (and waits, overlap off)
       [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -176,17 +217,9 @@ public:
       (std::make_index_sequence<std::tuple_size_v<std::remove_cvref_t<decltype(g)>>>{});
       result.blocked_seconds += detail::seconds_since(t0);
     };
-    const int blocks = int(model_.blocks.size());
-    result.loss = model_.step(ids, targets, [&](auto part, auto&& g) {
-      using Part = decltype(part);
-      if constexpr (std::is_same_v<Part, EmbeddingPart>) {
-        hand(0, g, std::get<0>(grads_));
-      } else if constexpr (std::is_same_v<Part, HeadPart>) {
-        hand(1 + blocks * per_block, g, std::get<2>(grads_));
-      } else {
-        hand(1 + part.index * per_block, g, std::get<1>(grads_)[std::size_t(part.index)]);
-      }
-    });
+    result.loss += scale * model_.step(
+                               micro.back().first, micro.back().second,
+                               [&](auto part, auto&& g) { route(part, g, hand); }, scale);
     const auto t0 = std::chrono::steady_clock::now();
     reducer.finish();
     for (auto& f : complete) {
@@ -271,42 +304,27 @@ public:
   /// opt.step(i, group) for each group i (embedding, blocks, head).
   template <class Optimizer>
   StepResult step(const ids_type& ids, const ids_type& targets, Optimizer& opt) {
-    FsdpSchedule sched(options_.schedule);
-    for_each_group([&](auto& g) { sched.add(g); });
-    using Act = act_t<L, C>;
-    std::vector<Act> inputs; // each block keeps its input only
-    inputs.reserve(blocks_.size());
-    Act h = sched.forward(embedding_,
-                          [&](const auto& w) { return model_.embedding.with_parameters(w).forward(ids); });
-    for (std::size_t b = 0; b < blocks_.size(); ++b) {
-      inputs.push_back(h);
-      h = sched.forward(blocks_[b],
-                        [&](const auto&... p) { return model_.blocks[b].with_parameters(p...).forward(h); });
-    }
+    const std::pair<ids_type, ids_type> one{ids, targets};
+    return step(std::span(&one, 1), opt);
+  }
+  /// One training step on K micro-batches of equal size (gradient accumulation, FSDP2's
+  /// set_requires_gradient_sync(false)): the first K - 1 backwards add each group's gradients to its
+  /// unsharded accumulator with no reduction, the last one's reduce_scatters carry the sum; each
+  /// micro-batch's loss is scaled by 1 / K, so the step equals one on a batch K times larger. The loss
+  /// reported is the micro-batches' mean.
+  template <class Optimizer>
+  StepResult step(std::span<const std::pair<ids_type, ids_type>> micro, Optimizer& opt) {
+    DTENSOR_CHECK(!micro.empty(), "nn::FsdpTrainer::step: no micro-batch to train on");
+    const double scale = 1.0 / double(micro.size());
     StepResult result;
-    std::optional<Act> dh;
-    sched.backward(head_, [&](const auto& g, const auto& w) { // the head's forward and backward at once
-      auto [n, norm_back] = model_.norm.with_parameters(g).forward(h, with_backward);
-      auto [l, head_back] = model_.head.with_parameters(w).forward(n, targets, with_backward);
-      result.loss = double(l.full_tensor().to(Device::cpu()).data()[0]);
-      auto [dn, head_grads] = head_back(1.0);
-      auto [d, norm_grads] = norm_back(dn);
-      dh.emplace(std::move(d));
-      return std::tuple_cat(std::move(norm_grads), std::move(head_grads));
-    });
-    for (std::size_t b = blocks_.size(); b-- > 0;) {
-      sched.backward(blocks_[b], [&](const auto&... p) {
-        auto [dx, grads] =
-            model_.blocks[b].with_parameters(p...).forward(inputs[b], with_backward).backward(*dh);
-        dh.emplace(std::move(dx));
-        return grads;
-      });
+    for (std::size_t k = 0; k < micro.size(); ++k) {
+      FsdpSchedule sched(options_.schedule);
+      for_each_group([&](auto& g) { sched.add(g); });
+      sched.set_requires_gradient_sync(k + 1 == micro.size());
+      result.loss += scale * forward_backward(sched, micro[k].first, micro[k].second, scale);
+      sched.finish();
+      result.blocked_seconds += sched.stats().blocked_seconds;
     }
-    sched.backward(embedding_, [&](const auto& w) {
-      return model_.embedding.with_parameters(w).forward(ids, with_backward).backward(*dh).params;
-    });
-    sched.finish();
-    result.blocked_seconds = sched.stats().blocked_seconds;
     result.grad_norm = clip_grad_norm(options_.max_norm, embedding_, blocks_, head_);
     int index = 0;
     for_each_group([&](auto& g) {
@@ -346,6 +364,43 @@ public:
   auto state() { return std::tie(embedding_, blocks_, head_); }
 
 private:
+  /// Forward and backward of one batch under `sched`, the loss's gradient scaled by `scale`: the loss.
+  double forward_backward(FsdpSchedule& sched, const ids_type& ids, const ids_type& targets, double scale) {
+    using Act = act_t<L, C>;
+    std::vector<Act> inputs; // each block keeps its input only
+    inputs.reserve(blocks_.size());
+    Act h = sched.forward(embedding_,
+                          [&](const auto& w) { return model_.embedding.with_parameters(w).forward(ids); });
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      inputs.push_back(h);
+      h = sched.forward(blocks_[b],
+                        [&](const auto&... p) { return model_.blocks[b].with_parameters(p...).forward(h); });
+    }
+    double loss = 0;
+    std::optional<Act> dh;
+    sched.backward(head_, [&](const auto& g, const auto& w) { // the head's forward and backward at once
+      auto [n, norm_back] = model_.norm.with_parameters(g).forward(h, with_backward);
+      auto [l, head_back] = model_.head.with_parameters(w).forward(n, targets, with_backward);
+      loss = double(l.full_tensor().to(Device::cpu()).data()[0]);
+      auto [dn, head_grads] = head_back(scale);
+      auto [d, norm_grads] = norm_back(dn);
+      dh.emplace(std::move(d));
+      return std::tuple_cat(std::move(norm_grads), std::move(head_grads));
+    });
+    for (std::size_t b = blocks_.size(); b-- > 0;) {
+      sched.backward(blocks_[b], [&](const auto&... p) {
+        auto [dx, grads] =
+            model_.blocks[b].with_parameters(p...).forward(inputs[b], with_backward).backward(*dh);
+        dh.emplace(std::move(dx));
+        return grads;
+      });
+    }
+    sched.backward(embedding_, [&](const auto& w) {
+      return model_.embedding.with_parameters(w).forward(ids, with_backward).backward(*dh).params;
+    });
+    return loss;
+  }
+
   template <class F>
   void for_each_group(F&& f) {
     f(embedding_);
