@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo command: installs what is missing, builds the GPT example and the launcher (Release, in
-# build-release/: the demo prints tokens/s; the test build is -Og), and trains the character-level GPT of
+# build-release/: the demo prints tokens/s; the test build is -O0), and trains the character-level GPT of
 # examples/09_gpt.cpp on the fortunes text as 4 CPU ranks (4 processes over gloo on this machine), FSDP x
 # tensor + sequence parallel on (dp=2, cp=1, tp=2), about two minutes; then writes the loss curves as
 # build-release/demo/gpt_loss.csv and gpt_loss.png (gnuplot). Arguments go to the example (e.g. --layout

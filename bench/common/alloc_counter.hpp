@@ -11,6 +11,8 @@
 //   work();
 //   auto extra = bench::alloc::peak() - before;
 
+#include "alloc_counter_api.hpp"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -20,24 +22,6 @@
 #include <malloc.h>
 
 namespace bench::alloc {
-
-inline std::atomic<std::int64_t> g_live{0};
-inline std::atomic<std::int64_t> g_peak{0};
-inline std::atomic<std::int64_t> g_count{0};
-
-inline std::int64_t live() noexcept {
-  return g_live.load(std::memory_order_relaxed);
-}
-inline std::int64_t peak() noexcept {
-  return g_peak.load(std::memory_order_relaxed);
-}
-inline std::int64_t count() noexcept {
-  return g_count.load(std::memory_order_relaxed);
-}
-/// The peak restarts from the current live count.
-inline void reset_peak() noexcept {
-  g_peak.store(live(), std::memory_order_relaxed);
-}
 
 inline void note_alloc(void* p) noexcept {
   const auto n = static_cast<std::int64_t>(malloc_usable_size(p));

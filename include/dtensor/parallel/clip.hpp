@@ -46,6 +46,7 @@
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/ops/typed_rules.hpp"
+#include "dtensor/parallel/nest.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor {
@@ -259,18 +260,13 @@ requires(!GradientTensorOrHolder<G> && !is_tuple<G>::value) struct gradient_of<G
 template <class G>
 using gradient_of_t = typename gradient_of<G>::type;
 
+template <class G>
+struct is_gradient_leaf : std::bool_constant<GradientTensorOrHolder<G>> {};
+
 /// f(gradient) for every gradient of the source, in order.
 template <class G, class F>
 void for_each_gradient(const G& g, F&& f) {
-  if constexpr (GradientTensorOrHolder<G>) {
-    f(g);
-  } else if constexpr (is_tuple<G>::value) {
-    std::apply([&](const auto&... e) { (for_each_gradient(e, f), ...); }, g);
-  } else {
-    for (const auto& e : g) {
-      for_each_gradient(e, f);
-    }
-  }
+  for_each_leaf<is_gradient_leaf>(g, f);
 }
 
 /// The axes where a gradient's shards differ, this rank's share of its sum, its device, scaling.

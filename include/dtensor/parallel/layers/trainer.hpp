@@ -35,6 +35,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -48,6 +49,7 @@
 #include "dtensor/parallel/layers/layout.hpp"
 #include "dtensor/parallel/layers/model.hpp"
 #include "dtensor/parallel/layers/module.hpp"
+#include "dtensor/parallel/nest.hpp"
 #include "dtensor/parallel/schedule.hpp"
 
 namespace dtensor::nn {
@@ -68,40 +70,20 @@ struct StepResult {
   double blocked_seconds = 0;
 };
 
-/// f(x) for every DTensor of a nest of tuples and ranges, in order.
+namespace detail {
+
+template <class V>
+struct is_dtensor_leaf : std::bool_constant<AnyDTensor<V>> {};
+
+} // namespace detail
+
+/// f(x) for every DTensor x of a nest of tuples and ranges (a model's parameters()), in order.
 template <class P, class F>
 void for_each_tensor(P&& p, F&& f) {
-  using V = std::remove_cvref_t<P>;
-  if constexpr (AnyDTensor<V>) {
-    f(p);
-  } else if constexpr (requires { std::tuple_size<V>::value; }) {
-    std::apply([&](auto&&... e) { (for_each_tensor(e, f), ...); }, p);
-  } else {
-    for (auto&& e : p) {
-      for_each_tensor(e, f);
-    }
-  }
+  dtensor::detail::for_each_leaf<detail::is_dtensor_leaf>(p, f);
 }
 
 namespace detail {
-
-/// f(x, y) for the DTensors of two nests of the same shape, in order.
-template <class A, class B, class F>
-void for_each_pair(A&& a, B&& b, F&& f) {
-  using V = std::remove_cvref_t<A>;
-  if constexpr (AnyDTensor<V>) {
-    f(a, b);
-  } else if constexpr (requires { std::tuple_size<V>::value; }) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (for_each_pair(std::get<I>(a), std::get<I>(b), f), ...);
-    }
-    (std::make_index_sequence<std::tuple_size_v<V>>{});
-  } else {
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      for_each_pair(a[i], b[i], f);
-    }
-  }
-}
 
 /// A nest of references made a nest of handles (DTensor copies share their memory).
 template <class P>
@@ -124,47 +106,73 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-} // namespace detail
-
-/// Replicated parameters, DDP over the mesh axis `Axis` (see the top of the file).
-template <class Model, fixed_string Axis = "dp">
-class DdpTrainer {
-  using T = typename Model::value_type;
+/// What the trainers share: the mesh, the options, and the step on one batch as a span of one micro-batch.
+/// Derived has step(std::span<const std::pair<ids_type, ids_type>>, Optimizer&).
+template <class Derived, class Model>
+class TrainerBase {
   using Mesh = typename Model::layout_type::mesh_shape;
-  using Params = decltype(std::declval<Model&>().parameters());
-  static constexpr int per_block = int(std::tuple_size_v<typename Model::block_type::parameter_types>);
 
 public:
   using model_type = Model;
   using ids_type = typename Model::ids_type;
 
-  DdpTrainer(const DeviceMesh<Mesh>& mesh, Model model, TrainerOptions options = {})
-      : mesh_(mesh), model_(std::move(model)), options_(options), params_(model_.parameters()),
-        grads_(detail::handles_of(params_)) {
-    for_each_tensor(params_, [&](const auto& w) { numels_.push_back(w.local().numel()); });
-  }
-  DdpTrainer(const DdpTrainer&) = delete;
-  DdpTrainer& operator=(const DdpTrainer&) = delete;
+  TrainerBase(const TrainerBase&) = delete;
+  TrainerBase& operator=(const TrainerBase&) = delete;
 
   const DeviceMesh<Mesh>& mesh() const noexcept { return mesh_; }
   /// The options; changes apply from the next step (e.g. overlap off for a step that measures the whole
   /// communication: options().ddp.overlap, options().schedule.overlap).
   TrainerOptions& options() noexcept { return options_; }
 
-  /// One training step on (ids, targets): forward, backward with the buckets reduced as it runs, clip,
-  /// opt.step(i, parameter, gradient) for each parameter i in order.
+  /// One training step on (ids, targets): Derived's step on one micro-batch.
   template <class Optimizer>
   StepResult step(const ids_type& ids, const ids_type& targets, Optimizer& opt) {
     const std::pair<ids_type, ids_type> one{ids, targets};
-    return step(std::span(&one, 1), opt);
+    return static_cast<Derived&>(*this).step(std::span(&one, 1), opt);
   }
+
+protected:
+  TrainerBase(const DeviceMesh<Mesh>& mesh, TrainerOptions options) : mesh_(mesh), options_(options) {}
+  ~TrainerBase() = default;
+
+  static void check_not_empty(std::span<const std::pair<ids_type, ids_type>> micro, const char* who) {
+    DTENSOR_CHECK(!micro.empty(), std::string(who) + "::step: no micro-batch to train on");
+  }
+
+  DeviceMesh<Mesh> mesh_;
+  TrainerOptions options_;
+};
+
+} // namespace detail
+
+/// Replicated parameters, DDP over the mesh axis `Axis` (see the top of the file).
+template <class Model, fixed_string Axis = "dp">
+class DdpTrainer : public detail::TrainerBase<DdpTrainer<Model, Axis>, Model> {
+  using Base = detail::TrainerBase<DdpTrainer<Model, Axis>, Model>;
+  using T = typename Model::value_type;
+  using Mesh = typename Model::layout_type::mesh_shape;
+  using Params = decltype(std::declval<Model&>().parameters());
+  static constexpr int per_block = int(std::tuple_size_v<typename Model::block_type::parameter_types>);
+  using Base::mesh_;
+  using Base::options_;
+
+public:
+  using Base::step;
+  using typename Base::ids_type;
+
+  DdpTrainer(const DeviceMesh<Mesh>& mesh, Model model, TrainerOptions options = {})
+      : Base(mesh, options), model_(std::move(model)), params_(model_.parameters()),
+        grads_(detail::handles_of(params_)) {
+    for_each_tensor(params_, [&](const auto& w) { numels_.push_back(w.local().numel()); });
+  }
+
   /// One training step on K micro-batches of equal size (gradient accumulation, DDP's no_sync): the first
   /// K - 1 backwards add their gradients to the buckets' accumulators with no communication, the last one's
   /// buckets carry the sum; each micro-batch's loss is scaled by 1 / K, so the step equals one on a batch K
   /// times larger. The loss reported is the micro-batches' mean.
   template <class Optimizer>
   StepResult step(std::span<const std::pair<ids_type, ids_type>> micro, Optimizer& opt) {
-    DTENSOR_CHECK(!micro.empty(), "nn::DdpTrainer::step: no micro-batch to train on");
+    Base::check_not_empty(micro, "nn::DdpTrainer");
     const DDPOptions& d =
         options_.ddp; // the reducer (its buckets) lives across steps; rebuilt on new options
     if (!reducer_ || d.bucket_cap_bytes != reducer_options_.bucket_cap_bytes ||
@@ -203,32 +211,29 @@ public:
               },
               scale);
     }
-    std::vector<std::function<void()>> complete; // after finish(): the other axes' reductions
-    // Gradient I of a layer whose first parameter is `first`: to DDP now, into its slot after finish().
-    auto hand = [&](int first, auto& g, auto& slots) {
+    deferred_.clear();
+    // A layer's gradients, its first parameter's index `first`: to DDP now, into their slots (see hand).
+    auto hand_layer = [&](int first, auto& g, auto& slots) {
       const auto t0 = std::chrono::steady_clock::now(); // ready() issues buckets (and waits, overlap off)
       [&]<std::size_t... I>(std::index_sequence<I...>) {
-        (complete.push_back(
-             [r = reducer.ready(first + int(I), std::move(std::get<I>(g))), &slot = std::get<I>(slots)] {
-               slot = detail::gradient_as<std::remove_cvref_t<decltype(slot)>>(r);
-             }),
-         ...);
+        (hand(reducer, first + int(I), std::move(std::get<I>(g)), std::get<I>(slots)), ...);
       }
       (std::make_index_sequence<std::tuple_size_v<std::remove_cvref_t<decltype(g)>>>{});
       result.blocked_seconds += detail::seconds_since(t0);
     };
     result.loss += scale * model_.step(
                                micro.back().first, micro.back().second,
-                               [&](auto part, auto&& g) { route(part, g, hand); }, scale);
+                               [&](auto part, auto&& g) { route(part, g, hand_layer); }, scale);
     const auto t0 = std::chrono::steady_clock::now();
     reducer.finish();
-    for (auto& f : complete) {
+    for (auto& f : deferred_) {
       f();
     }
     result.blocked_seconds += detail::seconds_since(t0);
     result.grad_norm = clip_grad_norm(options_.max_norm, grads_);
     int index = 0;
-    detail::for_each_pair(params_, grads_, [&](auto& w, const auto& g) { opt.step(index++, w, g); });
+    dtensor::detail::for_each_leaf_pair<detail::is_dtensor_leaf>(
+        params_, grads_, [&](auto& w, const auto& g) { opt.step(index++, w, g); });
     return result;
   }
 
@@ -243,21 +248,35 @@ public:
   auto state() { return std::tie(params_); }
 
 private:
-  DeviceMesh<Mesh> mesh_;
+  /// Gradient `index` to the reducer. Its slot shares the memory of what ready() returns, which holds the
+  /// reduced value once finish() returned; a gradient Partial over other axes too (a second batch axis,
+  /// cp, tp for the norms' weights under sequence parallelism) is reduced over them into its slot after
+  /// finish(), in order.
+  template <class G, class Slot>
+  void hand(DDPReducer<Axis, T, Mesh>& reducer, int index, G&& g, Slot& slot) {
+    auto r = reducer.ready(index, std::forward<G>(g));
+    if constexpr (std::is_same_v<decltype(r), Slot>) {
+      slot = std::move(r);
+    } else {
+      deferred_.push_back([r = std::move(r), &slot] { slot = detail::gradient_as<Slot>(r); });
+    }
+  }
+
   Model model_;
-  TrainerOptions options_;
   Params params_;
   decltype(detail::handles_of(std::declval<const Params&>())) grads_;
   std::vector<std::int64_t> numels_;
   std::optional<DDPReducer<Axis, T, Mesh>> reducer_;
   DDPOptions reducer_options_;
+  std::vector<std::function<void()>> deferred_; // hand's reductions over the other axes, after finish()
 };
 
 /// Sharded parameters, FSDP or HSDP by Policy, compute type C, gradients reduced in ReduceT (see the top of
 /// the file).
 template <class Model, class Policy, class C = typename Model::value_type,
           class ReduceT = typename Model::value_type>
-class FsdpTrainer {
+class FsdpTrainer : public detail::TrainerBase<FsdpTrainer<Model, Policy, C, ReduceT>, Model> {
+  using Base = detail::TrainerBase<FsdpTrainer<Model, Policy, C, ReduceT>, Model>;
   using T = typename Model::value_type;
   using L = typename Model::layout_type;
   using Mesh = typename L::mesh_shape;
@@ -266,6 +285,7 @@ class FsdpTrainer {
   using BlockGroup = FlatParamGroup<T, Mesh, Policy, params_of<typename Model::block_type>, ReduceT, C>;
   using HeadGroup =
       FlatParamGroup<T, Mesh, Policy, params_of_layers<RmsNorm<T, L>, LmHead<T, L>>, ReduceT, C>;
+  using Base::options_;
 
   template <class G, class P>
   static G group_of(const P& params) {
@@ -273,13 +293,13 @@ class FsdpTrainer {
   }
 
 public:
-  using model_type = Model;
-  using ids_type = typename Model::ids_type;
+  using Base::step;
+  using typename Base::ids_type;
 
   /// The groups copy the model's parameters into their shards; the model keeps its layers' configuration
   /// only (nn::release_parameters).
   FsdpTrainer(const DeviceMesh<Mesh>& mesh, Model model, TrainerOptions options = {})
-      : mesh_(mesh), model_(std::move(model)), options_(options),
+      : Base(mesh, options), model_(std::move(model)),
         embedding_(group_of<EmbGroup>(model_.embedding.parameters())),
         head_(group_of<HeadGroup>(std::tuple_cat(model_.norm.parameters(), model_.head.parameters()))) {
     for (auto& b : model_.blocks) {
@@ -292,29 +312,15 @@ public:
     release_parameters(model_.norm);
     release_parameters(model_.head);
   }
-  FsdpTrainer(const FsdpTrainer&) = delete;
-  FsdpTrainer& operator=(const FsdpTrainer&) = delete;
-
-  const DeviceMesh<Mesh>& mesh() const noexcept { return mesh_; }
-  /// The options; changes apply from the next step (e.g. overlap off for a step that measures the whole
-  /// communication: options().ddp.overlap, options().schedule.overlap).
-  TrainerOptions& options() noexcept { return options_; }
-
-  /// One training step on (ids, targets) under FsdpSchedule, then clip over the groups and
-  /// opt.step(i, group) for each group i (embedding, blocks, head).
-  template <class Optimizer>
-  StepResult step(const ids_type& ids, const ids_type& targets, Optimizer& opt) {
-    const std::pair<ids_type, ids_type> one{ids, targets};
-    return step(std::span(&one, 1), opt);
-  }
-  /// One training step on K micro-batches of equal size (gradient accumulation, FSDP2's
+  /// One training step under FsdpSchedule, then clip over the groups and opt.step(i, group) for each group
+  /// i (embedding, blocks, head); on K micro-batches of equal size (gradient accumulation, FSDP2's
   /// set_requires_gradient_sync(false)): the first K - 1 backwards add each group's gradients to its
   /// unsharded accumulator with no reduction, the last one's reduce_scatters carry the sum; each
   /// micro-batch's loss is scaled by 1 / K, so the step equals one on a batch K times larger. The loss
   /// reported is the micro-batches' mean.
   template <class Optimizer>
   StepResult step(std::span<const std::pair<ids_type, ids_type>> micro, Optimizer& opt) {
-    DTENSOR_CHECK(!micro.empty(), "nn::FsdpTrainer::step: no micro-batch to train on");
+    Base::check_not_empty(micro, "nn::FsdpTrainer");
     const double scale = 1.0 / double(micro.size());
     StepResult result;
     for (std::size_t k = 0; k < micro.size(); ++k) {
@@ -381,7 +387,7 @@ private:
     sched.backward(head_, [&](const auto& g, const auto& w) { // the head's forward and backward at once
       auto [n, norm_back] = model_.norm.with_parameters(g).forward(h, with_backward);
       auto [l, head_back] = model_.head.with_parameters(w).forward(n, targets, with_backward);
-      loss = double(l.full_tensor().to(Device::cpu()).data()[0]);
+      loss = double(l.full_tensor().item());
       auto [dn, head_grads] = head_back(scale);
       auto [d, norm_grads] = norm_back(dn);
       dh.emplace(std::move(d));
@@ -410,9 +416,7 @@ private:
     f(head_);
   }
 
-  DeviceMesh<Mesh> mesh_;
   Model model_;
-  TrainerOptions options_;
   EmbGroup embedding_;
   std::vector<BlockGroup> blocks_;
   HeadGroup head_;

@@ -1,0 +1,155 @@
+#pragma once
+// bench_train's harness (bench/train/train_bench.cpp has the whole description): the mesh and layout, the
+// options, the tokens of a step, and train_layout<Block>, which trains an nn::LanguageModel of Block in one
+// layout and measures it. Each model is instantiated in its own translation unit.
+#include "../common/alloc_counter_api.hpp"
+
+#include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/parallel/fsdp.hpp>
+#include <dtensor/parallel/layers/model.hpp>
+#include <dtensor/parallel/layers/module.hpp>
+#include <dtensor/parallel/layers/trainer.hpp>
+#include <dtensor/parallel/optim.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <sys/resource.h>
+
+namespace bench::train {
+
+using namespace dtensor;
+
+using Mesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"tp">>;
+using L = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel>;
+constexpr int kBlocks = 3;
+constexpr std::int64_t kBatch = 8;
+
+struct Options {
+  std::string layout = "fsdp_tp", json, model_kind = "mlp";
+  int steps = 12;
+  std::int64_t tokens = 512;
+  nn::TransformerConfig model{.vocab = 2048, .hidden = 256, .ffn = 1024, .norm_eps = 1e-6, .init_std = 0.02};
+  bool check = true, checkpoint = false, mixed = false;
+};
+
+inline nn::ids_t<L> tokens(const DeviceMesh<Mesh>& mesh, const Options& o, int step, bool targets) {
+  const std::int64_t seq = o.tokens / kBatch;
+  return [&]<class... Q>(DTensor<std::int64_t, 2, Mesh, Q...>*) {
+    return from_global_index<std::int64_t, Q...>(mesh, {kBatch, seq}, [&](const auto& i) {
+      const std::uint64_t z =
+          (std::uint64_t(step) * 1000003u + std::uint64_t(i[0] * seq + i[1]) * 7919u) * 2654435761u;
+      const std::int64_t id = std::int64_t((z >> 16) % std::uint64_t(o.model.vocab));
+      return targets ? (3 * id + 1) % o.model.vocab : id;
+    });
+  }(static_cast<nn::ids_t<L>*>(nullptr));
+}
+
+inline double minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_minflt);
+}
+
+/// What a run measured (rank 0's means over the steps of each kind, in seconds).
+struct Measured {
+  std::vector<double> losses;
+  double step = 0, exposed = 0, serial_step = 0, comm = 0, faults = 0;
+  std::int64_t heap_start = 0, heap_peak = 0, heap_end = 0, state_bytes = 0;
+};
+
+template <class Trainer>
+Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
+  optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
+  Measured m;
+  m.heap_start = bench::alloc::live();
+  m.state_bytes = param_elements * std::int64_t(sizeof(float)) * 4; // parameter, gradient, 2 moments
+  int overlapped = 0, serial = 0;
+  for (int s = 0; s < o.steps; ++s) {
+    const bool serial_step = s % 5 == 1; // 2, 7, 12, ... (1-based): overlap off
+    trainer.options().ddp.overlap = trainer.options().schedule.overlap = !serial_step;
+    const auto ids = tokens(trainer.mesh(), o, s, false), targets = tokens(trainer.mesh(), o, s, true);
+    if (s == 1) {
+      bench::alloc::reset_peak();
+    }
+    const double f0 = minor_faults();
+    const auto t0 = std::chrono::steady_clock::now();
+    const nn::StepResult r = trainer.step(ids, targets, opt);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    m.losses.push_back(r.loss);
+    if (s == 0) {
+      continue; // warm-up
+    }
+    if (serial_step) {
+      m.serial_step += took, m.comm += r.blocked_seconds, ++serial;
+    } else {
+      m.step += took, m.exposed += r.blocked_seconds, m.faults += minor_faults() - f0, ++overlapped;
+    }
+  }
+  m.heap_peak = o.steps > 1 ? bench::alloc::peak() : 0;
+  m.heap_end = bench::alloc::live();
+  const double a = std::max(1, overlapped), b = std::max(1, serial);
+  m.step /= a, m.exposed /= a, m.faults /= a, m.serial_step /= b, m.comm /= b;
+  return m;
+}
+
+template <template <class, class> class Block>
+struct CheckpointedOf {
+  template <class T, class Layout>
+  using type = nn::Checkpointed<Block<T, Layout>>;
+};
+
+/// Trains a LanguageModel<float, L, Block> of kBlocks blocks in `layout` (o.checkpoint: every block
+/// nn::Checkpointed, tp and ddp; o.mixed: bfloat16 compute, fsdp and fsdp_tp) and measures it.
+template <template <class, class> class Block>
+Measured train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, const Options& o) {
+  using Model = nn::LanguageModel<float, L, Block>;
+  init::InitKeys keys(2024);
+  // 4 KiB buckets as torch_train.py's DDP (bucket_cap_mb), a clip that binds early.
+  const nn::TrainerOptions options{.max_norm = 0.5,
+                                   .ddp = {.bucket_cap_bytes = 4096, .first_bucket_cap_bytes = 2048}};
+  auto sharded = [&](auto& t) {
+    std::int64_t n = 0;
+    std::apply(
+        [&](auto& e, auto& blocks, auto& h) {
+          n += e.local_param().numel() + h.local_param().numel();
+          for (auto& g : blocks) {
+            n += g.local_param().numel();
+          }
+        },
+        t.state());
+    return run(t, o, n);
+  };
+  if ((layout == "fsdp" || layout == "fsdp_tp") && o.mixed) {
+    nn::FsdpTrainer<Model, Fsdp<"dp">, bfloat16> t(mesh, Model(mesh, o.model, kBlocks, keys), options);
+    return sharded(t);
+  } else if (layout == "fsdp" || layout == "fsdp_tp") {
+    nn::FsdpTrainer<Model, Fsdp<"dp">> t(mesh, Model(mesh, o.model, kBlocks, keys), options);
+    return sharded(t);
+  } else if (layout == "hsdp") {
+    nn::FsdpTrainer<Model, Hsdp<"rep", "dp">> t(mesh, Model(mesh, o.model, kBlocks, keys), options);
+    return sharded(t);
+  }
+  auto replicated = [&](auto& t) {
+    std::int64_t n = 0;
+    nn::for_each_tensor(std::get<0>(t.state()), [&](const auto& w) { n += w.local().numel(); });
+    return run(t, o, n);
+  };
+  if (o.checkpoint) { // every block keeps its input only and runs again in the backward
+    using Ckpt = nn::LanguageModel<float, L, CheckpointedOf<Block>::template type>;
+    nn::DdpTrainer<Ckpt, "dp"> t(mesh, Ckpt(mesh, o.model, kBlocks, keys), options);
+    return replicated(t);
+  }
+  nn::DdpTrainer<Model, "dp"> t(mesh, Model(mesh, o.model, kBlocks, keys), options);
+  return replicated(t);
+}
+
+/// The two models, each instantiated in its own translation unit (train_mlp.cpp, train_gpt.cpp).
+Measured train_mlp(const DeviceMesh<Mesh>& mesh, const std::string& layout, const Options& o);
+Measured train_gpt(const DeviceMesh<Mesh>& mesh, const std::string& layout, const Options& o);
+
+} // namespace bench::train
