@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Joins the passes of bench/train/train_vs_torch.sh into one table and bench/results/train_vs_torch_n<N>.json.
 
-    bench/train/join.py [--out bench/results] [--markdown] --ranks N PASS_DIR [PASS_DIR ...]
+    bench/train/join.py [--out bench/results] [--name train_vs_torch] [--markdown] --ranks N PASS_DIR [PASS_DIR ...]
 
 Each PASS_DIR holds ours_<size>_<layout>.json (bench_train --json) and, for tp and ddp, torch_<size>_<layout>.json
 (torch_train.py --json). Per (size, layout): ours_ms / ref_ms = the median over passes of rank 0's mean step
@@ -36,6 +36,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--name", default="train_vs_torch", help="the results file: <out>/<name>_n<N>.json")
     ap.add_argument("--ranks", type=int, required=True)
     ap.add_argument("passes", nargs="+")
     args = ap.parse_args()
@@ -63,8 +64,9 @@ def main():
                 if x["check"] == "FAILED":
                     problems.append(f"{size} {layout}: a run failed its check ({x['suite']})")
             m = lambda key, rows: med(r[key] for r in rows)
-            rec = {"suite": "train", "name": f"{size} {layout}", "layout": layout, "backend": "gloo",
-                   "ranks": args.ranks, "dtype": "float32", "mesh": o[0]["mesh"], "blocks": o[0]["blocks"],
+            rec = {"suite": "train", "name": f"{size} {layout}", "model": o[0].get("model", "mlp"),
+                   "layout": layout, "backend": "gloo", "ranks": args.ranks, "dtype": "float32",
+                   "mesh": o[0]["mesh"], "blocks": o[0]["blocks"],
                    "tokens": o[0]["tokens"], "hidden": o[0]["hidden"], "ffn": o[0]["ffn"], "vocab": o[0]["vocab"],
                    "steps": o[0]["steps"], "passes": len(o),
                    "ours_ms": m("step_ms", o), "ours_min_ms": min(r["step_ms"] for r in o),
@@ -94,7 +96,7 @@ def main():
                 "ok: numerics and collectives pinned by tests/parallel/test_trainer" + ("; torch equal to one process" if t else "")
             out.append(rec)
     if args.out:
-        path = os.path.join(args.out, f"train_vs_torch_n{args.ranks}.json")
+        path = os.path.join(args.out, f"{args.name}_n{args.ranks}.json")
         with open(path, "w") as f:
             f.write("[\n" + ",\n".join("  " + json.dumps(x) for x in out) + "\n]\n")
         print(f"wrote {path} ({len(out)} rows)")
@@ -114,7 +116,8 @@ def main():
                      f"{x['exposed_pct']:.0f} / {x['serial_exposed_pct']:.0f}",
                      f1(x.get("ref_comm_ms")), f"{f0(x['minor_faults_per_step'])} / {f0(x.get('ref_minor_faults_per_step'))}",
                      f"{x['heap_peak_bytes'] / 1e6:.1f}", f"{x['state_bytes'] / 1e6:.1f}"])
-    print(f"\nTraining step (06_train's model), gloo, {args.ranks} processes of 1 thread, float32 (ms: rank 0's mean "
+    what = "09_gpt's GPT" if args.name.endswith("_gpt") else "06_train's model"
+    print(f"\nTraining step ({what}), gloo, {args.ranks} processes of 1 thread, float32 (ms: rank 0's mean "
           f"step, median over {len(args.passes)} passes, ours and torch alternating)")
     if args.markdown:
         print("| " + " | ".join(head) + " |")

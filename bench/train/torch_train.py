@@ -1,9 +1,17 @@
 #!/usr/bin/python3
-"""The model of examples/06_train.cpp trained through torch 1.13 (the reference of bench/train/train_vs_torch.sh).
+"""bench_train's models trained through torch 1.13 (the reference of bench/train/train_vs_torch.sh).
 
     dtensor-run --standalone --rank0-store --nproc-per-node 4 /usr/bin/python3 bench/train/torch_train.py \
-        --layout tp|ddp [--steps N] [--tokens T --hidden H --ffn F --vocab V] [--check-steps K] \
-        [--threads 1] [--json FILE]
+        --layout tp|ddp [--model mlp|gpt] [--steps N] [--tokens T --hidden H --ffn F --vocab V] \
+        [--heads N --kv-heads N] [--check-steps K] [--threads 1] [--json FILE]
+
+--model gpt: the GPT of examples/09_gpt.cpp as bench_train --model gpt builds it: per block h + attention(
+rms_norm(h)) then h + W_down(silu(W_gate x) * W_up x) with x = rms_norm(h); causal attention with grouped-query
+heads (--heads sharing --kv-heads, 8 and 4 by default), RoPE (base 10000) on q and k, softmax(Q K^T / sqrt(d)) V
+materialised (torch 1.13 has no fused attention); the tokens 8 sequences of T / 8, laid out (S, B) as Megatron
+does. Its tp layout adds to the one below: q, k, v column-parallel (the heads over the ranks), the output
+projection row-parallel, a sequence all_gather before and a reduce_scatter after each of attention and the MLP.
+The default, --model mlp:
 
 The model, as bench_train builds it (nn::LanguageModel of nn::MlpBlock): a vocab-parallel embedding (V, H), 3 blocks of h + W2 gelu(W1 rms_norm(h))
 with rms_norm gains (H), W1 (F, H), W2 (H, F), a final rms_norm and a head W_out (V, H); cross entropy, the mean
@@ -72,6 +80,51 @@ def init_full(args):
     for _ in range(BLOCKS):
         p += [torch.ones(h), kaiming(f, h), kaiming(h, f)]
     return p + [torch.ones(h), kaiming(v, h)]
+
+
+def init_full_gpt(args):
+    """The GPT's full parameters: emb, (g1, wq, wk, wv, wo, g2, w_gate, w_up, w_down) per block, gf, out."""
+    torch.manual_seed(2024)
+    h, f, v, kvd = args.hidden, args.ffn, args.vocab, args.hidden // args.heads * args.kv_heads
+
+    def kaiming(rows, cols):
+        w = torch.empty(rows, cols)
+        torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+        return w
+
+    p = [torch.randn(v, h) * 0.1]
+    for _ in range(BLOCKS):
+        p += [torch.ones(h), kaiming(h, h), kaiming(kvd, h), kaiming(kvd, h), kaiming(h, h), torch.ones(h),
+              kaiming(f, h), kaiming(f, h), kaiming(h, f)]
+    return p + [torch.ones(h), kaiming(v, h)]
+
+
+def rope(x):
+    """Rotary position embedding of x (S, B, heads, hd) over its first dimension (positions 0 .. S-1), base
+    10000, the pairs (2i, 2i + 1) rotated."""
+    s, hd = x.shape[0], x.shape[-1]
+    inv = 10000.0 ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+    ang = torch.arange(s, dtype=torch.float32)[:, None] * inv[None, :]  # (S, hd/2)
+    c, sn = ang.cos()[:, None, None, :], ang.sin()[:, None, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x0 * c - x1 * sn, x0 * sn + x1 * c], -1).flatten(-2)
+
+
+def attention(x, wq, wk, wv, wo, hd):
+    """Causal softmax(Q K^T / sqrt(hd)) V with grouped-query heads, materialised as torch 1.13 does it (no fused
+    kernel before torch 2.0). x (S, B, H); the weights are this rank's heads (all of them on one rank); the
+    output (S, B, H) is this rank's partial sum (its heads' share of wo)."""
+    s, b = x.shape[0], x.shape[1]
+    q = rope(F.linear(x, wq).view(s, b, -1, hd))
+    k = rope(F.linear(x, wk).view(s, b, -1, hd))
+    v = F.linear(x, wv).view(s, b, -1, hd)
+    group = q.shape[2] // k.shape[2]
+    q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # (B, heads, S, hd)
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
+    mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+    o = torch.softmax(scores.masked_fill(mask, float("-inf")), -1) @ v  # (B, heads, S, hd)
+    return F.linear(o.permute(2, 0, 1, 3).reshape(s, b, -1), wo)
 
 
 def rms_norm(x, g):
@@ -178,6 +231,36 @@ def forward_tp(p, ids, targets, r, n, comm, fns):
     return vocab_ce(F.linear(x, p[-1]), targets, lo)
 
 
+def forward_tp_gpt(p, ids, targets, r, n, comm, fns, hd):
+    """Loss of the tensor + sequence parallel GPT: ids, targets (S, B); the sequence sharded between the TP
+    regions, the heads and the MLP's hidden units over the ranks."""
+    gather, scatter, vocab_ce = fns
+    emb = p[0]
+    vn = emb.shape[0]
+    lo = r * vn
+    inside = (ids >= lo) & (ids < lo + vn)
+    e = F.embedding(torch.where(inside, ids - lo, torch.zeros_like(ids)), emb) * inside[..., None]
+    h = scatter(e)  # (S/n, B, H)
+    for b in range(BLOCKS):
+        g1, wq, wk, wv, wo, g2, wg, wu, wd = p[1 + 9 * b: 10 + 9 * b]
+        h = h + scatter(attention(gather(rms_norm(h, g1)), wq, wk, wv, wo, hd))
+        x = gather(rms_norm(h, g2))
+        h = h + scatter(F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd))
+    x = gather(rms_norm(h, p[-2]))
+    return vocab_ce(F.linear(x, p[-1]).flatten(0, 1), targets.flatten(), lo)
+
+
+def forward_full_gpt(p, ids, targets, hd):
+    """The GPT on one process: ids, targets (S, B)."""
+    h = F.embedding(ids, p[0])
+    for b in range(BLOCKS):
+        g1, wq, wk, wv, wo, g2, wg, wu, wd = p[1 + 9 * b: 10 + 9 * b]
+        h = h + attention(rms_norm(h, g1), wq, wk, wv, wo, hd)
+        x = rms_norm(h, g2)
+        h = h + F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+    return F.cross_entropy(F.linear(rms_norm(h, p[-2]), p[-1]).flatten(0, 1), targets.flatten())
+
+
 def forward_full(p, ids, targets):
     h = F.embedding(ids, p[0])
     for b in range(BLOCKS):
@@ -187,12 +270,13 @@ def forward_full(p, ids, targets):
 
 
 class Full(torch.nn.Module):
-    def __init__(self, full):
+    def __init__(self, full, forward):
         super().__init__()
         self.p = torch.nn.ParameterList([torch.nn.Parameter(t.clone()) for t in full])
+        self.f = forward
 
     def forward(self, ids, targets):
-        return forward_full(list(self.p), ids, targets)
+        return self.f(list(self.p), ids, targets)
 
 
 def clip(params, replicated, comm):
@@ -214,6 +298,9 @@ def clip(params, replicated, comm):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layout", choices=["tp", "ddp"], required=True)
+    ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--hidden", type=int, default=256)
@@ -230,9 +317,31 @@ def main():
     for name in ("tokens", "ffn", "vocab"):
         if getattr(args, name) % n:
             raise SystemExit(f"torch_train: --{name} {getattr(args, name)} is not a multiple of the {n} ranks")
-    full = init_full(args)
+    gpt = args.model == "gpt"
+    if gpt and (args.heads % n or args.kv_heads % n or args.hidden % args.heads or args.tokens % 8):
+        raise SystemExit(f"torch_train: --heads {args.heads} and --kv-heads {args.kv_heads} must be multiples of the "
+                         f"{n} ranks, --hidden of --heads, --tokens of 8")
+    hd = args.hidden // args.heads
+    seq = args.tokens // 8
+    # The GPT's ids as bench_train's: 8 sequences of T / 8, here (S, B) as Megatron lays them out.
+    shaped = (lambda t: t.view(8, seq).t().contiguous()) if gpt else (lambda t: t)
+    full_forward = (lambda q, i, tg: forward_full_gpt(q, i, tg, hd)) if gpt else forward_full
+    full = init_full_gpt(args) if gpt else init_full(args)
     comm = Comm(n)
-    if args.layout == "tp":
+    if args.layout == "tp" and gpt:
+        shard = lambda t, dim: t.chunk(n, dim)[r].clone()
+        p = [shard(full[0], 0)]
+        for b in range(BLOCKS):
+            g1, wq, wk, wv, wo, g2, wg, wu, wd = full[1 + 9 * b: 10 + 9 * b]
+            p += [g1.clone(), shard(wq, 0), shard(wk, 0), shard(wv, 0), shard(wo, 1), g2.clone(), shard(wg, 0),
+                  shard(wu, 0), shard(wd, 1)]
+        p += [full[-2].clone(), shard(full[-1], 0)]
+        p = [torch.nn.Parameter(t) for t in p]
+        gains = [1 + 9 * b for b in range(BLOCKS)] + [6 + 9 * b for b in range(BLOCKS)] + [len(p) - 2]
+        fns = sp_functions(comm)
+        run = lambda ids, tg: forward_tp_gpt(p, ids, tg, r, n, comm, fns, hd)
+        params, replicated = p, [i in gains for i in range(len(p))]
+    elif args.layout == "tp":
         shard = lambda t, dim: t.chunk(n, dim)[r].clone()
         p = [shard(full[0], 0)]
         for b in range(BLOCKS):
@@ -244,16 +353,17 @@ def main():
         run = lambda ids, tg: forward_tp(p, ids, tg, r, n, comm, fns)
         params, replicated = p, [i in gains for i in range(len(p))]
     else:
-        model = torch.nn.parallel.DistributedDataParallel(Full(full), bucket_cap_mb=4096 / 2**20)
+        model = torch.nn.parallel.DistributedDataParallel(Full(full, full_forward), bucket_cap_mb=4096 / 2**20)
         params = list(model.parameters())
         replicated = [True] * len(params)
         gains = []
-        run = lambda ids, tg: model(ids.chunk(n)[r], tg.chunk(n)[r])
+        split = 1 if gpt else 0  # the GPT's batch is its second dimension
+        run = lambda ids, tg: model(ids.chunk(n, split)[r], tg.chunk(n, split)[r])
     opt = torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
     losses, step_s, comm_s, faults = [], [], [], []
     dist.barrier()
     for step in range(args.steps):
-        ids, targets = batch(step, args.tokens, args.vocab)
+        ids, targets = (shaped(t) for t in batch(step, args.tokens, args.vocab))
         comm.blocked = 0.0
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
@@ -280,9 +390,9 @@ def main():
         ref = [torch.nn.Parameter(t.clone()) for t in full]
         ref_opt = torch.optim.AdamW(ref, lr=LR, weight_decay=0.01)
         for step in range(min(args.check_steps, args.steps)):
-            ids, targets = batch(step, args.tokens, args.vocab)
+            ids, targets = (shaped(t) for t in batch(step, args.tokens, args.vocab))
             ref_opt.zero_grad(set_to_none=True)
-            loss = forward_full(ref, ids, targets)
+            loss = full_forward(ref, ids, targets)
             loss.backward()
             clip(ref, [True] * len(ref), None)
             ref_opt.step()
@@ -296,8 +406,9 @@ def main():
     t0 = t.clone()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if r == 0:
-        rec = {"suite": "train_torch", "layout": args.layout, "dtype": "float32", "ranks": n,
+        rec = {"suite": "train_torch", "model": args.model, "layout": args.layout, "dtype": "float32", "ranks": n,
                "blocks": BLOCKS, "tokens": args.tokens, "hidden": args.hidden, "ffn": args.ffn, "vocab": args.vocab,
+               "heads": args.heads if gpt else 0, "kv_heads": args.kv_heads if gpt else 0,
                "steps": args.steps, "step_ms": float(t0[0]) * 1e3, "slowest_rank_step_ms": float(t[0]) * 1e3,
                "comm_ms": float(t0[1]) * 1e3 if args.layout == "tp" else None,
                "max_rss_bytes": float(t[2]), "minor_faults_per_step": mean(faults), "torch_version": torch.__version__,

@@ -9,7 +9,7 @@
 //
 //   dtensor-run --nproc-per-node 4 ./bench_train --layout tp|ddp|fsdp|hsdp|fsdp_tp [--model mlp|gpt]
 //       [--steps N] [--tokens T --hidden H --ffn F --vocab V --heads N --kv-heads N] [--checkpoint]
-//       [--mixed] [--no-check] [--json FILE]
+//       [--mixed] [--prefetch N] [--max-reductions N] [--no-check] [--json FILE]
 //
 // The step's T tokens are 8 sequences of T / 8 (the batch over the batch axes, the sequence over tp), float.
 // Step 1 warms up; steps 2, 7, 12, ... run with overlap off (FsdpScheduleOptions::overlap and
@@ -19,7 +19,8 @@
 // DDP's buckets and the reductions over the other axes). The tensor-parallel collectives run inside the
 // layers and count as compute. --checkpoint (tp, ddp): every block nn::Checkpointed (the FSDP layouts always
 // recompute a block's forward in its backward). --mixed (fsdp, fsdp_tp): parameters kept in float shards,
-// gathered and computed in bfloat16, gradients reduced in float. With the check (default; --no-check skips
+// gathered and computed in bfloat16, gradients reduced in float. --prefetch and --max-reductions: the FSDP
+// schedule's (nn::FsdpScheduleOptions; 1 and 2 by default). With the check (default; --no-check skips
 // it) the same model trains in float on one rank in this process and the losses of every step must agree
 // within 1e-4 (relative; 5e-2 with --mixed, bfloat16 keeps 8 bits of mantissa): exit 1 otherwise.
 #include "train_bench.hpp"
@@ -47,7 +48,7 @@ using namespace bench::train;
       stderr,
       "bench_train: %s\nusage: bench_train [--layout tp|ddp|fsdp|hsdp|fsdp_tp] [--model mlp|gpt] [--steps N] "
       "[--tokens T] [--hidden H] [--ffn F] [--vocab V] [--heads N] [--kv-heads N] [--checkpoint] [--mixed] "
-      "[--no-check] [--json FILE]\n",
+      "[--prefetch N] [--max-reductions N] [--no-check] [--json FILE]\n",
       why.c_str());
   std::exit(2);
 }
@@ -74,6 +75,10 @@ int main(int argc, char** argv) {
       o.layout = v;
     } else if (a == "--json") {
       o.json = v;
+    } else if (a == "--prefetch") {
+      o.schedule.prefetch = std::atoi(v.c_str());
+    } else if (a == "--max-reductions") {
+      o.schedule.max_reductions = std::atoi(v.c_str());
     } else if (a == "--model") {
       o.model_kind = v;
     } else if (a == "--steps") {

@@ -10,6 +10,7 @@
 #include <dtensor/parallel/layers/module.hpp>
 #include <dtensor/parallel/layers/trainer.hpp>
 #include <dtensor/parallel/optim.hpp>
+#include <dtensor/parallel/schedule.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -35,6 +36,7 @@ struct Options {
   std::int64_t tokens = 512;
   nn::TransformerConfig model{.vocab = 2048, .hidden = 256, .ffn = 1024, .norm_eps = 1e-6, .init_std = 0.02};
   bool check = true, checkpoint = false, mixed = false;
+  FsdpScheduleOptions schedule{}; ///< the FSDP layouts' prefetch depth and reductions in flight
 };
 
 inline nn::ids_t<L> tokens(const DeviceMesh<Mesh>& mesh, const Options& o, int step, bool targets) {
@@ -111,7 +113,8 @@ Measured train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, c
   init::InitKeys keys(2024);
   // 4 KiB buckets as torch_train.py's DDP (bucket_cap_mb), a clip that binds early.
   const nn::TrainerOptions options{.max_norm = 0.5,
-                                   .ddp = {.bucket_cap_bytes = 4096, .first_bucket_cap_bytes = 2048}};
+                                   .ddp = {.bucket_cap_bytes = 4096, .first_bucket_cap_bytes = 2048},
+                                   .schedule = o.schedule};
   auto sharded = [&](auto& t) {
     std::int64_t n = 0;
     std::apply(

@@ -6,8 +6,10 @@
 # of the machine hits both. bench/train/join.py prints the table and writes bench/results/train_vs_torch_n<N>.json.
 # Without python3-torch, ours runs alone (no ratio).
 #
-# usage: bench/train/train_vs_torch.sh [--passes K] [--nproc N] [--steps S] [--sizes TxHxFxV,...] [--markdown]
-#                                      [--out DIR]
+# usage: bench/train/train_vs_torch.sh [--model mlp|gpt] [--passes K] [--nproc N] [--steps S]
+#                                      [--sizes TxHxFxV,...] [--markdown] [--out DIR]
+#   --model gpt: the GPT of examples/09_gpt.cpp (bench_train --model gpt, torch_train.py --model gpt: causal
+#   GQA attention with RoPE, SwiGLU), results in train_vs_torch_gpt_n<N>.json.
 #   defaults: 3 passes, 4 processes, 12 steps (step 1 warms up; steps 2, 7, 12 run with overlap off and
 #   measure the whole communication; the others the step and its exposed part), sizes
 #   512x256x1024x2048,2048x256x1024x2048 (tokens x hidden x ffn x vocab; the second has 4x the compute of the
@@ -22,8 +24,10 @@ steps=12
 sizes=512x256x1024x2048,2048x256x1024x2048
 out=bench/results
 join_args=()
+model=mlp
 while [[ $# -gt 0 ]]; do
   case "$1" in
+  --model) model=$2; shift 2 ;;
   --passes) passes=$2; shift 2 ;;
   --nproc) nproc=$2; shift 2 ;;
   --steps) steps=$2; shift 2 ;;
@@ -59,7 +63,7 @@ for ((p = 1; p <= passes; ++p)); do
   echo "== pass $p of $passes ($nproc processes, 1 thread each)"
   for size in ${sizes//,/ }; do
     IFS=x read -r t h f v <<<"$size"
-    flags=(--steps "$steps" --tokens "$t" --hidden "$h" --ffn "$f" --vocab "$v")
+    flags=(--model "$model" --steps "$steps" --tokens "$t" --hidden "$h" --ffn "$f" --vocab "$v")
     for layout in tp ddp fsdp hsdp fsdp_tp; do
       ours() {
         $run "$build/bench/bench_train" --layout "$layout" --no-check "${flags[@]}" \
@@ -85,4 +89,6 @@ for ((p = 1; p <= passes; ++p)); do
   done
 done
 mkdir -p "$out"
-"$torch_py" bench/train/join.py --ranks "$nproc" --out "$out" "${join_args[@]}" "${dirs[@]}"
+name=train_vs_torch
+[[ $model == mlp ]] || name=train_vs_torch_$model
+"$torch_py" bench/train/join.py --ranks "$nproc" --out "$out" --name "$name" "${join_args[@]}" "${dirs[@]}"
