@@ -65,7 +65,7 @@ def main():
                     problems.append(f"{size} {layout}: a run failed its check ({x['suite']})")
             m = lambda key, rows: med(r[key] for r in rows)
             rec = {"suite": "train", "name": f"{size} {layout}", "model": o[0].get("model", "mlp"),
-                   "layout": layout, "backend": "gloo", "ranks": args.ranks, "dtype": "float32",
+                   "layout": layout, "backend": o[0].get("backend", "gloo"), "ranks": args.ranks, "dtype": "float32",
                    "mesh": o[0]["mesh"], "blocks": o[0]["blocks"],
                    "tokens": o[0]["tokens"], "hidden": o[0]["hidden"], "ffn": o[0]["ffn"], "vocab": o[0]["vocab"],
                    "steps": o[0]["steps"], "passes": len(o),

@@ -4,8 +4,10 @@
 // state exists by then), live after. Two models: --model mlp (default), the model of examples/06_train.cpp
 // (3 nn::MlpBlocks), and --model gpt, the GPT of examples/09_gpt.cpp (3 nn::TransformerBlocks: causal
 // attention with grouped-query heads and RoPE, a SwiGLU MLP). bench/train/train_vs_torch.sh runs the mlp
-// model with --no-check --json FILE for each layout next to bench/train/torch_train.py; BENCHMARKS.md
-// ("Training step", "GPT memory per rank") has the numbers.
+// model (--model gpt: the GPT) with --no-check --json FILE for each layout next to
+// bench/train/torch_train.py; BENCHMARKS.md ("Training step", "GPT training step and memory per rank") has
+// the numbers. Linked with MPI where dtensor found it: under mpirun the step runs on MPI
+// (init_process_group's "auto"), under dtensor-run on gloo; the printout and the JSON name the backend.
 //
 //   dtensor-run --nproc-per-node 4 ./bench_train --layout tp|ddp|fsdp|hsdp|fsdp_tp [--model mlp|gpt]
 //       [--steps N] [--tokens T --hidden H --ffn F --vocab V --heads N --kv-heads N] [--checkpoint]
@@ -122,6 +124,7 @@ int main(int argc, char** argv) {
     usage("layout " + o.layout + " on " + std::to_string(n) + " ranks");
   }
   const bool print = world.rank() == 0;
+  const std::string backend(world.backend_name()); // gloo under dtensor-run, MPI under mpirun where linked
   const Measured got = train(init_device_mesh<Mesh>(world, rep, dp, tp), o.layout, o);
   // The heap: the largest over the ranks.
   Tensor<double, 1> heap({3});
@@ -142,13 +145,14 @@ int main(int argc, char** argv) {
   }
   if (print) {
     const double ms = 1e3;
-    std::printf("%s model, %s%s%s on (rep=%d, dp=%d, tp=%d): time per step on rank 0: %.2f ms = compute %.2f "
-                "ms + exposed "
-                "data-parallel communication %.2f ms; that communication %.2f ms (in the steps with overlap "
-                "off, %.2f ms a step)\n",
-                o.model_kind.c_str(), o.layout.c_str(), o.mixed ? " (bfloat16 compute)" : "",
-                o.checkpoint ? " (checkpointed blocks)" : "", rep, dp, tp, got.step * ms,
-                (got.step - got.exposed) * ms, got.exposed * ms, got.comm * ms, got.serial_step * ms);
+    std::printf(
+        "%s model, %s%s%s on (rep=%d, dp=%d, tp=%d), %s: time per step on rank 0: %.2f ms = compute %.2f "
+        "ms + exposed "
+        "data-parallel communication %.2f ms; that communication %.2f ms (in the steps with overlap "
+        "off, %.2f ms a step)\n",
+        o.model_kind.c_str(), o.layout.c_str(), o.mixed ? " (bfloat16 compute)" : "",
+        o.checkpoint ? " (checkpointed blocks)" : "", rep, dp, tp, backend.c_str(), got.step * ms,
+        (got.step - got.exposed) * ms, got.exposed * ms, got.comm * ms, got.serial_step * ms);
     std::printf("minor page faults per step on rank 0: %.0f\n", got.faults);
     std::printf(
         "heap per rank (largest over ranks): %.3f MB before training, peak %.3f MB in the steps, %.3f MB "
@@ -168,7 +172,8 @@ int main(int argc, char** argv) {
       std::fprintf(
           f,
           "{\"suite\": \"train\", \"model\": \"%s\", \"layout\": \"%s\", \"dtype\": \"float32\", "
-          "\"compute_dtype\": \"%s\", \"checkpoint\": %s, \"device\": \"cpu\", \"ranks\": %d, "
+          "\"compute_dtype\": \"%s\", \"checkpoint\": %s, \"backend\": \"%s\", \"device\": \"cpu\", "
+          "\"ranks\": %d, "
           "\"mesh\": [%d, %d, %d], \"blocks\": %d, \"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, "
           "\"vocab\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"steps\": %d, \"step_ms\": %.4f, "
           "\"compute_ms\": %.4f, "
@@ -176,7 +181,7 @@ int main(int argc, char** argv) {
           "\"minor_faults_per_step\": %.1f, \"heap_start_bytes\": %.0f, \"heap_peak_bytes\": %.0f, "
           "\"heap_end_bytes\": %.0f, \"state_bytes\": %lld, \"losses\": [",
           o.model_kind.c_str(), o.layout.c_str(), o.mixed ? "bfloat16" : "float32",
-          o.checkpoint ? "true" : "false", n, rep, dp, tp, kBlocks, (long long)o.tokens,
+          o.checkpoint ? "true" : "false", backend.c_str(), n, rep, dp, tp, kBlocks, (long long)o.tokens,
           (long long)o.model.hidden, (long long)o.model.ffn, (long long)o.model.vocab,
           (long long)o.model.heads, (long long)o.model.kv_head_count(), o.steps, got.step * ms,
           (got.step - got.exposed) * ms, got.exposed * ms, got.comm * ms, got.serial_step * ms, got.faults,

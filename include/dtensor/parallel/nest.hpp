@@ -4,6 +4,7 @@
 // optimizer's view of them are nests of one shape; clip_grad_norm, the trainers and the user's loops over
 // parameters walk them with these.
 #include <cstddef>
+#include <iterator>
 #include <tuple>
 #include <type_traits>
 #include <utility>
