@@ -2,7 +2,8 @@
 // all_to_all_single of integers, the rows by an all_to_all_single with variable splits, and the rows back
 // with the splits swapped), timed as our calls, next to torch 1.13 making the same three calls
 // (bench/moe/torch_moe.py; bench/moe/moe_vs_torch.sh runs both and joins them); and the whole MoE layer's
-// forward (routing, the same exchange, experts of ffn 8, combine) for scale. Splits: rank i sends
+// forward (nn::Moe on a one-axis "ep" mesh: routing, the counts' all_gather, the same exchange, SwiGLU
+// experts of ffn 8, combine) for scale. Splits: rank i sends
 // rows(i, j) = base * (1 + (3 i + 5 j) % 4) rows of `hidden` floats to rank j, the same formula in both.
 //
 //   dtensor-run --nproc-per-node 4 bench_moe [--smoke] [--out DIR]   # writes DIR/moe_n4.json (rank 0)
@@ -17,7 +18,8 @@
 
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/init.hpp"
-#include "dtensor/parallel/moe.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/parallel/layers/moe.hpp"
 
 namespace {
 
@@ -103,10 +105,17 @@ int main(int argc, char** argv) {
       exchange();
       t_ex.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     }
-    // The layer: 8 experts (2 per rank), top-2, as many tokens as this rank sends rows / 2.
-    MoE<float> moe(g, {s.hidden, 8, 8, 2, 0.0}, 1);
-    const Tensor<float, 2> tokens = local::randn<float, 2>(
-        {std::max<std::int64_t>(send_rows / 2, 1), s.hidden}, 3, static_cast<std::uint64_t>(r));
+    // The layer: 8 experts (2 per rank), top-2, base * n tokens per rank (the batch dim; sequence 1):
+    // about as many rows as the exchange above sends (2 assignments per token, half of them local).
+    using Mesh = MeshShape<Axis<"ep">>;
+    using L = nn::Layout<Mesh, nn::ExpertParallel<"ep">>;
+    const auto mesh = init_device_mesh<Mesh>(g, n);
+    init::InitKeys keys(1);
+    const nn::Moe<float, L> moe(mesh, s.hidden, {.experts = 8, .top_k = 2, .ffn = 8}, keys);
+    const std::int64_t rows = s.base * n;
+    const auto tokens = nn::act_t<L, float>::from_local(
+        mesh, local::randn<float, 3>({rows, 1, s.hidden}, 3, static_cast<std::uint64_t>(r)),
+        std::array<std::int64_t, 3>{rows * n, 1, s.hidden});
     (void)moe.forward(tokens);
     std::vector<double> t_moe;
     for (int i = 0; i < std::max(1, s.samples / 4); ++i) {

@@ -12,7 +12,6 @@
 #include "dtensor/parallel/flat_layout.hpp"
 #include "dtensor/parallel/fsdp.hpp"
 #include "dtensor/parallel/layers.hpp"
-#include "dtensor/parallel/moe.hpp"
 #include "dtensor/parallel/optim.hpp"
 #include "dtensor/parallel/param_init.hpp"
 #include "dtensor/parallel/pipeline.hpp"

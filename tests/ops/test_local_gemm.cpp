@@ -6,6 +6,7 @@
 // round once, so they must equal the exact result rounded to their type (tolerance 0). One case with
 // real-valued data states its tolerance. Also: the plan values (no copy for a transposed view, a
 // column-major output computed as its transpose, the linear layer's batch folded into m) and the errors.
+// The grouped GEMM (local/grouped_gemm.hpp): every group as its own matmul_into, and its errors.
 
 #include <catch2/catch.hpp>
 
@@ -19,6 +20,7 @@
 
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/local/gemm.hpp"
+#include "dtensor/local/grouped_gemm.hpp"
 
 #include "../support/gemm_operands.hpp"
 
@@ -260,4 +262,93 @@ TEST_CASE("matmul_into: errors name the op, the shapes and the transposes", "[ge
   throws_with([&] { local::matmul_into(x, w, z); },
               "matmul_into: a [2, 3, 4] x b [5, 4]: the inner dims differ");
   throws_with([&] { local::matmul_into(Tensor<float, 2>{}, b2, c); }, "undefined tensor");
+}
+
+namespace {
+
+/// One grouped_matmul_into over groups of different sizes (an empty m, an empty n, an empty k among them),
+/// each group's operands in its own layouts, against matmul_into on each group of a copy of c. Compares
+/// c's whole buffers (views and gaps); returns the number of elements that differ.
+template <class T>
+int check_grouped(bool ta, bool tb, double alpha, double beta, int rotation, std::mt19937& rng) {
+  constexpr std::array<Sizes, 6> group_sizes{
+      {{3, 5, 7}, {0, 4, 5}, {17, 9, 13}, {4, 6, 0}, {1, 1, 1}, {5, 0, 3}}};
+  std::vector<test_support::Operand<T, 2>> a, b, c;
+  std::vector<Tensor<T, 1>> expected;
+  for (std::size_t g = 0; g < group_sizes.size(); ++g) {
+    const auto [m, n, k] = group_sizes[g];
+    const auto layout = [&](std::size_t shift) { return layouts[(g + shift + rotation) % layouts.size()]; };
+    a.push_back(make_operand<T, 2>(1, ta ? k : m, ta ? m : k, layout(0), rng));
+    b.push_back(make_operand<T, 2>(1, tb ? n : k, tb ? k : n, layout(1), rng));
+    c.push_back(make_operand<T, 2>(1, m, n, layout(2), rng));
+    expected.push_back(c.back().owner.clone());
+    local::matmul_into(a[g].view, b[g].view, c[g].view_of(expected[g]), ta, tb, alpha, beta);
+  }
+  std::vector<Tensor<T, 2>> av, bv, cv;
+  for (std::size_t g = 0; g < group_sizes.size(); ++g) {
+    av.push_back(a[g].view);
+    bv.push_back(b[g].view);
+    cv.push_back(c[g].view);
+  }
+  local::grouped_matmul_into<T>(av, bv, cv, ta, tb, alpha, beta);
+  int bad = 0;
+  for (std::size_t g = 0; g < group_sizes.size(); ++g) {
+    for (std::int64_t i = 0; i < expected[g].numel(); ++i) {
+      bad += static_cast<float>(c[g].owner.data()[i]) != static_cast<float>(expected[g].data()[i]);
+    }
+  }
+  if (bad != 0) {
+    UNSCOPED_INFO("trans " << ta << tb << " alpha " << alpha << " beta " << beta << " rotation " << rotation);
+  }
+  return bad;
+}
+
+} // namespace
+
+TEMPLATE_TEST_CASE("grouped_matmul_into: every group as its own matmul_into, empty m, n and k included",
+                   "[gemm][grouped]", float, double) {
+  std::mt19937 rng(99);
+  int bad = 0;
+  for (int t = 0; t < 4; ++t) {
+    for (const auto& [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{2.0, -1.0}}) {
+      for (int rotation = 0; rotation < 4; ++rotation) { // every group sees every layout
+        bad += check_grouped<TestType>((t & 1) != 0, (t & 2) != 0, alpha, beta, rotation, rng);
+      }
+    }
+  }
+  CHECK(bad == 0);
+  // k = 0 is c = beta c; no groups at all is nothing to do.
+  const std::vector<Tensor<TestType, 2>> a{Tensor<TestType, 2>({2, 0})}, b{Tensor<TestType, 2>({0, 3})};
+  const std::vector<Tensor<TestType, 2>> c{Tensor<TestType, 2>::full({2, 3}, TestType(5))};
+  local::grouped_matmul_into<TestType>(a, b, c, false, false, 1.0, -2.0);
+  for (std::int64_t i = 0; i < c[0].numel(); ++i) {
+    CHECK(c[0].data()[i] == TestType(-10));
+  }
+  local::grouped_matmul_into<TestType>({}, {}, {});
+}
+
+TEST_CASE("grouped_matmul_into: errors name the counts or the group, before any group runs",
+          "[gemm][grouped]") {
+  using Catch::Matchers::Contains;
+  const Tensor<float, 2> a0 = Tensor<float, 2>::full({2, 3}, 1.0f), b0 = Tensor<float, 2>::full({3, 5}, 1.0f);
+  const Tensor<float, 2> c0 = Tensor<float, 2>::full({2, 5}, 7.0f);
+  const Tensor<float, 2> a1({2, 3}), b1({4, 5}), c1({2, 5}), c_wrong({5, 2});
+  const std::vector<Tensor<float, 2>> a{a0, a1}, b{b0, b1}, c{c0, c1};
+  REQUIRE_THROWS_WITH(local::grouped_matmul_into<float>(a, b, std::span(c).first(1)),
+                      Contains("grouped_matmul_into: a has 2 groups, b 2 and c 1"));
+  REQUIRE_THROWS_WITH(
+      local::grouped_matmul_into<float>(a, b, c),
+      Contains("grouped_matmul_into: group 1: a [2, 3] x b [4, 5]: the inner dims differ (3 vs 4)"));
+  for (std::int64_t i = 0; i < c0.numel(); ++i) { // group 0 did not run: group 1 was checked first
+    REQUIRE(c0.data()[i] == 7.0f);
+  }
+  const std::vector<Tensor<float, 2>> a2{a0, a0}, b2{b0, b0}, c2{c0, c_wrong};
+  REQUIRE_THROWS_WITH(local::grouped_matmul_into<float>(a2, b2, c2, false, false),
+                      Contains("grouped_matmul_into: group 1: a [2, 3] x b [3, 5]: c has shape [5, 2], the "
+                               "product has [2, 5]"));
+  REQUIRE_THROWS_WITH(local::grouped_matmul_into<float>(a2, b2, c2, true, false),
+                      Contains("grouped_matmul_into: group 0: a [2, 3]^T x b [3, 5]: the inner dims differ"));
+  const std::vector<Tensor<float, 2>> undefined{a0, Tensor<float, 2>{}};
+  REQUIRE_THROWS_WITH(local::grouped_matmul_into<float>(undefined, b2, c2),
+                      Contains("grouped_matmul_into: group 1: an operand is an undefined tensor"));
 }

@@ -11,9 +11,10 @@
 //
 // The files: layers/layout.hpp (the layout and the placements it gives each tensor), layers/module.hpp
 // (what every layer shares: Gradients, TransformerConfig, checkpointed), embedding.hpp, norm.hpp,
-// mlp.hpp, attention.hpp, block.hpp (nn::TransformerBlock), mlp_block.hpp (nn::MlpBlock: a block without
-// attention), head.hpp; model.hpp (nn::LanguageModel: embedding, blocks, final norm, head) and trainer.hpp
-// (nn::DdpTrainer, nn::FsdpTrainer: its training step under DDP or FSDP/HSDP).
+// mlp.hpp, moe.hpp (nn::Moe: a mixture of experts over an expert-parallel axis; its routing in
+// moe_routing.hpp), attention.hpp, block.hpp (nn::TransformerBlock), mlp_block.hpp (nn::MlpBlock: a block
+// without attention), head.hpp; model.hpp (nn::LanguageModel: embedding, blocks, final norm, head) and
+// trainer.hpp (nn::DdpTrainer, nn::FsdpTrainer: its training step under DDP or FSDP/HSDP).
 
 #include "dtensor/parallel/layers/attention.hpp"
 #include "dtensor/parallel/layers/block.hpp"
@@ -24,5 +25,7 @@
 #include "dtensor/parallel/layers/mlp_block.hpp"
 #include "dtensor/parallel/layers/model.hpp"
 #include "dtensor/parallel/layers/module.hpp"
+#include "dtensor/parallel/layers/moe.hpp"
+#include "dtensor/parallel/layers/moe_routing.hpp"
 #include "dtensor/parallel/layers/norm.hpp"
 #include "dtensor/parallel/layers/trainer.hpp"

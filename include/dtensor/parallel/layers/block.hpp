@@ -1,8 +1,10 @@
 #pragma once
 // nn::TransformerBlock: a pre-norm decoder block, h + attention(norm(h)), then + mlp(norm(.)), in the
-// layout L (nn::Layout: tp, sp, cp axes). Its parameters are its layers', in order: the attention norm's
-// weight, W_q, W_k, W_v, W_o, the MLP norm's weight, the MLP's weights (W1, W3, W2 for SwiGLU). Input
+// layout L (nn::Layout: tp, sp, cp, ep axes). Its parameters are its layers', in order: the attention
+// norm's weight, W_q, W_k, W_v, W_o, the MLP norm's weight, the MLP's weights (W1, W3, W2 for SwiGLU). Input
 // and output are nn::act_t; the backward returns the input's gradient and the parameters' in that order.
+// With Ffn = nn::Experts the feed-forward is a mixture of experts, nn::Moe (config.moe; its parameters the
+// router's and the experts' W1, W3, W2): nn::MoeBlock<T, L>.
 //
 //   nn::TransformerBlock<float, L> block(mesh, config, keys);
 //   auto [y, back] = block.forward(h, with_backward);
@@ -19,16 +21,39 @@
 #include "dtensor/parallel/layers/layout.hpp"
 #include "dtensor/parallel/layers/mlp.hpp"
 #include "dtensor/parallel/layers/module.hpp"
+#include "dtensor/parallel/layers/moe.hpp"
 #include "dtensor/parallel/layers/norm.hpp"
 
 namespace dtensor::nn {
+
+/// The feed-forward of nn::TransformerBlock that is a mixture of experts (nn::Moe, config.moe).
+struct Experts {};
+
+namespace detail {
+template <class T, class L, class Ffn>
+struct feed_forward {
+  using type = Mlp<T, L, Ffn>;
+  static type make(const DeviceMesh<typename L::mesh_shape>& mesh, const TransformerConfig& c,
+                   init::InitKeys& keys, Device device) {
+    return type(mesh, c.hidden, c.ffn, keys, c.init_std, device);
+  }
+};
+template <class T, class L>
+struct feed_forward<T, L, Experts> {
+  using type = Moe<T, L>;
+  static type make(const DeviceMesh<typename L::mesh_shape>& mesh, const TransformerConfig& c,
+                   init::InitKeys& keys, Device device) {
+    return type(mesh, c.hidden, c.moe, keys, device);
+  }
+};
+} // namespace detail
 
 template <class T, class L, class Activation = SwiGlu, template <class, class> class Norm = RmsNorm>
 class TransformerBlock {
 public:
   using norm_type = Norm<T, L>;
   using attention_type = Attention<T, L>;
-  using mlp_type = Mlp<T, L, Activation>;
+  using mlp_type = typename detail::feed_forward<T, L, Activation>::type;
   using parameter_types = decltype(std::tuple_cat(std::declval<typename norm_type::parameter_types>(),
                                                   std::declval<typename attention_type::parameter_types>(),
                                                   std::declval<typename norm_type::parameter_types>(),
@@ -38,7 +63,8 @@ public:
   TransformerBlock(const DeviceMesh<typename L::mesh_shape>& mesh, const TransformerConfig& c,
                    init::InitKeys& keys, Device device = Device::cpu())
       : attention_norm(mesh, c.hidden, c.norm_eps, device), attention(mesh, c, keys, device),
-        mlp_norm(mesh, c.hidden, c.norm_eps, device), mlp(mesh, c.hidden, c.ffn, keys, c.init_std, device) {}
+        mlp_norm(mesh, c.hidden, c.norm_eps, device),
+        mlp(detail::feed_forward<T, L, Activation>::make(mesh, c, keys, device)) {}
   TransformerBlock(norm_type n1, attention_type a, norm_type n2, mlp_type m)
       : attention_norm(std::move(n1)), attention(std::move(a)), mlp_norm(std::move(n2)), mlp(std::move(m)) {}
 
@@ -94,5 +120,9 @@ public:
     return forward(h, with_backward).output;
   }
 };
+
+/// A transformer block whose feed-forward is a mixture of experts (config.moe), for nn::LanguageModel.
+template <class T, class L>
+using MoeBlock = TransformerBlock<T, L, Experts>;
 
 } // namespace dtensor::nn

@@ -2,7 +2,8 @@
 // The parallel layout of transformer layers as a type: which mesh axes are tensor parallel (tp), whether
 // the activations between the tensor-parallel regions are sharded on the sequence there (sp), and which
 // axis is context parallel (cp) and in which form. Every other mesh axis is data parallel: it shards the
-// batch (dp, an FSDP or HSDP axis, a replicate axis).
+// batch (dp, an FSDP or HSDP axis, a replicate axis); one of them may also be expert parallel (ep: nn::Moe
+// shards its experts over it, parallel/layers/moe.hpp).
 //
 //   using Mesh = MeshShape<Axis<"dp">, Axis<"cp">, Axis<"tp">>;
 //   using L = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel,
@@ -59,6 +60,13 @@ struct ContextParallel {
   using context_parallel_form = Form;
 };
 
+/// Expert parallelism over mesh axis `Axis` (nn::Moe): the experts' weights sharded over Axis, the tokens
+/// exchanged between its ranks by all_to_all. Axis stays a batch axis for every other layer.
+template <fixed_string Axis>
+struct ExpertParallel {
+  static constexpr auto expert_parallel_axis = Axis;
+};
+
 namespace detail {
 
 // What one option of Layout sets: the tp axis, sp, the cp axis and form (-1 and void: unset). The options
@@ -76,14 +84,18 @@ template <class O>
 concept ContextParallelOption = requires {
   typename O::context_parallel_form;
 };
+template <class O>
+concept ExpertParallelOption = requires {
+  O::expert_parallel_axis;
+};
 
 template <class Mesh, class O>
 struct LayoutOption {
-  static_assert(TensorParallelOption<O> || SequenceParallelOption<O> ||
+  static_assert(TensorParallelOption<O> || SequenceParallelOption<O> || ExpertParallelOption<O> ||
                     (ContextParallelOption<O> &&
                      requires { O::context_parallel_form::context_parallel_axis; }),
-                "nn::Layout: an option is nn::TensorParallel<\"axis\">, nn::SequenceParallel or "
-                "nn::ContextParallel<Ring<\"axis\">> / <Ulysses<\"axis\">>");
+                "nn::Layout: an option is nn::TensorParallel<\"axis\">, nn::SequenceParallel, "
+                "nn::ContextParallel<Ring<\"axis\">> / <Ulysses<\"axis\">> or nn::ExpertParallel<\"axis\">");
   static constexpr int tp = [] {
     if constexpr (TensorParallelOption<O>) {
       return Mesh::template index_of<O::tensor_parallel_axis>();
@@ -94,6 +106,13 @@ struct LayoutOption {
   static constexpr int cp = [] {
     if constexpr (ContextParallelOption<O> && requires { O::context_parallel_form::context_parallel_axis; }) {
       return Mesh::template index_of<O::context_parallel_form::context_parallel_axis>();
+    } else {
+      return -1;
+    }
+  }();
+  static constexpr int ep = [] {
+    if constexpr (ExpertParallelOption<O>) {
+      return Mesh::template index_of<O::expert_parallel_axis>();
     } else {
       return -1;
     }
@@ -136,6 +155,8 @@ struct Layout {
   /// The tensor-parallel axis (-1: none), the context-parallel axis (-1: none), sequence parallelism.
   static constexpr int tp = detail::pick_axis({detail::LayoutOption<Mesh, Options>::tp...});
   static constexpr int cp = detail::pick_axis({detail::LayoutOption<Mesh, Options>::cp...});
+  /// The expert-parallel axis (-1: none): a batch axis that nn::Moe also shards its experts over.
+  static constexpr int ep = detail::pick_axis({detail::LayoutOption<Mesh, Options>::ep...});
   static constexpr bool sp = (detail::LayoutOption<Mesh, Options>::sp || ...);
   /// Ring<"cp"> or Ulysses<"cp">; void without context parallelism.
   using cp_form = typename detail::first_form<typename detail::LayoutOption<Mesh, Options>::form...>::type;
@@ -148,6 +169,11 @@ struct Layout {
                 "nn::Layout: nn::SequenceParallel shards the sequence over the tensor-parallel "
                 "axis: name one with nn::TensorParallel<\"axis\">");
   static_assert(tp < 0 || tp != cp, "nn::Layout: the tensor- and context-parallel axes must differ");
+  static_assert(detail::count_set({detail::LayoutOption<Mesh, Options>::ep...}) <= 1,
+                "nn::Layout: at most one nn::ExpertParallel axis");
+  static_assert(ep < 0 || (ep != tp && ep != cp),
+                "nn::Layout: the expert-parallel axis is a batch axis: it must differ from the tensor- and "
+                "context-parallel axes");
 
   /// The placements of a tensor of rank `rank` whose dims `batch`, `seq` and `on_tp` are sharded over the
   /// batch axes, the cp axis and the tp axis (-1: Replicate there).

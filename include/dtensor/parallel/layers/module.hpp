@@ -27,6 +27,7 @@
 #include "dtensor/backward/with_backward.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/ops/typed_rules.hpp"
+#include "dtensor/parallel/layers/moe_routing.hpp"
 #include "dtensor/parallel/param_init.hpp"
 #include "dtensor/parallel/tp.hpp"
 #include "dtensor/tensor/distribute.hpp"
@@ -55,6 +56,7 @@ struct TransformerConfig {
   double norm_eps = 1e-5;
   double rope_base = 10000;
   double init_std = 0.02; ///< weights normal(0, init_std); norm weights ones
+  MoeConfig moe{};        ///< the experts of a block whose feed-forward is nn::Experts (nn::MoeBlock)
 
   std::int64_t head_dim() const noexcept { return heads > 0 ? hidden / heads : 0; }
   std::int64_t kv_head_count() const noexcept { return kv_heads > 0 ? kv_heads : heads; }
