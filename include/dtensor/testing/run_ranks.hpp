@@ -16,27 +16,46 @@
 // (DTENSOR_CHECK) instead of REQUIRE.
 //
 // Needs the gloo backend (target dtensor::gloo), the default.
+//
+// Compiled once: every translation unit that includes this header makes the gloo backend (its vtable and
+// every inline function it reaches, about 5 s of a -O0 compile). A test suite of many TUs can compile
+// run_ranks once instead: define DTENSOR_RUN_RANKS_COMPILED in every TU of the program (this header then
+// declares run_ranks and includes no backend), and DTENSOR_RUN_RANKS_IMPLEMENTATION as well in the one
+// .cpp that defines it (this repository's tests: tests/support/run_ranks.cpp, target dtensor_test_run_ranks).
 
+#include "dtensor/backends/backend.hpp"
+#include "dtensor/comm/process_group.hpp"
+#include "dtensor/rendezvous/store.hpp"
+
+#include <chrono>
+#include <functional>
+#include <memory>
+
+#if defined(DTENSOR_RUN_RANKS_COMPILED) && !defined(DTENSOR_RUN_RANKS_IMPLEMENTATION)
+#define DTENSOR_RUN_RANKS_DECLARE_ONLY 1
+#define DTENSOR_RUN_RANKS_INLINE
+#elif defined(DTENSOR_RUN_RANKS_COMPILED)
+#define DTENSOR_RUN_RANKS_DECLARE_ONLY 0
+#define DTENSOR_RUN_RANKS_INLINE
+#else
+#define DTENSOR_RUN_RANKS_DECLARE_ONLY 0
+#define DTENSOR_RUN_RANKS_INLINE inline
+#endif
+
+#if !DTENSOR_RUN_RANKS_DECLARE_ONLY
 #if !DTENSOR_HAS_GLOO
 #error "dtensor/testing/run_ranks.hpp needs the gloo backend: link the target dtensor::gloo"
 #endif
-
-#include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/gloo/backend.hpp"
-#include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/rendezvous/in_process_store.hpp"
-#include "dtensor/rendezvous/store.hpp"
 
-#include <atomic>
-#include <chrono>
 #include <condition_variable>
-#include <functional>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+#endif
 
 namespace dtensor::testing {
 
@@ -56,7 +75,12 @@ struct RunRanksOptions {
 
 /// Runs fn(world) on `n` ranks (threads), world being a group over all of them (gloo unless
 /// options.make_backend says otherwise). Throws dtensor::Error when any rank throws (see above).
-inline void run_ranks(int n, const std::function<void(ProcessGroup&)>& fn, RunRanksOptions options = {}) {
+DTENSOR_RUN_RANKS_INLINE void run_ranks(int n, const std::function<void(ProcessGroup&)>& fn,
+                                        RunRanksOptions options = {})
+#if DTENSOR_RUN_RANKS_DECLARE_ONLY
+    ;
+#else
+{
   DTENSOR_CHECK(n >= 1, "run_ranks: the number of ranks must be >= 1, got " + std::to_string(n));
   if (!options.make_backend) {
     options.make_backend = [](std::shared_ptr<Store> store, int rank, int size,
@@ -164,5 +188,9 @@ inline void run_ranks(int n, const std::function<void(ProcessGroup&)>& fn, RunRa
     throw Error(msg);
   }
 }
+#endif
 
 } // namespace dtensor::testing
+
+#undef DTENSOR_RUN_RANKS_DECLARE_ONLY
+#undef DTENSOR_RUN_RANKS_INLINE
