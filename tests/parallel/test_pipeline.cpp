@@ -330,3 +330,77 @@ TEST_CASE("blocking send-then-receive on both sides of a stage pair deadlocks (t
       },
       o);
 }
+
+namespace {
+
+std::string order_string(const std::vector<PipelineAction>& order, bool chunks) {
+  std::string s;
+  for (const PipelineAction& a : order) {
+    s += (s.empty() ? "" : " ") + a.to_string(chunks);
+  }
+  return s;
+}
+
+} // namespace
+
+TEST_CASE("pipeline_order: interleaved 1F1B's order is Megatron's (2 stages, 2 chunks, 4 micro-batches)",
+          "[pipeline]") {
+  const PipelineShape shape{.stages = 2, .microbatches = 4, .chunks = 2};
+  CHECK(order_string(pipeline_order(Schedule::interleaved_one_f_one_b, shape, 0), true) ==
+        "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0");
+  CHECK(order_string(pipeline_order(Schedule::interleaved_one_f_one_b, shape, 1), true) ==
+        "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0");
+  CHECK(order_string(pipeline_order(Schedule::one_f_one_b, {.stages = 4, .microbatches = 6}, 1), false) ==
+        "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5");
+  CHECK(order_string(pipeline_order(Schedule::gpipe, {.stages = 2, .microbatches = 3}, 0), false) ==
+        "F0 F1 F2 B2 B1 B0");
+}
+
+TEST_CASE("pipeline_order: every schedule runs each step once, never deadlocks, and its bubble is the "
+          "formula",
+          "[pipeline]") {
+  for (Schedule schedule : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved_one_f_one_b}) {
+    for (int p = 1; p <= 4; ++p) {
+      for (int v = 1; v <= (schedule == Schedule::interleaved_one_f_one_b ? 3 : 1); ++v) {
+        for (int m = 1; m <= 8; ++m) {
+          if (schedule == Schedule::interleaved_one_f_one_b && m % p != 0) {
+            continue;
+          }
+          const PipelineShape shape{.stages = p, .microbatches = m, .chunks = v};
+          INFO(schedule_name(schedule) << " p " << p << " v " << v << " m " << m);
+          for (int r = 0; r < p; ++r) {
+            const auto order = pipeline_order(schedule, shape, r);
+            std::map<std::pair<int, int>, int> forwards, backwards; // (mb, chunk) -> position
+            for (std::size_t i = 0; i < order.size(); ++i) {
+              auto& seen = order[i].kind == PipelineAction::Kind::forward ? forwards : backwards;
+              CHECK(seen.emplace(std::pair{order[i].microbatch, order[i].chunk}, int(i)).second);
+            }
+            CHECK(forwards.size() == std::size_t(m * v));
+            CHECK(backwards.size() == std::size_t(m * v));
+            for (const auto& [key, at] : backwards) {
+              CHECK(forwards.at(key) < at);
+            }
+          }
+          // Forwards as long as backwards: every rank idles the bubble; backwards twice as long: a
+          // schedule still runs (the timeline is the check that it cannot deadlock).
+          const PipelineTimeline t = simulate_pipeline(schedule, shape);
+          for (int r = 0; r < p; ++r) {
+            CHECK(t.idle_fraction(r) == Approx(pipeline_bubble(p, m, v)).margin(1e-12));
+          }
+          (void)simulate_pipeline(schedule, shape, 1.0, 2.0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("pipeline_order: shapes a schedule cannot run are errors naming them", "[pipeline]") {
+  CHECK_THROWS_WITH(
+      pipeline_order(Schedule::interleaved_one_f_one_b, {.stages = 4, .microbatches = 6, .chunks = 2}, 0),
+      Catch::Contains("interleaved 1F1B on 4 stages, 2 chunks per stage, 6 micro-batches") &&
+          Catch::Contains("use a multiple of it"));
+  CHECK_THROWS_WITH(pipeline_order(Schedule::one_f_one_b, {.stages = 2, .microbatches = 4, .chunks = 2}, 0),
+                    Catch::Contains("only interleaved 1F1B runs several chunks per stage"));
+  CHECK_THROWS_WITH(pipeline_order(Schedule::gpipe, {.stages = 2, .microbatches = 4}, 2),
+                    Catch::Contains("rank 2 of 2 stages"));
+}

@@ -31,10 +31,9 @@
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
+#include "dtensor/parallel/pipeline_schedule.hpp"
 
 namespace dtensor {
-
-enum class Schedule : std::uint8_t { gpipe, one_f_one_b };
 
 template <class T>
 struct PipelineStage {
@@ -70,6 +69,9 @@ public:
 
   PipelineStats run(int m) {
     DTENSOR_CHECK(m >= 1, "run_pipeline: need at least one micro-batch, got " + std::to_string(m));
+    DTENSOR_CHECK(o_.schedule != Schedule::interleaved_one_f_one_b,
+                  "run_pipeline: a PipelineStage is one stage per rank; interleaved 1F1B runs several chunks "
+                  "per rank (pipeline_order gives its order)");
     const auto t0 = std::chrono::steady_clock::now();
     if (o_.schedule == Schedule::gpipe) {
       for (int i = 0; i < m; ++i) {
@@ -216,12 +218,6 @@ template <class T>
 PipelineStats run_pipeline(const ProcessGroup& pp, PipelineStage<T>& stage, int microbatches,
                            PipelineOptions options = {}) {
   return detail::PipelineRun<T>(pp, stage, options).run(microbatches);
-}
-
-/// The bubble fraction of a 1F1B or GPipe schedule with p stages and m equal micro-batches: (p - 1) / (m + p
-/// - 1).
-constexpr double pipeline_bubble(int stages, int microbatches) {
-  return double(stages - 1) / double(microbatches + stages - 1);
 }
 
 } // namespace dtensor
