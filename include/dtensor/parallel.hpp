@@ -15,5 +15,7 @@
 #include "dtensor/parallel/optim.hpp"
 #include "dtensor/parallel/param_init.hpp"
 #include "dtensor/parallel/pipeline.hpp"
+#include "dtensor/parallel/pipeline_run.hpp"
+#include "dtensor/parallel/pipeline_schedule.hpp"
 #include "dtensor/parallel/schedule.hpp"
 #include "dtensor/parallel/tp.hpp"

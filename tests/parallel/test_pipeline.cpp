@@ -14,7 +14,9 @@
 #include <dtensor/local/pointwise.hpp>
 #include <dtensor/local/random.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/parallel/layers/mlp_block.hpp>
 #include <dtensor/parallel/pipeline.hpp>
+#include <dtensor/parallel/pipeline_run.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
 #include <algorithm>
@@ -22,7 +24,9 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace dtensor;
@@ -403,4 +407,215 @@ TEST_CASE("pipeline_order: shapes a schedule cannot run are errors naming them",
                     Catch::Contains("only interleaved 1F1B runs several chunks per stage"));
   CHECK_THROWS_WITH(pipeline_order(Schedule::gpipe, {.stages = 2, .microbatches = 4}, 2),
                     Catch::Contains("rank 2 of 2 stages"));
+}
+
+// ---- the typed pipeline (parallel/pipeline_run.hpp): nn::MlpBlock chunks on (dp, tp) sub-meshes
+// ---------------
+
+namespace {
+
+using PMesh = MeshShape<Axis<"pp">, Axis<"dp">, Axis<"tp">>;
+using SMesh = MeshShape<Axis<"dp">, Axis<"tp">>;
+using SL = nn::Layout<SMesh, nn::TensorParallel<"tp">, nn::SequenceParallel>;
+using SBlock = nn::MlpBlock<double, SL>;
+using Act = nn::act_t<SL, double>;
+using Vec = std::vector<double>;
+constexpr std::int64_t kSeq = 4, kWidth = 8;
+const nn::TransformerConfig block_config{.hidden = kWidth, .ffn = 12, .norm_eps = 1e-6, .init_std = 0.4};
+
+/// Micro-batch mb's batch: 1 + mb % 3 rows (uneven; a dp rank may hold none).
+std::int64_t rows_of(int mb) {
+  return 1 + mb % 3;
+}
+Act pattern_act(const DeviceMesh<SMesh>& mesh, int mb, int salt) {
+  return from_global_index<double, Shard<0>, Shard<1>>(mesh, {rows_of(mb), kSeq, kWidth}, [&](const auto& i) {
+    return std::sin(0.3 * double(i[0] * 31 + i[1] * 7 + i[2]) + mb + salt);
+  });
+}
+Vec full_of(const auto& t) {
+  const auto f = t.full_tensor();
+  return Vec(f.data(), f.data() + f.numel());
+}
+SBlock block_of(const DeviceMesh<SMesh>& mesh, int stage) {
+  init::InitKeys keys(100 + static_cast<std::uint64_t>(stage));
+  return SBlock(mesh, block_config, keys);
+}
+
+/// Per micro-batch: the last stage's output and the first stage's input gradient; per model stage: every
+/// parameter's gradient summed over the micro-batches (full tensors).
+struct PipeResult {
+  std::map<int, Vec> y, dx;
+  std::map<int, std::vector<Vec>> grads;
+  std::vector<std::string> calls; ///< this rank's chunk calls in order: "F<mb>.<chunk>"
+};
+
+void add_into(std::vector<Vec>& sum, const std::vector<Vec>& g) {
+  if (sum.empty()) {
+    sum = g;
+    return;
+  }
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    for (std::size_t e = 0; e < g[i].size(); ++e) {
+      sum[i][e] += g[i][e];
+    }
+  }
+}
+
+/// The model of `stages` blocks on one rank, micro-batch by micro-batch, without the pipeline.
+PipeResult sequential(int stages, int m) {
+  PipeResult r;
+  testing::run_ranks(1, [&](ProcessGroup& one) {
+    const auto mesh = init_device_mesh<PMesh>(one, 1, 1, 1).slice<"dp", "tp">();
+    std::vector<SBlock> blocks;
+    for (int g = 0; g < stages; ++g) {
+      blocks.push_back(block_of(mesh, g));
+    }
+    using Back = decltype(blocks[0].forward(std::declval<const Act&>(), with_backward).backward);
+    for (int mb = 0; mb < m; ++mb) {
+      Act h = pattern_act(mesh, mb, 0);
+      std::vector<Back> backs;
+      for (const SBlock& b : blocks) {
+        auto [y, back] = b.forward(h, with_backward);
+        backs.push_back(std::move(back));
+        h = std::move(y);
+      }
+      r.y[mb] = full_of(h);
+      Act d = pattern_act(mesh, mb, 50);
+      for (int g = stages - 1; g >= 0; --g) {
+        auto [dx, grads] = backs[std::size_t(g)](d);
+        std::vector<Vec> gs;
+        std::apply([&](const auto&... w) { (gs.push_back(full_of(w)), ...); }, grads);
+        add_into(r.grads[g], gs);
+        d = std::move(dx);
+      }
+      r.dx[mb] = full_of(d);
+    }
+  });
+  return r;
+}
+
+PipeResult pipelined(const DeviceMesh<PMesh>& mesh, const PipelineRunOptions& o, int bad_stage_mb = -1) {
+  const auto stage = mesh.slice<"dp", "tp">();
+  const int p = o.shape.stages, v = o.shape.chunks, s = mesh.local_rank<"pp">();
+  const int stages = p * v;
+  std::vector<SBlock> blocks;
+  for (int c = 0; c < v; ++c) {
+    blocks.push_back(block_of(stage, c * p + s));
+  }
+  using Back = decltype(blocks[0].forward(std::declval<const Act&>(), with_backward).backward);
+  std::map<std::pair<int, int>, Back> saved;
+  PipeResult r;
+  PipelineChunks<Act> chunks;
+  chunks.forward = [&](int c, int mb, std::optional<Act> in) {
+    const int g = c * p + s;
+    r.calls.push_back("F" + std::to_string(mb) + "." + std::to_string(c));
+    expect(in.has_value() == (g > 0), "stage " + std::to_string(g) + ": an input iff not the first stage");
+    const Act x = in ? *in : pattern_act(stage, mb, 0);
+    auto [y, back] = blocks[std::size_t(c)].forward(x, with_backward);
+    saved.emplace(std::pair{c, mb}, std::move(back));
+    if (g == stages - 1) {
+      r.y[mb] = full_of(y);
+    }
+    if (g == 0 && mb == bad_stage_mb && stage.local_rank<"dp">() == 1) { // a shard of another global shape
+      return Act(stage, y.local(), {y.global_shape()[0], y.global_shape()[1], kWidth + 1});
+    }
+    return y;
+  };
+  chunks.backward = [&](int c, int mb, std::optional<Act> dout) -> std::optional<Act> {
+    const int g = c * p + s;
+    r.calls.push_back("B" + std::to_string(mb) + "." + std::to_string(c));
+    const Act d = dout ? *dout : pattern_act(stage, mb, 50);
+    const auto it = saved.find({c, mb});
+    auto [dx, grads] = it->second(d);
+    saved.erase(it);
+    std::vector<Vec> gs;
+    std::apply([&](const auto&... w) { (gs.push_back(full_of(w)), ...); }, grads);
+    add_into(r.grads[g], gs);
+    if (g == 0) {
+      r.dx[mb] = full_of(dx);
+      return std::nullopt;
+    }
+    return dx;
+  };
+  const PipelineRunStats st = run_pipeline(mesh.group<"pp">(), stage, chunks, o);
+  std::vector<std::string> want;
+  for (const PipelineAction& a : pipeline_order(o.schedule, o.shape, s)) {
+    want.push_back(a.to_string(true));
+  }
+  expect(r.calls == want, "the chunk calls are not the schedule's order");
+  expect(st.order.size() == want.size(), "the stats' order");
+  return r;
+}
+
+void close_vec(const Vec& got, const Vec& want, const std::string& what) {
+  expect(got.size() == want.size(), what + ": size");
+  for (std::size_t e = 0; e < want.size(); ++e) {
+    expect(std::abs(got[e] - want[e]) <= 1e-12 * (1 + std::abs(want[e])),
+           what + ": element " + std::to_string(e) + " is " + std::to_string(got[e]) + ", want " +
+               std::to_string(want[e]));
+  }
+}
+
+void typed_case(int pp, int dp, int tp, Schedule schedule, int v, int m) {
+  const PipelineRunOptions o{.schedule = schedule, .shape = {.stages = pp, .microbatches = m, .chunks = v}};
+  const int stages = pp * v;
+  const PipeResult want = sequential(stages, m);
+  const std::string name = std::string(schedule_name(schedule)) + " (pp " + std::to_string(pp) + ", dp " +
+                           std::to_string(dp) + ", tp " + std::to_string(tp) + "), " + std::to_string(v) +
+                           " chunks, " + std::to_string(m) + " micro-batches";
+  testing::run_ranks(pp * dp * tp, [&](ProcessGroup& world) {
+    const auto mesh = init_device_mesh<PMesh>(world, pp, dp, tp);
+    const PipeResult got = pipelined(mesh, o);
+    const int s = mesh.local_rank<"pp">();
+    const std::string at = name + ", rank " + std::to_string(world.rank());
+    for (int mb = 0; mb < m; ++mb) {
+      if ((stages - 1) % pp == s) {
+        close_vec(got.y.at(mb), want.y.at(mb), at + ": micro-batch " + std::to_string(mb) + "'s output");
+      }
+      if (s == 0) {
+        close_vec(got.dx.at(mb), want.dx.at(mb),
+                  at + ": micro-batch " + std::to_string(mb) + "'s input gradient");
+      }
+    }
+    for (int c = 0; c < v; ++c) {
+      const int g = c * pp + s;
+      for (std::size_t i = 0; i < want.grads.at(g).size(); ++i) {
+        close_vec(got.grads.at(g)[i], want.grads.at(g)[i],
+                  at + ": stage " + std::to_string(g) + "'s parameter " + std::to_string(i));
+      }
+    }
+  });
+}
+
+} // namespace
+
+TEST_CASE(
+    "run_pipeline on DTensors: GPipe, 1F1B and interleaved 1F1B over (pp, dp, tp) equal the model on one "
+    "rank",
+    "[pipeline]") {
+  typed_case(2, 1, 1, Schedule::gpipe, 1, 3);
+  typed_case(2, 1, 1, Schedule::one_f_one_b, 1, 5);
+  typed_case(3, 1, 1, Schedule::one_f_one_b, 1, 4);
+  typed_case(4, 1, 1, Schedule::one_f_one_b, 1, 3);
+  typed_case(1, 1, 1, Schedule::interleaved_one_f_one_b, 3, 2); // one rank, three chunks: in memory
+  typed_case(2, 1, 1, Schedule::interleaved_one_f_one_b, 2, 4);
+  typed_case(2, 2, 1, Schedule::interleaved_one_f_one_b, 2, 4); // micro-batches of 1-3 rows over dp 2
+  typed_case(2, 1, 2, Schedule::one_f_one_b, 1, 3);             // tensor + sequence parallel stages
+  typed_case(2, 2, 2, Schedule::interleaved_one_f_one_b, 2, 2); // 8 ranks: pp x dp x tp
+}
+
+TEST_CASE(
+    "run_pipeline on DTensors: a shard of another shape is an error naming stage, micro-batch and shapes",
+    "[pipeline]") {
+  const PipelineRunOptions o{.schedule = Schedule::one_f_one_b, .shape = {.stages = 2, .microbatches = 3}};
+  CHECK_THROWS_WITH(
+      testing::run_ranks(4,
+                         [&](ProcessGroup& world) {
+                           (void)pipelined(init_device_mesh<PMesh>(world, 2, 2, 1), o,
+                                           /*bad_stage_mb=*/1);
+                         }),
+      Catch::Contains(
+          "stage 1 (pp rank 1), micro-batch 1, the activation from stage 0: global "
+          "shape [2, 4, 9] arrives as a shard of [1, 4, 8], but [S(0),S(1)] gives this rank's coordinate a "
+          "shard of [1, 4, 9]"));
 }

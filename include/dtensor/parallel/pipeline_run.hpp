@@ -1,0 +1,224 @@
+#pragma once
+// A pipeline of DTensor stages: each rank of a pp group runs one or more chunks (model stages) on its stage's
+// sub-mesh, and what crosses a boundary is a DTensor of any rank with its placements, sent shard by shard
+// to the rank of the same sub-mesh coordinate on the next stage. The order is pipeline_order's (GPipe, 1F1B,
+// interleaved 1F1B, parallel/pipeline_schedule.hpp).
+//
+//   using Mesh = MeshShape<Axis<"pp">, Axis<"dp">, Axis<"tp">>;
+//   const auto stage_mesh = mesh.slice<"dp", "tp">();           // this stage's (dp, tp) sub-mesh
+//   using Act = nn::act_t<L, float>;                            // L's mesh is (dp, tp)
+//   PipelineChunks<Act> chunks;
+//   chunks.forward = [&](int chunk, int mb, std::optional<Act> in) -> Act { ... };    // in: none on model
+//   stage 0 chunks.backward = [&](int chunk, int mb, std::optional<Act> dout) -> std::optional<Act> { ... };
+//   run_pipeline(mesh.group<"pp">(), stage_mesh, chunks, {.schedule = Schedule::interleaved_one_f_one_b,
+//                .shape = {.stages = 2, .microbatches = 4, .chunks = 2}});
+//
+// Chunk c of pp rank s is model stage c p + s. The forward of the last model stage returns its output (not
+// sent; its backward starts from its own loss: dout is empty there); the backward of model stage 0 returns
+// nothing to send. A chunk keeps what its backward needs per micro-batch. Activations may have another
+// global shape in every micro-batch: each send is a header (the micro-batch, the sending model stage, the
+// global and the local shape) and the shard; the receiver checks the header against what its order expects
+// and the local shape against the shard its coordinate gets of that global shape, and throws an Error
+// naming the stage, the micro-batch and both shapes. Sends are asynchronous and waited for at the end;
+// receives block where the order needs them, so the run waits exactly where the schedule's timeline does
+// (simulate_pipeline: no order waits on itself). A chunk whose neighbour is on the same rank (one pp rank,
+// several chunks) hands its tensor over in memory.
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "dtensor/comm/p2p.hpp"
+#include "dtensor/comm/process_group.hpp"
+#include "dtensor/core/error.hpp"
+#include "dtensor/core/extents.hpp"
+#include "dtensor/layout/shard_spec.hpp"
+#include "dtensor/parallel/pipeline_schedule.hpp"
+#include "dtensor/tensor/dtensor.hpp"
+
+namespace dtensor {
+
+/// The chunks (model stages) of one pp rank (see the top of this file).
+template <class Act>
+struct PipelineChunks {
+  std::function<Act(int chunk, int microbatch, std::optional<Act> input)> forward;
+  std::function<std::optional<Act>(int chunk, int microbatch, std::optional<Act> output_grad)> backward;
+};
+
+struct PipelineRunOptions {
+  Schedule schedule = Schedule::one_f_one_b;
+  PipelineShape shape{};         ///< stages must be the pp group's size
+  Device device = Device::cpu(); ///< where the received tensors are made (the chunks' device)
+};
+
+/// What a run did on this rank: the steps in the order run, the time in them and in total.
+struct PipelineRunStats {
+  std::vector<PipelineAction> order;
+  double total_s = 0;
+  double compute_s = 0;
+  double idle_fraction() const { return total_s > 0 ? 1.0 - compute_s / total_s : 0.0; }
+};
+
+namespace detail {
+
+template <class Act>
+class TypedPipelineRun {
+  static constexpr int R = Act::rank;
+  static constexpr std::int64_t kMagic = 0x70697065; // "pipe"
+  static constexpr int kHeader = 4 + 2 * R;          // magic, kind, micro-batch, stage, global, local
+
+public:
+  TypedPipelineRun(const ProcessGroup& pp, const typename Act::mesh_type& stage_mesh,
+                   PipelineChunks<Act>& chunks, const PipelineRunOptions& o)
+      : pp_(pp), mesh_(stage_mesh), chunks_(chunks), o_(o), s_(pp.rank()), p_(pp.size()),
+        stages_(o.shape.stages * o.shape.chunks) {
+    DTENSOR_CHECK(o.shape.stages == p_, "run_pipeline: the shape names " + std::to_string(o.shape.stages) +
+                                            " stages, the pp group has " + std::to_string(p_) + " ranks");
+    DTENSOR_CHECK(chunks.forward && chunks.backward,
+                  "run_pipeline: PipelineChunks needs forward and backward");
+  }
+
+  PipelineRunStats run() {
+    PipelineRunStats st;
+    st.order = pipeline_order(o_.schedule, o_.shape, s_);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const PipelineAction& a : st.order) {
+      const int g = a.chunk * p_ + s_;
+      if (a.kind == PipelineAction::Kind::forward) {
+        std::optional<Act> in;
+        if (g > 0) {
+          in = receive(kForward, a.microbatch, g - 1, g);
+        }
+        const auto c0 = std::chrono::steady_clock::now();
+        Act out = chunks_.forward(a.chunk, a.microbatch, std::move(in));
+        st.compute_s += seconds_since(c0);
+        if (g + 1 < stages_) {
+          send(kForward, a.microbatch, g, g + 1, out);
+        }
+      } else {
+        std::optional<Act> dout;
+        if (g + 1 < stages_) {
+          dout = receive(kBackward, a.microbatch, g + 1, g);
+        }
+        const auto c0 = std::chrono::steady_clock::now();
+        std::optional<Act> din = chunks_.backward(a.chunk, a.microbatch, std::move(dout));
+        st.compute_s += seconds_since(c0);
+        if (g > 0) {
+          DTENSOR_CHECK(din.has_value(), "run_pipeline: the backward of model stage " + std::to_string(g) +
+                                             " (micro-batch " + std::to_string(a.microbatch) +
+                                             ") returned no input gradient to send to stage " +
+                                             std::to_string(g - 1));
+          send(kBackward, a.microbatch, g, g - 1, *din);
+        }
+      }
+    }
+    for (Work& w : pending_) {
+      w.wait();
+    }
+    pending_.clear();
+    st.total_s = seconds_since(t0);
+    return st;
+  }
+
+private:
+  static constexpr int kForward = 0;
+  static constexpr int kBackward = 1;
+
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  int rank_of(int stage) const { return stage % p_; }
+  int tag(int kind, int part) const { return 1 + 2 * kind + part; }
+
+  void send(int kind, int mb, int from, int to, const Act& t) {
+    const int peer = rank_of(to);
+    if (peer == s_) {
+      local_.insert_or_assign(std::tuple{kind, mb, to}, t);
+      return;
+    }
+    Tensor<std::int64_t, 1> header({kHeader});
+    std::int64_t* h = header.data();
+    h[0] = kMagic;
+    h[1] = kind;
+    h[2] = mb;
+    h[3] = from;
+    for (int d = 0; d < R; ++d) {
+      h[4 + d] = t.global_shape()[static_cast<std::size_t>(d)];
+      h[4 + R + d] = t.local().shape()[static_cast<std::size_t>(d)];
+    }
+    const auto dev = t.local().device();
+    pending_.push_back(isend(dev.is_cpu() ? header : header.to(dev), peer, pp_, tag(kind, 0)));
+    pending_.push_back(isend(t.local().contiguous(), peer, pp_, tag(kind, 1)));
+  }
+
+  Act receive(int kind, int mb, int from, int to) {
+    const int peer = rank_of(from);
+    const char* what = kind == kForward ? "activation" : "gradient";
+    if (peer == s_) {
+      const auto it = local_.find({kind, mb, to});
+      DTENSOR_CHECK(it != local_.end(), "run_pipeline: stage " + std::to_string(to) + " found no " + what +
+                                            " of micro-batch " + std::to_string(mb) + " from stage " +
+                                            std::to_string(from) + " on its own rank");
+      Act t = std::move(it->second);
+      local_.erase(it);
+      return t;
+    }
+    Tensor<std::int64_t, 1> header({kHeader});
+    const Device dev = o_.device;
+    Tensor<std::int64_t, 1> wire = dev.is_cpu() ? header : header.to(dev);
+    recv(wire, peer, pp_, tag(kind, 0));
+    const Tensor<std::int64_t, 1> host = dev.is_cpu() ? wire : wire.to(Device::cpu());
+    const std::int64_t* h = host.data();
+    const std::string at = "run_pipeline: stage " + std::to_string(to) + " (pp rank " + std::to_string(s_) +
+                           "), micro-batch " + std::to_string(mb) + ", the " + what + " from stage " +
+                           std::to_string(from);
+    DTENSOR_CHECK(h[0] == kMagic && h[1] == kind && h[2] == mb && h[3] == from,
+                  at + ": received the header of " + (h[1] == kForward ? "an activation" : "a gradient") +
+                      " of micro-batch " + std::to_string(h[2]) + " from stage " + std::to_string(h[3]) +
+                      " (the stages run different schedules or shapes)");
+    typename Act::shape_type global{};
+    std::array<std::int64_t, R> theirs{};
+    for (int d = 0; d < R; ++d) {
+      global[static_cast<std::size_t>(d)] = h[4 + d];
+      theirs[static_cast<std::size_t>(d)] = h[4 + R + d];
+    }
+    const Block mine = spec_block(detail::to_extents(global), Act::spec, mesh_.sizes(), mesh_.coordinate());
+    const auto local_shape = detail::to_array<R>(mine.shape);
+    DTENSOR_CHECK(local_shape == theirs,
+                  at + ": global shape " + shape_to_string(global) + " arrives as a shard of " +
+                      shape_to_string(theirs) + ", but " + dtensor::to_string(Act::placements) +
+                      " gives this rank's coordinate a shard of " + shape_to_string(local_shape) +
+                      " (the stages' sub-meshes or placements differ)");
+    typename Act::local_type local(local_shape, dev);
+    recv(local, peer, pp_, tag(kind, 1));
+    return Act(mesh_, std::move(local), global);
+  }
+
+  ProcessGroup pp_;
+  typename Act::mesh_type mesh_;
+  PipelineChunks<Act>& chunks_;
+  PipelineRunOptions o_;
+  int s_, p_, stages_;
+  std::vector<Work> pending_;
+  std::map<std::tuple<int, int, int>, Act> local_; ///< (kind, micro-batch, to stage) -> tensor
+};
+
+} // namespace detail
+
+/// Runs the forwards and backwards of this rank's chunks in `options`' schedule (see the top of this file):
+/// `pp` is the pipeline group (rank s holds chunks c of model stages c p + s), `stage_mesh` the sub-mesh
+/// the chunks' DTensors live on.
+template <class Act>
+PipelineRunStats run_pipeline(const ProcessGroup& pp, const typename Act::mesh_type& stage_mesh,
+                              PipelineChunks<Act>& chunks, const PipelineRunOptions& options) {
+  return detail::TypedPipelineRun<Act>(pp, stage_mesh, chunks, options).run();
+}
+
+} // namespace dtensor
