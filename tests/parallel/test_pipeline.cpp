@@ -7,6 +7,11 @@
 // composed with data parallelism on a (dp, pp) = (2, 2) mesh;
 // and the ordering that would deadlock with blocking sends (send, then receive, on both sides of a pair)
 // does deadlock, which the group's timeout reports, while the schedule's batched exchanges do not.
+// The schedules as value code (pipeline_order, simulate_pipeline: orders pinned, the bubble against the
+// formula); run_pipeline on DTensors with nn::MlpBlock chunks on (pp, dp, tp) meshes against one rank; and
+// the GPT of nn:: layers pipelined with FSDP and TP inside each stage (PP x FSDP x TP on 8 ranks, 1F1B;
+// interleaved 1F1B on (pp 2, dp 2), 5 layers over 4 model stages): two AdamW steps of 4 micro-batches
+// equal nn::DdpTrainer on one rank over the same micro-batches (losses, every parameter, within 1e-10).
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/collectives.hpp>
@@ -14,7 +19,12 @@
 #include <dtensor/local/pointwise.hpp>
 #include <dtensor/local/random.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/parallel/fsdp.hpp>
+#include <dtensor/parallel/layers/block.hpp>
 #include <dtensor/parallel/layers/mlp_block.hpp>
+#include <dtensor/parallel/layers/model.hpp>
+#include <dtensor/parallel/layers/trainer.hpp>
+#include <dtensor/parallel/optim.hpp>
 #include <dtensor/parallel/pipeline.hpp>
 #include <dtensor/parallel/pipeline_run.hpp>
 #include <dtensor/testing/run_ranks.hpp>
@@ -23,9 +33,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <map>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -618,4 +633,267 @@ TEST_CASE(
           "stage 1 (pp rank 1), micro-batch 1, the activation from stage 0: global "
           "shape [2, 4, 9] arrives as a shard of [1, 4, 8], but [S(0),S(1)] gives this rank's coordinate a "
           "shard of [1, 4, 9]"));
+}
+
+// ---- PP x FSDP x TP: the GPT of nn:: layers, pipelined, FSDP and TP inside each stage
+// ----------------------
+
+namespace {
+
+using GL = nn::Layout<SMesh, nn::TensorParallel<"tp">, nn::SequenceParallel>;
+using GModel = nn::LanguageModel<double, GL, nn::TransformerBlock>;
+using GBlock = nn::TransformerBlock<double, GL>;
+using GAct = nn::act_t<GL, double>;
+using EmbGroup = FlatParamGroup<double, SMesh, Fsdp<"dp">, nn::params_of<nn::Embedding<double, GL>>>;
+using BlockGroup = FlatParamGroup<double, SMesh, Fsdp<"dp">, nn::params_of<GBlock>>;
+using HeadGroup = FlatParamGroup<double, SMesh, Fsdp<"dp">,
+                                 nn::params_of_layers<nn::RmsNorm<double, GL>, nn::LmHead<double, GL>>>;
+constexpr int kGptLayers = 5, kGptMicro = 4, kGptSteps = 2;
+constexpr std::int64_t kGptRows = 2, kGptSeq = 6;
+const nn::TransformerConfig gpt_config{
+    .vocab = 23, .hidden = 16, .heads = 4, .kv_heads = 2, .ffn = 24, .norm_eps = 1e-6, .init_std = 0.3};
+
+nn::ids_t<GL> gpt_ids(const DeviceMesh<SMesh>& mesh, int step, int mb, int shift) {
+  return from_global_index<std::int64_t, Shard<0>, Replicate>(mesh, {kGptRows, kGptSeq}, [&](const auto& i) {
+    return (i[0] * 7 + i[1] * 5 + step * 3 + mb * 11 + shift + i[1] * i[1]) % gpt_config.vocab;
+  });
+}
+
+struct GptRun {
+  std::vector<double> losses;
+  std::map<int, Vec> params; ///< by position in the one-rank model's parameter order
+};
+
+/// Parameter positions in the one-rank order: the embedding's, each block's nine, the norm's and the head's.
+constexpr int kBlockParams = 9;
+int block_param(int b, int i) {
+  return 1 + kBlockParams * b + i;
+}
+
+GptRun gpt_one_rank() {
+  GptRun run;
+  testing::run_ranks(1, [&](ProcessGroup& one) {
+    const auto mesh = init_device_mesh<PMesh>(one, 1, 1, 1).slice<"dp", "tp">();
+    init::InitKeys keys(17);
+    nn::DdpTrainer<GModel, "dp"> trainer(mesh, GModel(mesh, gpt_config, kGptLayers, keys),
+                                         {.max_norm = std::numeric_limits<double>::infinity()});
+    optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
+    for (int step = 0; step < kGptSteps; ++step) {
+      std::vector<std::pair<nn::ids_t<GL>, nn::ids_t<GL>>> micro;
+      for (int mb = 0; mb < kGptMicro; ++mb) {
+        micro.emplace_back(gpt_ids(mesh, step, mb, 0), gpt_ids(mesh, step, mb, 1));
+      }
+      run.losses.push_back(trainer.step(std::span(micro), opt).loss);
+    }
+    int at = 0;
+    trainer.with_gathered([&](auto& m) {
+      nn::for_each_tensor(m.parameters(), [&](const auto& w) { run.params[at++] = full_of(w); });
+    });
+  });
+  return run;
+}
+
+/// This rank's part of the pipelined GPT: its chunks' FSDP groups, trained kGptSteps steps.
+GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
+  const auto stage = mesh.slice<"dp", "tp">();
+  const int p = mesh.size<"pp">(), s = mesh.local_rank<"pp">(), stages = p * v;
+  init::InitKeys keys(17);
+  GModel model(stage, gpt_config, kGptLayers, keys); // every parameter (the sharding-invariant RNG), then
+  struct Chunk {                                     // each chunk keeps its own layers' groups
+    int stage, first, last;
+    std::vector<BlockGroup> blocks;
+    std::optional<EmbGroup> embedding;
+    std::optional<HeadGroup> head;
+    int backwards = 0;
+  };
+  std::vector<Chunk> chunks(static_cast<std::size_t>(v));
+  for (int c = 0; c < v; ++c) {
+    Chunk& k = chunks[std::size_t(c)];
+    k.stage = c * p + s;
+    std::tie(k.first, k.last) = pipeline_layers(kGptLayers, stages, k.stage);
+    for (int b = k.first; b < k.last; ++b) {
+      k.blocks.push_back(std::apply([](const auto&... w) { return BlockGroup(w...); },
+                                    model.blocks[std::size_t(b)].parameters()));
+    }
+    if (k.stage == 0) {
+      k.embedding.emplace(
+          std::apply([](const auto&... w) { return EmbGroup(w...); }, model.embedding.parameters()));
+    }
+    if (k.stage == stages - 1) {
+      k.head.emplace(std::apply([](const auto&... w) { return HeadGroup(w...); },
+                                std::tuple_cat(model.norm.parameters(), model.head.parameters())));
+    }
+  }
+  optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
+  GptRun run;
+  for (int step = 0; step < kGptSteps; ++step) {
+    // FSDP inside the stage: every group gathered once per step, kept for all micro-batches, gradients
+    // accumulated unsharded and reduce_scattered once with the chunk's last backward.
+    for (Chunk& k : chunks) {
+      for (auto& g : k.blocks) {
+        g.unshard();
+      }
+      if (k.embedding) {
+        k.embedding->unshard();
+      }
+      if (k.head) {
+        k.head->unshard();
+      }
+    }
+    std::map<std::pair<int, int>, std::function<std::optional<GAct>(std::optional<GAct>)>> pending;
+    double loss = 0;
+    PipelineChunks<GAct> fns;
+    fns.forward = [&](int c, int mb, std::optional<GAct> in) {
+      Chunk& k = chunks[std::size_t(c)];
+      auto emb_back = std::make_shared<std::function<void(const GAct&)>>();
+      GAct h = in ? *in : [&] {
+        auto [w] = k.embedding->params();
+        auto [x, back] =
+            model.embedding.with_parameters(w).forward(gpt_ids(stage, step, mb, 0), with_backward);
+        auto& group = *k.embedding;
+        *emb_back = [back = std::move(back), &group, &k](const GAct& dh) {
+          auto g = back(dh).params;
+          if (k.backwards + 1 == kGptMicro) {
+            std::apply([&](const auto&... d) { group.reduce_gradients(d...); }, g);
+          } else {
+            std::apply([&](const auto&... d) { group.accumulate_gradients(d...); }, g);
+          }
+        };
+        return x;
+      }();
+      std::vector<std::function<GAct(const GAct&)>> block_backs;
+      for (std::size_t b = 0; b < k.blocks.size(); ++b) {
+        auto& group = k.blocks[b];
+        const GBlock layer = std::apply(
+            [&](const auto&... w) { return model.blocks[std::size_t(k.first) + b].with_parameters(w...); },
+            group.params());
+        auto [y, back] = layer.forward(h, with_backward);
+        block_backs.push_back([back = std::move(back), &group, &k](const GAct& dy) {
+          auto [dx, g] = back(dy);
+          if (k.backwards + 1 == kGptMicro) {
+            std::apply([&](const auto&... d) { group.reduce_gradients(d...); }, g);
+          } else {
+            std::apply([&](const auto&... d) { group.accumulate_gradients(d...); }, g);
+          }
+          return dx;
+        });
+        h = std::move(y);
+      }
+      std::function<GAct()> head_back;
+      if (k.head) {
+        auto& group = *k.head;
+        auto n_view = model.norm.with_parameters(group.template param<0>());
+        auto h_view = model.head.with_parameters(group.template param<1>());
+        auto [n, norm_back] = n_view.forward(h, with_backward);
+        auto [l, lossb] = h_view.forward(n, gpt_ids(stage, step, mb, 1), with_backward);
+        loss += l.full_tensor().item() / kGptMicro;
+        head_back = [norm_back = std::move(norm_back), lossb = std::move(lossb), &group, &k]() {
+          auto [dn, hg] = lossb(1.0 / kGptMicro);
+          auto [dh, ng] = norm_back(dn);
+          auto g = std::tuple_cat(std::move(ng), std::move(hg));
+          if (k.backwards + 1 == kGptMicro) {
+            std::apply([&](const auto&... d) { group.reduce_gradients(d...); }, g);
+          } else {
+            std::apply([&](const auto&... d) { group.accumulate_gradients(d...); }, g);
+          }
+          return dh;
+        };
+      }
+      pending.emplace(std::pair{c, mb},
+                      [block_backs = std::move(block_backs), head_back, emb_back,
+                       first = k.stage == 0](std::optional<GAct> dout) -> std::optional<GAct> {
+                        GAct d = head_back ? head_back() : *dout;
+                        for (auto it = block_backs.rbegin(); it != block_backs.rend(); ++it) {
+                          d = (*it)(d);
+                        }
+                        if (first) {
+                          (*emb_back)(d);
+                          return std::nullopt;
+                        }
+                        return d;
+                      });
+      return h;
+    };
+    fns.backward = [&](int c, int mb, std::optional<GAct> dout) {
+      const auto it = pending.find({c, mb});
+      auto result = it->second(std::move(dout));
+      pending.erase(it);
+      ++chunks[std::size_t(c)].backwards;
+      return result;
+    };
+    (void)run_pipeline(
+        mesh.group<"pp">(), stage, fns,
+        {.schedule = schedule, .shape = {.stages = p, .microbatches = kGptMicro, .chunks = v}});
+    run.losses.push_back(loss);
+    for (Chunk& k : chunks) {
+      expect(k.backwards == kGptMicro, "every micro-batch's backward ran once per chunk");
+      k.backwards = 0;
+      const auto step_group = [&](auto& g, int index) {
+        g.reshard();
+        opt.step(index, g);
+        g.zero_grad();
+      };
+      for (std::size_t b = 0; b < k.blocks.size(); ++b) {
+        step_group(k.blocks[b], 1 + k.first + int(b));
+      }
+      if (k.embedding) {
+        step_group(*k.embedding, 0);
+      }
+      if (k.head) {
+        step_group(*k.head, kGptLayers + 1);
+      }
+    }
+  }
+  for (Chunk& k : chunks) {
+    for (std::size_t b = 0; b < k.blocks.size(); ++b) {
+      k.blocks[b].unshard();
+      int i = 0;
+      std::apply(
+          [&](const auto&... w) { ((run.params[block_param(k.first + int(b), i++)] = full_of(w)), ...); },
+          k.blocks[b].params());
+    }
+    if (k.embedding) {
+      k.embedding->unshard();
+      run.params[0] = full_of(k.embedding->template param<0>());
+    }
+    if (k.head) {
+      k.head->unshard();
+      run.params[1 + kBlockParams * kGptLayers] = full_of(k.head->template param<0>());
+      run.params[2 + kBlockParams * kGptLayers] = full_of(k.head->template param<1>());
+    }
+  }
+  return run;
+}
+
+void gpt_case(int pp, int dp, int tp, Schedule schedule, int v, const GptRun& want) {
+  const std::string name = std::string(schedule_name(schedule)) + " GPT (pp " + std::to_string(pp) + ", dp " +
+                           std::to_string(dp) + ", tp " + std::to_string(tp) + "), " + std::to_string(v) +
+                           " chunks";
+  testing::run_ranks(pp * dp * tp, [&](ProcessGroup& world) {
+    const auto mesh = init_device_mesh<PMesh>(world, pp, dp, tp);
+    const GptRun got = gpt_pipelined(mesh, schedule, v);
+    const std::string at = name + ", rank " + std::to_string(world.rank());
+    if (mesh.local_rank<"pp">() == (pp * v - 1) % pp) {
+      close_vec(got.losses, want.losses, at + ": losses");
+    }
+    for (const auto& [i, w] : got.params) {
+      expect(want.params.count(i) == 1 && want.params.at(i).size() == w.size(),
+             at + ": parameter " + std::to_string(i) + "'s size");
+      for (std::size_t e = 0; e < w.size(); ++e) {
+        expect(std::abs(w[e] - want.params.at(i)[e]) <= 1e-10 * std::max(1.0, std::abs(want.params.at(i)[e])),
+               at + ": parameter " + std::to_string(i) + " element " + std::to_string(e));
+      }
+    }
+  });
+}
+
+} // namespace
+
+TEST_CASE("PP x FSDP x TP: the GPT pipelined over stages of FSDP + TP blocks equals one rank", "[pipeline]") {
+  CHECK(pipeline_layers(5, 4, 0) == std::pair{0, 2});
+  CHECK(pipeline_layers(5, 4, 3) == std::pair{4, 5});
+  CHECK_THROWS_WITH(pipeline_layers(3, 4, 0), Catch::Contains("3 layers over 4 stages"));
+  const GptRun want = gpt_one_rank();
+  gpt_case(2, 2, 2, Schedule::one_f_one_b, 1, want);             // 8 ranks: 3 + 2 layers
+  gpt_case(2, 2, 1, Schedule::interleaved_one_f_one_b, 2, want); // 4 model stages: 2, 1, 1, 1 layers
 }

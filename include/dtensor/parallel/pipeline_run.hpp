@@ -23,6 +23,13 @@
 // receives block where the order needs them, so the run waits exactly where the schedule's timeline does
 // (simulate_pipeline: no order waits on itself). A chunk whose neighbour is on the same rank (one pp rank,
 // several chunks) hands its tensor over in memory.
+//
+// FSDP inside a stage (tests/parallel/test_pipeline.cpp, "PP x FSDP x TP"): each chunk's FlatParamGroups
+// are gathered once per step and kept for all its micro-batches; the gradients of the first m - 1
+// backwards accumulate unsharded (accumulate_gradients) and the chunk's last backward reduce_scatters the
+// sum (reduce_gradients). Gathering per micro-batch instead would repeat the all_gather and the
+// reduce_scatter m times a step for the memory of one chunk's unsharded parameters, which a pipeline stage
+// (a fraction of the model) can hold; torchtitan makes the same choice for pipelined FSDP.
 
 #include <array>
 #include <chrono>

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtensor/core/error.hpp"
@@ -185,6 +186,19 @@ inline PipelineTimeline simulate_pipeline(Schedule schedule, const PipelineShape
     t.makespan = std::max(t.makespan, free_at[ri]);
   }
   return t;
+}
+
+/// The layers [first, last) of model stage `stage` when `layers` layers are split over `stages` stages in
+/// order: each gets layers / stages, and the first layers % stages one more (5 over 4: 2, 1, 1, 1). Throws
+/// when there are fewer layers than stages.
+inline std::pair<int, int> pipeline_layers(int layers, int stages, int stage) {
+  DTENSOR_CHECK(stages >= 1 && layers >= stages && stage >= 0 && stage < stages,
+                "pipeline_layers: " + std::to_string(layers) + " layers over " + std::to_string(stages) +
+                    " stages (stage " + std::to_string(stage) + "): every stage needs at least one layer");
+  const int base = layers / stages;
+  const int extra = layers % stages;
+  const int first = stage * base + std::min(stage, extra);
+  return {first, first + base + (stage < extra ? 1 : 0)};
 }
 
 /// The bubble fraction of GPipe, 1F1B or interleaved 1F1B with p stages, m equal micro-batches and v
