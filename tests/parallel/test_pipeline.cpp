@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/collectives.hpp>
+#include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/local/gemm.hpp>
 #include <dtensor/local/pointwise.hpp>
 #include <dtensor/local/random.hpp>
@@ -30,6 +31,7 @@
 #include <dtensor/testing/run_ranks.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -662,6 +664,9 @@ nn::ids_t<GL> gpt_ids(const DeviceMesh<SMesh>& mesh, int step, int mb, int shift
 struct GptRun {
   std::vector<double> losses;
   std::map<int, Vec> params; ///< by position in the one-rank model's parameter order
+  /// Per step: isend and recv over pp, all_gather and reduce_scatter over dp; and what the layout implies.
+  std::vector<std::array<std::int64_t, 4>> comms;
+  std::array<std::int64_t, 4> expected{};
 };
 
 /// Parameter positions in the one-rank order: the embedding's, each block's nine, the norm's and the head's.
@@ -726,7 +731,18 @@ GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
   }
   optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
   GptRun run;
+  // Derived from the layout: each boundary a chunk crosses sends (and receives) a header and a shard per
+  // micro-batch, forward and backward; each FSDP group is gathered and reduce_scattered once a step.
+  for (const Chunk& k : chunks) {
+    const std::int64_t crossings = (k.stage > 0 ? 1 : 0) + (k.stage < stages - 1 ? 1 : 0);
+    run.expected[0] += 2 * kGptMicro * crossings;
+    run.expected[1] += 2 * kGptMicro * crossings;
+    const std::int64_t groups = std::int64_t(k.blocks.size()) + (k.embedding ? 1 : 0) + (k.head ? 1 : 0);
+    run.expected[2] += groups;
+    run.expected[3] += groups;
+  }
   for (int step = 0; step < kGptSteps; ++step) {
+    CommDebugMode comm;
     // FSDP inside the stage: every group gathered once per step, kept for all micro-batches, gradients
     // accumulated unsharded and reduce_scattered once with the chunk's last backward.
     for (Chunk& k : chunks) {
@@ -825,6 +841,8 @@ GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
         mesh.group<"pp">(), stage, fns,
         {.schedule = schedule, .shape = {.stages = p, .microbatches = kGptMicro, .chunks = v}});
     run.losses.push_back(loss);
+    run.comms.push_back({comm.count("isend", "pp"), comm.count("recv", "pp"), comm.count("all_gather", "dp"),
+                         comm.count("reduce_scatter", "dp")});
     for (Chunk& k : chunks) {
       expect(k.backwards == kGptMicro, "every micro-batch's backward ran once per chunk");
       k.backwards = 0;
@@ -875,6 +893,14 @@ void gpt_case(int pp, int dp, int tp, Schedule schedule, int v, const GptRun& wa
     const std::string at = name + ", rank " + std::to_string(world.rank());
     if (mesh.local_rank<"pp">() == (pp * v - 1) % pp) {
       close_vec(got.losses, want.losses, at + ": losses");
+    }
+    for (const auto& c : got.comms) {
+      expect(c == got.expected, at + ": isend/recv over pp, all_gather/reduce_scatter over dp per step " +
+                                    std::to_string(c[0]) + "/" + std::to_string(c[1]) + "/" +
+                                    std::to_string(c[2]) + "/" + std::to_string(c[3]) +
+                                    ", the layout gives " + std::to_string(got.expected[0]) + "/" +
+                                    std::to_string(got.expected[1]) + "/" + std::to_string(got.expected[2]) +
+                                    "/" + std::to_string(got.expected[3]));
     }
     for (const auto& [i, w] : got.params) {
       expect(want.params.count(i) == 1 && want.params.at(i).size() == w.size(),
