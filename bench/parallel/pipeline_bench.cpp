@@ -2,7 +2,10 @@
 // threads, gloo), 1-16 micro-batches, each stage's forward a fixed 2 ms and its backward 4 ms of sleep (a
 // stand-in for compute that does not compete for this machine's 2 cores, so what is measured is the
 // schedule), tiny activations. The measured bubble is the last stage's idle fraction (the stage that
-// waits longest to start); GPipe next to 1F1B.
+// waits longest to start); GPipe next to 1F1B. Then the same through run_pipeline on DTensors
+// (parallel/pipeline_run.hpp: a header and a shard per boundary crossing, asynchronous sends) for GPipe,
+// 1F1B and interleaved 1F1B with 2 chunks per stage (each chunk half of the stage's sleep), next to the
+// formula (p - 1) / (v m + p - 1) and the timeline simulate_pipeline predicts for these times.
 //
 //   bench_pipeline [--scale S] [--smoke] [--out DIR]     # writes DIR/pipeline.json (default bench/results)
 
@@ -13,7 +16,9 @@
 #include <string>
 #include <thread>
 
+#include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/parallel/pipeline.hpp"
+#include "dtensor/parallel/pipeline_run.hpp"
 #include "dtensor/testing/run_ranks.hpp"
 
 #include "../common/harness.hpp"
@@ -25,6 +30,8 @@ int main(int argc, char** argv) {
   const auto fwd = std::chrono::milliseconds(2);
   const auto bwd = std::chrono::milliseconds(4);
   bench::Table table{{"schedule", "stages", "micro-batches", "bubble measured", "(p-1)/(m+p-1)", "step ms"}};
+  bench::Table typed{{"schedule (DTensor runner)", "chunks", "micro-batches", "bubble measured", "simulated",
+                      "(p-1)/(vm+p-1)", "step ms"}};
   bench::Results results;
   for (Schedule schedule : {Schedule::one_f_one_b, Schedule::gpipe}) {
     for (int m : {1, 2, 4, 8, 16}) {
@@ -79,10 +86,79 @@ int main(int argc, char** argv) {
       results.add(std::move(rec));
     }
   }
+  using PMesh = MeshShape<Axis<"pp">, Axis<"dp">>;
+  using Act = DTensor<float, 2, MeshShape<Axis<"dp">>, Shard<0>>;
+  for (Schedule schedule : {Schedule::one_f_one_b, Schedule::interleaved_one_f_one_b, Schedule::gpipe}) {
+    const int v = schedule == Schedule::interleaved_one_f_one_b ? 2 : 1;
+    for (int m : {4, 8, 16}) {
+      if (opt.smoke && m > 4) {
+        continue;
+      }
+      const PipelineRunOptions o{.schedule = schedule,
+                                 .shape = {.stages = stages, .microbatches = m, .chunks = v}};
+      std::mutex mu;
+      double idle = 0;
+      double step = 0;
+      testing::run_ranks(stages, [&](ProcessGroup& world) {
+        const auto mesh = init_device_mesh<PMesh>(world, stages, 1);
+        const auto stage = mesh.slice<"dp">();
+        PipelineChunks<Act> chunks;
+        chunks.forward = [&](int, int, std::optional<Act>) {
+          std::this_thread::sleep_for(fwd / v);
+          return Act::from_local(stage, Tensor<float, 2>({1, 4}));
+        };
+        chunks.backward = [&](int, int, std::optional<Act>) -> std::optional<Act> {
+          std::this_thread::sleep_for(bwd / v);
+          return Act::from_local(stage, Tensor<float, 2>({1, 4}));
+        };
+        run_pipeline(mesh.group<"pp">(), stage, chunks, o); // warm-up
+        double best_idle = 1;
+        double best_total = 1e9;
+        for (int r = 0; r < (opt.smoke ? 1 : 3); ++r) {
+          const PipelineRunStats s = run_pipeline(mesh.group<"pp">(), stage, chunks, o);
+          if (s.total_s < best_total) {
+            best_total = s.total_s;
+            best_idle = s.idle_fraction();
+          }
+        }
+        if (world.rank() == stages - 1) {
+          std::lock_guard lock(mu);
+          idle = best_idle;
+          step = best_total * 1e3;
+        }
+      });
+      const double simulated =
+          simulate_pipeline(schedule, o.shape, 2.0 / v, 4.0 / v).idle_fraction(stages - 1);
+      const double formula = pipeline_bubble(stages, m, v);
+      typed.row({schedule_name(schedule), std::to_string(v), std::to_string(m), bench::fmt("%.3f", idle),
+                 bench::fmt("%.3f", simulated), bench::fmt("%.3f", formula), bench::fmt("%.1f", step)});
+      bench::Stats st{};
+      st.median = step * 1e3;
+      st.min = st.median;
+      st.max = st.median;
+      bench::Record rec{"pipeline_dtensor",
+                        std::string(schedule_name(schedule)) + " v=" + std::to_string(v) +
+                            " m=" + std::to_string(m),
+                        "gloo",
+                        stages,
+                        0,
+                        st,
+                        "formula",
+                        bench::Stats{},
+                        {}};
+      rec.add_num("bubble", idle)
+          .add_num("simulated", simulated)
+          .add_num("formula", formula)
+          .add_num("microbatches", m)
+          .add_num("chunks", v);
+      results.add(std::move(rec));
+    }
+  }
   std::printf(
       "pipeline bubble: 4 stages (rank threads), forward 2 ms and backward 4 ms of sleep per micro-batch; "
       "bubble = the last stage's idle fraction, best of 3 steps\n");
   table.print();
+  typed.print();
   results.write(opt, "pipeline.json");
   return 0;
 }

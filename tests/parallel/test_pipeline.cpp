@@ -664,7 +664,7 @@ nn::ids_t<GL> gpt_ids(const DeviceMesh<SMesh>& mesh, int step, int mb, int shift
 struct GptRun {
   std::vector<double> losses;
   std::map<int, Vec> params; ///< by position in the one-rank model's parameter order
-  /// Per step: isend and recv over pp, all_gather and reduce_scatter over dp; and what the layout implies.
+  /// Per step: isend and (i)recv over pp, all_gather and reduce_scatter over dp; and what the layout implies.
   std::vector<std::array<std::int64_t, 4>> comms;
   std::array<std::int64_t, 4> expected{};
 };
@@ -841,8 +841,8 @@ GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
         mesh.group<"pp">(), stage, fns,
         {.schedule = schedule, .shape = {.stages = p, .microbatches = kGptMicro, .chunks = v}});
     run.losses.push_back(loss);
-    run.comms.push_back({comm.count("isend", "pp"), comm.count("recv", "pp"), comm.count("all_gather", "dp"),
-                         comm.count("reduce_scatter", "dp")});
+    run.comms.push_back({comm.count("isend", "pp"), comm.count("recv", "pp") + comm.count("irecv", "pp"),
+                         comm.count("all_gather", "dp"), comm.count("reduce_scatter", "dp")});
     for (Chunk& k : chunks) {
       expect(k.backwards == kGptMicro, "every micro-batch's backward ran once per chunk");
       k.backwards = 0;

@@ -20,7 +20,8 @@
 // global and the local shape) and the shard; the receiver checks the header against what its order expects
 // and the local shape against the shard its coordinate gets of that global shape, and throws an Error
 // naming the stage, the micro-batch and both shapes. Sends are asynchronous and waited for at the end;
-// receives block where the order needs them, so the run waits exactly where the schedule's timeline does
+// on host tensors every header is received ahead (posted at the start in the order needed); the shards
+// are received where the order needs them, so the run waits exactly where the schedule's timeline does
 // (simulate_pipeline: no order waits on itself). A chunk whose neighbour is on the same rank (one pp rank,
 // several chunks) hands its tensor over in memory.
 //
@@ -96,6 +97,9 @@ public:
     PipelineRunStats st;
     st.order = pipeline_order(o_.schedule, o_.shape, s_);
     const auto t0 = std::chrono::steady_clock::now();
+    if (o_.device.is_cpu()) {
+      post_headers(st.order);
+    }
     for (const PipelineAction& a : st.order) {
       const int g = a.chunk * p_ + s_;
       if (a.kind == PipelineAction::Kind::forward) {
@@ -130,6 +134,7 @@ public:
       w.wait();
     }
     pending_.clear();
+    headers_.clear();
     st.total_s = seconds_since(t0);
     return st;
   }
@@ -143,6 +148,24 @@ private:
   }
   int rank_of(int stage) const { return stage % p_; }
   int tag(int kind, int part) const { return 1 + 2 * kind + part; }
+
+  /// Host tensors: every header this rank will receive, posted at once in the order it will need them (a
+  /// peer's headers on one tag arrive in the order sent, which is the schedule's), so a receive waits for
+  /// its shard only. Not on CUDA: NCCL would queue the receives ahead of this rank's sends on one stream.
+  void post_headers(const std::vector<PipelineAction>& order) {
+    for (const PipelineAction& a : order) {
+      const int g = a.chunk * p_ + s_;
+      const bool forward = a.kind == PipelineAction::Kind::forward;
+      const int from = forward ? g - 1 : g + 1;
+      if (from < 0 || from >= stages_ || rank_of(from) == s_) {
+        continue;
+      }
+      const int kind = forward ? kForward : kBackward;
+      Tensor<std::int64_t, 1> header({kHeader});
+      Work w = irecv(header, rank_of(from), pp_, tag(kind, 0));
+      headers_.emplace(std::tuple{kind, a.microbatch, g}, std::pair{header, std::move(w)});
+    }
+  }
 
   void send(int kind, int mb, int from, int to, const Act& t) {
     const int peer = rank_of(to);
@@ -177,11 +200,18 @@ private:
       local_.erase(it);
       return t;
     }
-    Tensor<std::int64_t, 1> header({kHeader});
     const Device dev = o_.device;
-    Tensor<std::int64_t, 1> wire = dev.is_cpu() ? header : header.to(dev);
-    recv(wire, peer, pp_, tag(kind, 0));
-    const Tensor<std::int64_t, 1> host = dev.is_cpu() ? wire : wire.to(Device::cpu());
+    Tensor<std::int64_t, 1> host;
+    if (const auto posted = headers_.find({kind, mb, to}); posted != headers_.end()) {
+      posted->second.second.wait();
+      host = posted->second.first;
+      headers_.erase(posted);
+    } else {
+      Tensor<std::int64_t, 1> wire =
+          dev.is_cpu() ? Tensor<std::int64_t, 1>({kHeader}) : Tensor<std::int64_t, 1>({kHeader}, dev);
+      recv(wire, peer, pp_, tag(kind, 0));
+      host = dev.is_cpu() ? wire : wire.to(Device::cpu());
+    }
     const std::int64_t* h = host.data();
     const std::string at = "run_pipeline: stage " + std::to_string(to) + " (pp rank " + std::to_string(s_) +
                            "), micro-batch " + std::to_string(mb) + ", the " + what + " from stage " +
@@ -215,6 +245,8 @@ private:
   int s_, p_, stages_;
   std::vector<Work> pending_;
   std::map<std::tuple<int, int, int>, Act> local_; ///< (kind, micro-batch, to stage) -> tensor
+  /// Posted headers: (kind, micro-batch, to stage) -> the header and its receive.
+  std::map<std::tuple<int, int, int>, std::pair<Tensor<std::int64_t, 1>, Work>> headers_;
 };
 
 } // namespace detail
