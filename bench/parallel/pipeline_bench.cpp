@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/parallel/pipeline.hpp"
@@ -22,6 +23,26 @@
 #include "dtensor/testing/run_ranks.hpp"
 
 #include "../common/harness.hpp"
+
+namespace {
+
+/// After one warm-up run (groups, connections), the shortest of `reps` runs: its idle fraction and seconds.
+template <class Run>
+std::pair<double, double> best_run(int reps, Run&& run) {
+  run();
+  double idle = 1;
+  double total = 1e9;
+  for (int r = 0; r < reps; ++r) {
+    const auto s = run();
+    if (s.total_s < total) {
+      total = s.total_s;
+      idle = s.idle_fraction();
+    }
+  }
+  return {idle, total};
+}
+
+} // namespace
 
 int main(int argc, char** argv) {
   using namespace dtensor;
@@ -53,16 +74,8 @@ int main(int argc, char** argv) {
         };
         st.input_shape = {1, 4};
         st.output_shape = {1, 4};
-        run_pipeline(pp, st, m, {schedule}); // warm-up: groups, connections
-        double best_idle = 1;
-        double best_total = 1e9;
-        for (int r = 0; r < (opt.smoke ? 1 : 3); ++r) {
-          const PipelineStats s = run_pipeline(pp, st, m, {schedule});
-          if (s.total_s < best_total) {
-            best_total = s.total_s;
-            best_idle = s.idle_fraction();
-          }
-        }
+        const auto [best_idle, best_total] =
+            best_run(opt.smoke ? 1 : 3, [&] { return run_pipeline(pp, st, m, {schedule}); });
         if (pp.rank() == stages - 1) {
           std::lock_guard lock(mu);
           idle = best_idle;
@@ -111,16 +124,8 @@ int main(int argc, char** argv) {
           std::this_thread::sleep_for(bwd / v);
           return Act::from_local(stage, Tensor<float, 2>({1, 4}));
         };
-        run_pipeline(mesh.group<"pp">(), stage, chunks, o); // warm-up
-        double best_idle = 1;
-        double best_total = 1e9;
-        for (int r = 0; r < (opt.smoke ? 1 : 3); ++r) {
-          const PipelineRunStats s = run_pipeline(mesh.group<"pp">(), stage, chunks, o);
-          if (s.total_s < best_total) {
-            best_total = s.total_s;
-            best_idle = s.idle_fraction();
-          }
-        }
+        const auto [best_idle, best_total] =
+            best_run(opt.smoke ? 1 : 3, [&] { return run_pipeline(mesh.group<"pp">(), stage, chunks, o); });
         if (world.rank() == stages - 1) {
           std::lock_guard lock(mu);
           idle = best_idle;
