@@ -2,14 +2,21 @@
 // ep (4 per rank), replicated over dp; top-2 routing with a capacity factor, the load-balancing loss;
 // dispatch and combine by all_to_all_single with variable splits over ep, the counts all_gathered over the
 // batch. Forward and backward; every rank checks the output, the input's gradient and every parameter's
-// gradient (full tensors) against the same layer run in one process on the whole batch.
+// gradient (full tensors) against the same layer run in one process on the whole batch. Then the MoE GPT
+// (nn::LanguageModel of nn::MoeBlock: GQA attention and the mixture in every block) trained three AdamW steps
+// by nn::DdpTrainer on the same mesh (EP x DP): every step's loss and the final parameters against the same
+// training in one process.
 //
 // Run as 4 processes: dtensor-run --nproc-per-node 4 ./example_07_moe
 
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/parallel/layers/block.hpp>
+#include <dtensor/parallel/layers/model.hpp>
 #include <dtensor/parallel/layers/moe.hpp>
+#include <dtensor/parallel/layers/trainer.hpp>
+#include <dtensor/parallel/optim.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
 #include <algorithm>
@@ -17,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace dtensor;
@@ -59,6 +67,39 @@ Result run(const DeviceMesh<Mesh>& mesh) {
   return r;
 }
 
+using Gpt = nn::LanguageModel<double, L, nn::MoeBlock>;
+const nn::TransformerConfig kGpt{.vocab = 29,
+                                 .hidden = 16,
+                                 .heads = 4,
+                                 .kv_heads = 2,
+                                 .ffn = 24,
+                                 .norm_eps = 1e-6,
+                                 .init_std = 0.3,
+                                 .moe = kConfig};
+
+/// Three AdamW steps of the MoE GPT: the losses, then every parameter (full tensors).
+std::pair<std::vector<double>, std::vector<double>> train_gpt(const DeviceMesh<Mesh>& mesh) {
+  init::InitKeys keys(5);
+  nn::DdpTrainer<Gpt, "dp"> trainer(mesh, Gpt(mesh, kGpt, /*layers=*/2, keys), {.max_norm = 1.0});
+  optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
+  std::vector<double> losses, params;
+  for (int step = 0; step < 3; ++step) {
+    const auto ids = [&](int shift) {
+      return from_global_index<std::int64_t, Shard<0>, Shard<0>>(mesh, {kBatch, kSeq}, [&](const auto& i) {
+        return (i[0] * 11 + i[1] * 5 + step * 3 + shift + i[1] * i[1]) % kGpt.vocab;
+      });
+    };
+    losses.push_back(trainer.step(ids(0), ids(1), opt).loss);
+  }
+  trainer.with_gathered([&](auto& m) {
+    nn::for_each_tensor(m.parameters(), [&](const auto& w) {
+      const auto full = w.full_tensor();
+      params.insert(params.end(), full.data(), full.data() + full.numel());
+    });
+  });
+  return {losses, params};
+}
+
 } // namespace
 
 int main() {
@@ -85,5 +126,24 @@ int main() {
   if (world.rank() == 0) {
     std::printf("rank 0's communication (forward and backward):\n%s", got.comm.c_str());
   }
-  return ok ? 0 : 1;
+  // The MoE GPT on (dp=2, ep=2), against one process.
+  const auto [losses, params] = train_gpt(mesh);
+  std::pair<std::vector<double>, std::vector<double>> one;
+  testing::run_ranks(1, [&](ProcessGroup& p) { one = train_gpt(init_device_mesh<Mesh>(p, 1, 1)); });
+  double gpt_diff = 0;
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    gpt_diff = std::max(gpt_diff, std::abs(losses[i] - one.first[i]) / std::abs(one.first[i]));
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    gpt_diff =
+        std::max(gpt_diff, std::abs(params[i] - one.second[i]) / std::max(1.0, std::abs(one.second[i])));
+  }
+  const bool gpt_ok = params.size() == one.second.size() && gpt_diff <= 1e-10;
+  if (world.rank() == 0 || !gpt_ok) {
+    std::printf(
+        "rank %d: the MoE GPT on (dp=2, ep=2), 3 steps: losses %.6f %.6f %.6f, max relative difference "
+        "from one process (losses, %zu parameters) %.1e%s\n",
+        world.rank(), losses[0], losses[1], losses[2], params.size(), gpt_diff, gpt_ok ? "" : "  MISMATCH");
+  }
+  return ok && gpt_ok ? 0 : 1;
 }
