@@ -669,6 +669,14 @@ struct GptRun {
   std::array<std::int64_t, 4> expected{};
 };
 
+/// A chunk's gradients into their FSDP group: accumulated unsharded, reduce_scattered with the chunk's last
+/// backward of the step.
+template <class Group, class Grads>
+void deliver(Group& group, bool last, const Grads& g) {
+  std::apply(
+      [&](const auto&... d) { last ? group.reduce_gradients(d...) : group.accumulate_gradients(d...); }, g);
+}
+
 /// Parameter positions in the one-rank order: the embedding's, each block's nine, the norm's and the head's.
 constexpr int kBlockParams = 9;
 int block_param(int b, int i) {
@@ -769,11 +777,7 @@ GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
         auto& group = *k.embedding;
         *emb_back = [back = std::move(back), &group, &k](const GAct& dh) {
           auto g = back(dh).params;
-          if (k.backwards + 1 == kGptMicro) {
-            std::apply([&](const auto&... d) { group.reduce_gradients(d...); }, g);
-          } else {
-            std::apply([&](const auto&... d) { group.accumulate_gradients(d...); }, g);
-          }
+          deliver(group, k.backwards + 1 == kGptMicro, g);
         };
         return x;
       }();
@@ -786,11 +790,7 @@ GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
         auto [y, back] = layer.forward(h, with_backward);
         block_backs.push_back([back = std::move(back), &group, &k](const GAct& dy) {
           auto [dx, g] = back(dy);
-          if (k.backwards + 1 == kGptMicro) {
-            std::apply([&](const auto&... d) { group.reduce_gradients(d...); }, g);
-          } else {
-            std::apply([&](const auto&... d) { group.accumulate_gradients(d...); }, g);
-          }
+          deliver(group, k.backwards + 1 == kGptMicro, g);
           return dx;
         });
         h = std::move(y);
@@ -807,11 +807,7 @@ GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
           auto [dn, hg] = lossb(1.0 / kGptMicro);
           auto [dh, ng] = norm_back(dn);
           auto g = std::tuple_cat(std::move(ng), std::move(hg));
-          if (k.backwards + 1 == kGptMicro) {
-            std::apply([&](const auto&... d) { group.reduce_gradients(d...); }, g);
-          } else {
-            std::apply([&](const auto&... d) { group.accumulate_gradients(d...); }, g);
-          }
+          deliver(group, k.backwards + 1 == kGptMicro, g);
           return dh;
         };
       }

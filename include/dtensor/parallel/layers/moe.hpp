@@ -21,10 +21,10 @@
 // batch axes (one small collective), which gives the capacity in the batch's token order and the
 // load-balancing loss over the whole batch, so any layout computes what one rank computes. The kept rows,
 // sorted by expert, go to the experts' ranks by all_to_all_single over ep (the counts first, then the
-// rows with variable splits); each rank runs its local experts as grouped GEMMs (one call per product:
-// local/grouped_gemm.hpp) and the rows return by the reverse all_to_all_single. Each token's output is the
-// gate-weighted sum of its experts' rows: Partial over tp (each tp rank holds a slice of every expert's ffn),
-// completed on exit as nn::Mlp's is.
+// rows with variable splits); each rank runs its local experts as grouped GEMMs (one call per weight for all
+// its local experts: local/grouped_gemm.hpp) and the rows return by the reverse all_to_all_single. Each
+// token's output is the gate-weighted sum of its experts' rows: Partial over tp (each tp rank holds a slice
+// of every expert's ffn), completed on exit as nn::Mlp's is.
 //
 // Backward: the duals in reverse (all_to_all with its splits swapped, the experts' GEMMs, the gates',
 // the router's), plus the load-balancing loss's gradient times aux_loss_coeff (added once: on tp coordinate
@@ -198,42 +198,42 @@ Tensor<T, 2> combine_rows(const Tensor<T, 2>& rows, const std::vector<std::int64
   return out;
 }
 
-/// Expert j's matrix of a local (el, a, b) weight, (a, b).
+/// Each local expert's rows of `t` (`rows[j]` rows for expert j, in order): views.
 template <class T>
-Tensor<T, 2> expert_matrix(const Tensor<T, 3>& w, std::int64_t j) {
-  return w.narrow(0, j, 1).template view<2>({w.shape()[1], w.shape()[2]});
+std::vector<Tensor<T, 2>> row_blocks(const Tensor<T, 2>& t, const std::vector<std::int64_t>& rows) {
+  std::vector<Tensor<T, 2>> blocks;
+  std::int64_t lo = 0;
+  for (std::int64_t n : rows) {
+    blocks.push_back(t.narrow(0, lo, n));
+    lo += n;
+  }
+  return blocks;
 }
 
-/// c's row block g = op(a's row block g) op(b_g) for every local expert g: the row blocks are the experts'
-/// rows (`rows`), b_g expert g's matrix of `w`; or, with `weight_grad`, c_g (expert g's matrix of a
-/// gradient) = a_g^T b_g.
+/// Each local expert's matrix of an (el, a, b) weight: (a, b) views.
+template <class T>
+std::vector<Tensor<T, 2>> expert_matrices(const Tensor<T, 3>& w) {
+  std::vector<Tensor<T, 2>> m;
+  for (std::int64_t j = 0; j < w.shape()[0]; ++j) {
+    m.push_back(w.narrow(0, j, 1).template view<2>({w.shape()[1], w.shape()[2]}));
+  }
+  return m;
+}
+
+/// c's row block j = a's row block j op(W_j) (+ beta c) for every local expert j: one grouped GEMM.
 template <class T>
 void expert_gemm(const Tensor<T, 2>& a, const Tensor<T, 3>& w, const Tensor<T, 2>& c,
                  const std::vector<std::int64_t>& rows, bool trans_w, double beta = 0) {
-  std::vector<Tensor<T, 2>> as, bs, cs;
-  std::int64_t lo = 0;
-  for (std::size_t j = 0; j < rows.size(); ++j) {
-    as.push_back(a.narrow(0, lo, rows[j]));
-    bs.push_back(expert_matrix(w, static_cast<std::int64_t>(j)));
-    cs.push_back(c.narrow(0, lo, rows[j]));
-    lo += rows[j];
-  }
-  local::grouped_matmul_into<T>(as, bs, cs, false, trans_w, 1.0, beta);
+  local::grouped_matmul_into<T>(row_blocks(a, rows), expert_matrices(w), row_blocks(c, rows), false, trans_w,
+                                1.0, beta);
 }
 
-/// dW_g = a_g^T b_g for every local expert g (a's and b's row blocks are the experts' rows), into (el, ., .).
+/// dW_j = (a's row block j)^T (b's row block j) for every local expert j, into (el, ., .): one grouped GEMM.
 template <class T>
 void expert_weight_grad(const Tensor<T, 2>& a, const Tensor<T, 2>& b, const Tensor<T, 3>& dw,
                         const std::vector<std::int64_t>& rows) {
-  std::vector<Tensor<T, 2>> as, bs, cs;
-  std::int64_t lo = 0;
-  for (std::size_t j = 0; j < rows.size(); ++j) {
-    as.push_back(a.narrow(0, lo, rows[j]));
-    bs.push_back(b.narrow(0, lo, rows[j]));
-    cs.push_back(expert_matrix(dw, static_cast<std::int64_t>(j)));
-    lo += rows[j];
-  }
-  local::grouped_matmul_into<T>(as, bs, cs, true, false, 1.0, 0.0);
+  local::grouped_matmul_into<T>(row_blocks(a, rows), row_blocks(b, rows), expert_matrices(dw), true, false,
+                                1.0, 0.0);
 }
 
 /// What nn::Moe's backward keeps from its forward.
@@ -246,6 +246,7 @@ struct MoeSaved {
   Tensor<T, 3> w1, w3, w2;       ///< the local experts'
   Tensor<T, 2> xin;              ///< the received rows grouped by local expert (received, hidden)
   Tensor<T, 2> pre1, pre3;       ///< xin W1^T, xin W3^T (received, ffn)
+  Tensor<T, 2> silu, act;        ///< silu(pre1), silu(pre1) * pre3: what nn::Mlp's op contexts keep too
   Tensor<T, 2> expert_out;       ///< the rows returned to this rank, in send order (sent, hidden)
   std::vector<double> aux_dprob; ///< the load-balancing term's d/dp per expert, weighted; empty: none here
 };
@@ -494,10 +495,11 @@ private:
     s.pre3 = dtensor::detail::empty_like(std::array<std::int64_t, 2>{ex.received, ffn}, x);
     detail::expert_gemm(s.xin, s.w1, s.pre1, ex.expert_rows, true);
     detail::expert_gemm(s.xin, s.w3, s.pre3, ex.expert_rows, true);
-    const Tensor<T, 2> act = local::map(local::Mul{}, local::map(local::Silu{}, s.pre1), s.pre3);
+    s.silu = local::map(local::Silu{}, s.pre1);
+    s.act = local::map(local::Mul{}, s.silu, s.pre3);
     Tensor<T, 2> grouped_out =
         dtensor::detail::empty_like(std::array<std::int64_t, 2>{ex.received, x.shape()[1]}, x);
-    detail::expert_gemm(act, s.w2, grouped_out, ex.expert_rows, true);
+    detail::expert_gemm(s.act, s.w2, grouped_out, ex.expert_rows, true);
     const std::int64_t sent = static_cast<std::int64_t>(s.routing.send_rows.size());
     s.expert_out =
         exchange(detail::gather_rows(grouped_out, ex.ungroup), ex.send_splits, ex.recv_splits, sent, mesh);
@@ -539,9 +541,7 @@ private:
     const std::int64_t ffn = s.w1.shape()[1];
     Tensor<T, 2> dact = dtensor::detail::empty_like(std::array<std::int64_t, 2>{ex.received, ffn}, dy);
     detail::expert_gemm(dout, s.w2, dact, ex.expert_rows, false); // dout W2
-    const Tensor<T, 2> silu = local::map(local::Silu{}, s.pre1);
-    const Tensor<T, 2> act = local::map(local::Mul{}, silu, s.pre3);
-    const Tensor<T, 2> dpre3 = local::map(local::Mul{}, silu, dact);
+    const Tensor<T, 2> dpre3 = local::map(local::Mul{}, s.silu, dact);
     const Tensor<T, 2> dpre1 =
         local::map(local::BackwardOf<local::Silu>{}, s.pre1, local::map(local::Mul{}, s.pre3, dact));
     Tensor<T, 3> dw1 = dtensor::detail::empty_like(s.w1.shape(), s.w1);
@@ -549,7 +549,7 @@ private:
     Tensor<T, 3> dw2 = dtensor::detail::empty_like(s.w2.shape(), s.w2);
     detail::expert_weight_grad(dpre1, s.xin, dw1, ex.expert_rows); // dpre1^T xin
     detail::expert_weight_grad(dpre3, s.xin, dw3, ex.expert_rows);
-    detail::expert_weight_grad(dout, act, dw2, ex.expert_rows); // dout^T act
+    detail::expert_weight_grad(dout, s.act, dw2, ex.expert_rows); // dout^T act
     Tensor<T, 2> dxin = dtensor::detail::empty_like(std::array<std::int64_t, 2>{ex.received, hidden}, dy);
     detail::expert_gemm(dpre1, s.w1, dxin, ex.expert_rows, false);
     detail::expert_gemm(dpre3, s.w3, dxin, ex.expert_rows, false, 1.0);
