@@ -8,7 +8,8 @@
 // (scripts/demo.sh does that and plots the loss curves). The defaults: 4 blocks, hidden 128, 8 heads sharing
 // 4 kv heads, ffn 384, 16 windows of 64 characters a step, 450 steps (AdamW, lr 3e-3 with warmup and cosine
 // decay, clip at 1.0): about two minutes on a 2-core machine, validation loss from 4.6 to about 2.1.
-//   --layout L        ddp | fsdp | tp | cp_ring | cp_ulysses | fsdp_tp | fsdp_tp_cp (default fsdp_tp):
+//   --layout L        ddp | fsdp | tp | cp_ring | cp_ulysses | fsdp_tp | fsdp_tp_cp | pp_fsdp_tp | pp
+//                     (default fsdp_tp):
 //                       ddp         (n, 1, 1)   replicated parameters, DDP's buckets over dp
 //                       fsdp        (n, 1, 1)   one FlatParamGroup per block, FsdpSchedule over dp
 //                       tp          (1, 1, n)   tensor + sequence parallel, gradients all-reduced
@@ -16,11 +17,19 @@
 //                       cp_ulysses  (1, n, 1)   Ulysses attention over cp
 //                       fsdp_tp     (n/2, 1, 2) FSDP over dp of tensor + sequence parallel blocks
 //                       fsdp_tp_cp  (n/4, 2, 2) the same with ring attention over cp (8 processes: 2x2x2)
+//                       pp_fsdp_tp  pp 2 x (n/4, 1, 2): the blocks pipelined over 2 stages
+//                                   (nn::PipelineTrainer), FSDP x TP inside each (8 processes: 2x2x2)
+//                       pp          pp n x (1, 1, 1): one stage per process
+//   --schedule S      the pipeline layouts' schedule: 1f1b (default), gpipe, interleaved
+//   --chunks V        model stages per pipeline rank (interleaved; default 1)
+//   --microbatches M  the pipeline layouts split each batch into M micro-batches (default 4; M divides
+//                     the batch)
 //   --mixed           fsdp, fsdp_tp: parameters kept in float shards, gathered and computed in bfloat16
 //                     (the all_gather moves bfloat16), gradients reduced in float
 //   --steps N --batch B --seq S --layers K --hidden H --heads N --kv-heads N --ffn F --lr X
 //   --eval-every N    validation loss every N steps (on --eval-batches fixed batches)
-//   --sample N        characters generated at the end (0: none)
+//   --sample N        characters generated at the end (0: none; not under the pipeline layouts, whose
+//                     layers live on different processes)
 //   --csv FILE        rank 0 writes step, train loss, validation loss, tokens/s
 //   --data PATH       a text file, or a directory whose files are read in name order (default: the fortunes)
 //   --save DIR        at the end, save the training state (parameters, AdamW's state, the step) into the
@@ -45,6 +54,7 @@
 #include <dtensor/parallel/fsdp.hpp>
 #include <dtensor/parallel/layers/block.hpp>
 #include <dtensor/parallel/layers/model.hpp>
+#include <dtensor/parallel/layers/pipeline_trainer.hpp>
 #include <dtensor/parallel/layers/trainer.hpp>
 #include <dtensor/parallel/optim.hpp>
 #include <dtensor/parallel/train_state.hpp>
@@ -69,6 +79,7 @@ using namespace dtensor;
 namespace {
 
 using Mesh = MeshShape<Axis<"dp">, Axis<"cp">, Axis<"tp">>;
+using PipelineMesh = MeshShape<Axis<"pp">, Axis<"dp">, Axis<"cp">, Axis<"tp">>; // the pipeline layouts'
 using DataParallel = nn::Layout<Mesh>;
 using TensorSeq = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel>;
 using RingCp =
@@ -79,6 +90,8 @@ struct Options {
   std::string layout = "fsdp_tp", data = "/usr/share/games/fortunes", csv, save, resume;
   bool mixed = false, check = false;
   int steps = 450, eval_every = 25, eval_batches = 4, sample = 240;
+  Schedule schedule = Schedule::one_f_one_b;
+  int chunks = 1, microbatches = 4;
   std::int64_t batch = 16, seq = 64, layers = 4;
   nn::TransformerConfig model{.hidden = 128, .heads = 8, .kv_heads = 4, .ffn = 384};
   double lr = 3e-3, max_norm = 1.0;
@@ -140,13 +153,14 @@ std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
 }
 
 /// Step `step`'s ids and targets (batch, seq) from `text`, in layout L's placements: every rank computes
-/// its own block of the same windows (no communication).
+/// its own block of the same windows (no communication). `first`: the rows are windows first, first + 1,
+/// ... of the step (a micro-batch of a larger batch).
 template <class L>
-std::pair<nn::ids_t<L>, nn::ids_t<L>> batch_of(const DeviceMesh<Mesh>& mesh,
-                                               const std::vector<std::int64_t>& text, std::uint64_t stream,
-                                               int step, std::int64_t batch, std::int64_t seq) {
+std::pair<nn::ids_t<L>, nn::ids_t<L>>
+batch_of(const DeviceMesh<Mesh>& mesh, const std::vector<std::int64_t>& text, std::uint64_t stream, int step,
+         std::int64_t batch, std::int64_t seq, std::int64_t first = 0) {
   std::vector<std::int64_t> offsets;
-  for (std::int64_t b = 0; b < batch; ++b) {
+  for (std::int64_t b = first; b < first + batch; ++b) {
     offsets.push_back(static_cast<std::int64_t>(mix(stream, std::uint64_t(step), std::uint64_t(b)) %
                                                 std::uint64_t(text.size() - std::size_t(seq) - 1)));
   }
@@ -311,11 +325,79 @@ Run train_layout(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& 
   return run;
 }
 
+/// Trains the GPT in layout L pipelined over the pp axis of `world` (nn::PipelineTrainer): each batch split
+/// into o.microbatches micro-batches run in o.schedule's order, FSDP over dp and L's tensor parallelism
+/// inside each stage. The final parameters: this rank's layers only (the others stay empty).
+template <class L>
+Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, const Options& o, bool print) {
+  const auto mesh = world.slice<"dp", "cp", "tp">();
+  init::InitKeys keys(2024);
+  Gpt<float, L> gpt(mesh, o.model, o.layers, keys);
+  std::size_t count = 0;
+  nn::for_each_tensor(gpt.parameters(), [&](const auto&) { ++count; });
+  using Trainer = nn::PipelineTrainer<Gpt<float, L>, Fsdp<"dp">>;
+  const auto trainer = std::make_unique<Trainer>(
+      world.group<"pp">(), mesh, std::move(gpt),
+      nn::PipelineTrainerOptions{.schedule = o.schedule, .chunks = o.chunks, .max_norm = o.max_norm});
+  if (print) {
+    std::printf("pipeline: %s, %d micro-batches of %lld windows, %d model stages of blocks",
+                schedule_name(o.schedule), o.microbatches, (long long)(o.batch / o.microbatches),
+                world.size<"pp">() * o.chunks);
+    for (int g = 0; g < world.size<"pp">() * o.chunks; ++g) {
+      const auto [first, last] = pipeline_layers(int(o.layers), world.size<"pp">() * o.chunks, g);
+      std::printf(" [%d, %d)", first, last);
+    }
+    std::printf("\n");
+  }
+  optim::AdamW opt({.lr = o.lr, .weight_decay = 0.01});
+  Run run;
+  const std::int64_t rows = o.batch / o.microbatches;
+  for (int s = 0; s < o.steps; ++s) {
+    std::vector<std::pair<nn::ids_t<L>, nn::ids_t<L>>> micro;
+    for (int k = 0; k < o.microbatches; ++k) {
+      micro.push_back(batch_of<L>(mesh, text.train, 1, s, rows, o.seq, k * rows));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.set_lr(lr_at(o, s));
+    const nn::StepResult r = trainer->step(std::span(micro), opt);
+    if (s > 0 || o.steps == 1) { // the first step warms up
+      run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      run.blocked += r.blocked_seconds;
+      ++run.timed_steps;
+    }
+    run.losses.push_back(r.loss);
+    if ((s + 1) % o.eval_every == 0 || s + 1 == o.steps || s == 0) {
+      double v = 0;
+      for (int b = 0; b < o.eval_batches; ++b) {
+        const auto [vi, vt] = batch_of<L>(mesh, text.val, 99, b, o.batch, o.seq);
+        v += trainer->loss(vi, vt);
+      }
+      run.val_steps.push_back(s + 1);
+      run.val_losses.push_back(v / o.eval_batches);
+      if (print) {
+        std::printf("step %4d/%d  train loss %.4f  validation loss %.4f\n", s + 1, o.steps, r.loss,
+                    run.val_losses.back());
+        std::fflush(stdout);
+      }
+    }
+  }
+  run.params.resize(count);
+  trainer->for_each_parameter([&](int i, const auto& w) {
+    const auto full = w.full_tensor();
+    std::vector<float>& v = run.params[std::size_t(i)];
+    for (std::int64_t e = 0; e < full.numel(); ++e) {
+      v.push_back(float(full.data()[e]));
+    }
+  });
+  return run;
+}
+
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(
       stderr,
-      "09_gpt: %s\nusage: 09_gpt [--layout ddp|fsdp|tp|cp_ring|cp_ulysses|fsdp_tp|fsdp_tp_cp] [--mixed] "
-      "[--steps N] [--batch B] [--seq S] [--layers K] [--hidden H] [--heads N] [--kv-heads N] [--ffn F] "
+      "09_gpt: %s\nusage: 09_gpt [--layout ddp|fsdp|tp|cp_ring|cp_ulysses|fsdp_tp|fsdp_tp_cp|pp_fsdp_tp|pp] "
+      "[--mixed] [--schedule 1f1b|gpipe|interleaved] [--chunks V] [--microbatches M] [--steps N] [--batch B] "
+      "[--seq S] [--layers K] [--hidden H] [--heads N] [--kv-heads N] [--ffn F] "
       "[--lr X] [--eval-every N] [--eval-batches N] [--sample N] [--csv FILE] [--data PATH] [--save DIR] "
       "[--resume DIR] [--check]\n",
       why.c_str());
@@ -355,6 +437,17 @@ Options parse(int argc, char** argv) {
       o.lr = std::atof(v.c_str());
     } else if (a == "--sample") {
       o.sample = std::atoi(v.c_str());
+    } else if (a == "--schedule") {
+      if (v != "1f1b" && v != "gpipe" && v != "interleaved") {
+        usage("--schedule takes 1f1b, gpipe or interleaved, not " + v);
+      }
+      o.schedule = v == "1f1b"    ? Schedule::one_f_one_b
+                   : v == "gpipe" ? Schedule::gpipe
+                                  : Schedule::interleaved_one_f_one_b;
+    } else if (a == "--chunks") {
+      o.chunks = int(number());
+    } else if (a == "--microbatches") {
+      o.microbatches = int(number());
     } else if (a == "--steps") {
       o.steps = int(number());
     } else if (a == "--eval-every") {
@@ -382,7 +475,8 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-/// The largest relative difference of two runs' losses and of their final parameters (against max(1, |x|)).
+/// The largest relative difference of two runs' losses and of their final parameters (against max(1, |x|));
+/// a's empty parameters are skipped.
 std::pair<double, double> difference(const Run& a, const Run& b) {
   double loss = 0, param = 0;
   for (std::size_t s = 0; s < a.losses.size(); ++s) { // a may have resumed: its steps are b's last ones
@@ -390,6 +484,9 @@ std::pair<double, double> difference(const Run& a, const Run& b) {
     loss = std::max(loss, std::abs(a.losses[s] - want) / std::abs(want));
   }
   for (std::size_t i = 0; i < b.params.size(); ++i) {
+    if (a.params[i].empty()) {
+      continue; // a pipeline rank holds its stages' parameters only
+    }
     for (std::size_t e = 0; e < b.params[i].size(); ++e) {
       param = std::max(param, double(std::abs(a.params[i][e] - b.params[i][e])) /
                                   std::max(1.0, double(std::abs(b.params[i][e]))));
@@ -424,9 +521,14 @@ int run_main(int argc, char** argv) {
   if (o.mixed && o.layout != "fsdp" && o.layout != "fsdp_tp") {
     usage("--mixed is a policy of the FSDP layouts fsdp and fsdp_tp");
   }
-  // The mesh (dp, cp, tp) of each layout.
-  int dp = n, cp = 1, tp = 1;
-  if (o.layout == "tp") {
+  // The mesh (dp, cp, tp) of each layout; (pp, dp, cp, tp) for the pipelined ones.
+  int pp = 1, dp = n, cp = 1, tp = 1;
+  const bool pipelined = o.layout == "pp_fsdp_tp" || o.layout == "pp";
+  if (o.layout == "pp_fsdp_tp") {
+    pp = 2, dp = n / 4, tp = 2;
+  } else if (o.layout == "pp") {
+    pp = n, dp = 1;
+  } else if (o.layout == "tp") {
     dp = 1, tp = n;
   } else if (o.layout == "cp_ring" || o.layout == "cp_ulysses") {
     dp = 1, cp = n;
@@ -437,19 +539,28 @@ int run_main(int argc, char** argv) {
   } else if (o.layout != "ddp" && o.layout != "fsdp") {
     usage("unknown layout " + o.layout);
   }
-  if (dp * cp * tp != n || dp < 1) {
+  if (pp * dp * cp * tp != n || dp < 1) {
     usage("layout " + o.layout + " does not fit " + std::to_string(n) + " processes");
   }
-  const auto mesh = init_device_mesh<Mesh>(world, dp, cp, tp);
+  if (pipelined) {
+    if (o.batch % o.microbatches != 0) {
+      usage("--microbatches " + std::to_string(o.microbatches) + " does not divide the batch of " +
+            std::to_string(o.batch) + " windows");
+    }
+    if (!o.save.empty() || !o.resume.empty()) {
+      usage("--save and --resume are not supported under the pipeline layouts");
+    }
+    o.sample = 0; // the layers live on different processes
+  }
   if (print) {
     std::printf(
         "GPT: %lld layers, hidden %lld, %lld heads (%lld kv), ffn %lld, vocab %lld (bytes of %s: %zu "
-        "train, %zu validation), %lld x %lld tokens a step; layout %s%s on (dp=%d, cp=%d, tp=%d) over "
-        "%s\n",
+        "train, %zu validation), %lld x %lld tokens a step; layout %s%s on (pp=%d, dp=%d, cp=%d, tp=%d) "
+        "over %s\n",
         (long long)o.layers, (long long)o.model.hidden, (long long)o.model.heads,
         (long long)o.model.kv_head_count(), (long long)o.model.ffn, (long long)o.model.vocab, o.data.c_str(),
         text.train.size(), text.val.size(), (long long)o.batch, (long long)o.seq, o.layout.c_str(),
-        o.mixed ? " (bfloat16 compute)" : "", dp, cp, tp, std::string(world.backend_name()).c_str());
+        o.mixed ? " (bfloat16 compute)" : "", pp, dp, cp, tp, std::string(world.backend_name()).c_str());
   }
   auto train = [&](const DeviceMesh<Mesh>& m, const std::string& layout, bool mixed, bool p) -> Run {
     if (layout == "ddp") {
@@ -469,15 +580,24 @@ int run_main(int argc, char** argv) {
     }
     return train_layout<RingCp, true>(m, text, o, p); // fsdp_tp_cp
   };
-  const Run run = train(mesh, o.layout, o.mixed, print);
+  const Run run = [&] {
+    if (!pipelined) {
+      return train(init_device_mesh<Mesh>(world, dp, cp, tp), o.layout, o.mixed, print);
+    }
+    const auto mesh = init_device_mesh<PipelineMesh>(world, pp, dp, cp, tp);
+    return o.layout == "pp" ? train_pipelined<DataParallel>(mesh, text, o, print)
+                            : train_pipelined<TensorSeq>(mesh, text, o, print);
+  }();
   const double tokens = double(o.batch * o.seq) * std::max(1, run.timed_steps);
   bool ok = true;
   if (print) {
     const int n_timed = std::max(1, run.timed_steps);
-    std::printf(
-        "%.0f tokens/s (%.1f ms a step, of which %.1f ms (%.0f%%) waiting on %s)\n", tokens / run.seconds,
-        1e3 * run.seconds / n_timed, 1e3 * run.blocked / n_timed, 100.0 * run.blocked / run.seconds,
-        sharded ? "FSDP's all_gathers and reduce_scatters" : "DDP's buckets and the other axes' reductions");
+    std::printf("%.0f tokens/s (%.1f ms a step, of which %.1f ms (%.0f%%) waiting on %s)\n",
+                tokens / run.seconds, 1e3 * run.seconds / n_timed, 1e3 * run.blocked / n_timed,
+                100.0 * run.blocked / run.seconds,
+                pipelined ? "the pipeline's neighbours (the bubble and the exchanges)"
+                : sharded ? "FSDP's all_gathers and reduce_scatters"
+                          : "DDP's buckets and the other axes' reductions");
     if (!run.sample.empty()) {
       std::printf("sample:\n%s\n", run.sample.c_str());
     }

@@ -24,6 +24,7 @@
 #include <dtensor/parallel/layers/block.hpp>
 #include <dtensor/parallel/layers/mlp_block.hpp>
 #include <dtensor/parallel/layers/model.hpp>
+#include <dtensor/parallel/layers/pipeline_trainer.hpp>
 #include <dtensor/parallel/layers/trainer.hpp>
 #include <dtensor/parallel/optim.hpp>
 #include <dtensor/parallel/pipeline.hpp>
@@ -637,21 +638,16 @@ TEST_CASE(
           "shard of [1, 4, 9]"));
 }
 
-// ---- PP x FSDP x TP: the GPT of nn:: layers, pipelined, FSDP and TP inside each stage
+// ---- PP x FSDP x TP: the GPT of nn:: layers under nn::PipelineTrainer, FSDP and TP inside each stage
 // ----------------------
 
 namespace {
 
 using GL = nn::Layout<SMesh, nn::TensorParallel<"tp">, nn::SequenceParallel>;
 using GModel = nn::LanguageModel<double, GL, nn::TransformerBlock>;
-using GBlock = nn::TransformerBlock<double, GL>;
-using GAct = nn::act_t<GL, double>;
-using EmbGroup = FlatParamGroup<double, SMesh, Fsdp<"dp">, nn::params_of<nn::Embedding<double, GL>>>;
-using BlockGroup = FlatParamGroup<double, SMesh, Fsdp<"dp">, nn::params_of<GBlock>>;
-using HeadGroup = FlatParamGroup<double, SMesh, Fsdp<"dp">,
-                                 nn::params_of_layers<nn::RmsNorm<double, GL>, nn::LmHead<double, GL>>>;
 constexpr int kGptLayers = 5, kGptMicro = 4, kGptSteps = 2;
 constexpr std::int64_t kGptRows = 2, kGptSeq = 6;
+constexpr double kGptMaxNorm = 0.8; // below the first steps' norms: the clip by the norm over every stage
 const nn::TransformerConfig gpt_config{
     .vocab = 23, .hidden = 16, .heads = 4, .kv_heads = 2, .ffn = 24, .norm_eps = 1e-6, .init_std = 0.3};
 
@@ -661,27 +657,21 @@ nn::ids_t<GL> gpt_ids(const DeviceMesh<SMesh>& mesh, int step, int mb, int shift
   });
 }
 
+std::vector<std::pair<nn::ids_t<GL>, nn::ids_t<GL>>> gpt_micro(const DeviceMesh<SMesh>& mesh, int step) {
+  std::vector<std::pair<nn::ids_t<GL>, nn::ids_t<GL>>> micro;
+  for (int mb = 0; mb < kGptMicro; ++mb) {
+    micro.emplace_back(gpt_ids(mesh, step, mb, 0), gpt_ids(mesh, step, mb, 1));
+  }
+  return micro;
+}
+
 struct GptRun {
-  std::vector<double> losses;
+  std::vector<double> losses, norms, val_losses;
   std::map<int, Vec> params; ///< by position in the one-rank model's parameter order
   /// Per step: isend and (i)recv over pp, all_gather and reduce_scatter over dp; and what the layout implies.
   std::vector<std::array<std::int64_t, 4>> comms;
   std::array<std::int64_t, 4> expected{};
 };
-
-/// A chunk's gradients into their FSDP group: accumulated unsharded, reduce_scattered with the chunk's last
-/// backward of the step.
-template <class Group, class Grads>
-void deliver(Group& group, bool last, const Grads& g) {
-  std::apply(
-      [&](const auto&... d) { last ? group.reduce_gradients(d...) : group.accumulate_gradients(d...); }, g);
-}
-
-/// Parameter positions in the one-rank order: the embedding's, each block's nine, the norm's and the head's.
-constexpr int kBlockParams = 9;
-int block_param(int b, int i) {
-  return 1 + kBlockParams * b + i;
-}
 
 GptRun gpt_one_rank() {
   GptRun run;
@@ -689,14 +679,14 @@ GptRun gpt_one_rank() {
     const auto mesh = init_device_mesh<PMesh>(one, 1, 1, 1).slice<"dp", "tp">();
     init::InitKeys keys(17);
     nn::DdpTrainer<GModel, "dp"> trainer(mesh, GModel(mesh, gpt_config, kGptLayers, keys),
-                                         {.max_norm = std::numeric_limits<double>::infinity()});
+                                         {.max_norm = kGptMaxNorm});
     optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
     for (int step = 0; step < kGptSteps; ++step) {
-      std::vector<std::pair<nn::ids_t<GL>, nn::ids_t<GL>>> micro;
-      for (int mb = 0; mb < kGptMicro; ++mb) {
-        micro.emplace_back(gpt_ids(mesh, step, mb, 0), gpt_ids(mesh, step, mb, 1));
-      }
-      run.losses.push_back(trainer.step(std::span(micro), opt).loss);
+      const auto micro = gpt_micro(mesh, step);
+      const nn::StepResult r = trainer.step(std::span(micro), opt);
+      run.losses.push_back(r.loss);
+      run.norms.push_back(r.grad_norm);
+      run.val_losses.push_back(trainer.loss(gpt_ids(mesh, 9, step, 0), gpt_ids(mesh, 9, step, 1)));
     }
     int at = 0;
     trainer.with_gathered([&](auto& m) {
@@ -706,176 +696,37 @@ GptRun gpt_one_rank() {
   return run;
 }
 
-/// This rank's part of the pipelined GPT: its chunks' FSDP groups, trained kGptSteps steps.
+/// This rank's part of the GPT under nn::PipelineTrainer, trained kGptSteps steps.
 GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
   const auto stage = mesh.slice<"dp", "tp">();
-  const int p = mesh.size<"pp">(), s = mesh.local_rank<"pp">(), stages = p * v;
   init::InitKeys keys(17);
-  GModel model(stage, gpt_config, kGptLayers, keys); // every parameter (the sharding-invariant RNG), then
-  struct Chunk {                                     // each chunk keeps its own layers' groups
-    int stage, first, last;
-    std::vector<BlockGroup> blocks;
-    std::optional<EmbGroup> embedding;
-    std::optional<HeadGroup> head;
-    int backwards = 0;
-  };
-  std::vector<Chunk> chunks(static_cast<std::size_t>(v));
-  for (int c = 0; c < v; ++c) {
-    Chunk& k = chunks[std::size_t(c)];
-    k.stage = c * p + s;
-    std::tie(k.first, k.last) = pipeline_layers(kGptLayers, stages, k.stage);
-    for (int b = k.first; b < k.last; ++b) {
-      k.blocks.push_back(std::apply([](const auto&... w) { return BlockGroup(w...); },
-                                    model.blocks[std::size_t(b)].parameters()));
-    }
-    if (k.stage == 0) {
-      k.embedding.emplace(
-          std::apply([](const auto&... w) { return EmbGroup(w...); }, model.embedding.parameters()));
-    }
-    if (k.stage == stages - 1) {
-      k.head.emplace(std::apply([](const auto&... w) { return HeadGroup(w...); },
-                                std::tuple_cat(model.norm.parameters(), model.head.parameters())));
-    }
-  }
+  nn::PipelineTrainer<GModel, Fsdp<"dp">> trainer(
+      mesh.group<"pp">(), stage, GModel(stage, gpt_config, kGptLayers, keys),
+      {.schedule = schedule, .chunks = v, .max_norm = kGptMaxNorm});
   optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
   GptRun run;
   // Derived from the layout: each boundary a chunk crosses sends (and receives) a header and a shard per
   // micro-batch, forward and backward; each FSDP group is gathered and reduce_scattered once a step.
-  for (const Chunk& k : chunks) {
-    const std::int64_t crossings = (k.stage > 0 ? 1 : 0) + (k.stage < stages - 1 ? 1 : 0);
+  const int stages = mesh.size<"pp">() * v;
+  for (const auto& [g, first, last] : trainer.stages()) {
+    const std::int64_t crossings = (g > 0 ? 1 : 0) + (g < stages - 1 ? 1 : 0);
     run.expected[0] += 2 * kGptMicro * crossings;
     run.expected[1] += 2 * kGptMicro * crossings;
-    const std::int64_t groups = std::int64_t(k.blocks.size()) + (k.embedding ? 1 : 0) + (k.head ? 1 : 0);
+    const std::int64_t groups = (last - first) + (g == 0 ? 1 : 0) + (g == stages - 1 ? 1 : 0);
     run.expected[2] += groups;
     run.expected[3] += groups;
   }
   for (int step = 0; step < kGptSteps; ++step) {
+    const auto micro = gpt_micro(stage, step);
     CommDebugMode comm;
-    // FSDP inside the stage: every group gathered once per step, kept for all micro-batches, gradients
-    // accumulated unsharded and reduce_scattered once with the chunk's last backward.
-    for (Chunk& k : chunks) {
-      for (auto& g : k.blocks) {
-        g.unshard();
-      }
-      if (k.embedding) {
-        k.embedding->unshard();
-      }
-      if (k.head) {
-        k.head->unshard();
-      }
-    }
-    std::map<std::pair<int, int>, std::function<std::optional<GAct>(std::optional<GAct>)>> pending;
-    double loss = 0;
-    PipelineChunks<GAct> fns;
-    fns.forward = [&](int c, int mb, std::optional<GAct> in) {
-      Chunk& k = chunks[std::size_t(c)];
-      auto emb_back = std::make_shared<std::function<void(const GAct&)>>();
-      GAct h = in ? *in : [&] {
-        auto [w] = k.embedding->params();
-        auto [x, back] =
-            model.embedding.with_parameters(w).forward(gpt_ids(stage, step, mb, 0), with_backward);
-        auto& group = *k.embedding;
-        *emb_back = [back = std::move(back), &group, &k](const GAct& dh) {
-          auto g = back(dh).params;
-          deliver(group, k.backwards + 1 == kGptMicro, g);
-        };
-        return x;
-      }();
-      std::vector<std::function<GAct(const GAct&)>> block_backs;
-      for (std::size_t b = 0; b < k.blocks.size(); ++b) {
-        auto& group = k.blocks[b];
-        const GBlock layer = std::apply(
-            [&](const auto&... w) { return model.blocks[std::size_t(k.first) + b].with_parameters(w...); },
-            group.params());
-        auto [y, back] = layer.forward(h, with_backward);
-        block_backs.push_back([back = std::move(back), &group, &k](const GAct& dy) {
-          auto [dx, g] = back(dy);
-          deliver(group, k.backwards + 1 == kGptMicro, g);
-          return dx;
-        });
-        h = std::move(y);
-      }
-      std::function<GAct()> head_back;
-      if (k.head) {
-        auto& group = *k.head;
-        auto n_view = model.norm.with_parameters(group.template param<0>());
-        auto h_view = model.head.with_parameters(group.template param<1>());
-        auto [n, norm_back] = n_view.forward(h, with_backward);
-        auto [l, lossb] = h_view.forward(n, gpt_ids(stage, step, mb, 1), with_backward);
-        loss += l.full_tensor().item() / kGptMicro;
-        head_back = [norm_back = std::move(norm_back), lossb = std::move(lossb), &group, &k]() {
-          auto [dn, hg] = lossb(1.0 / kGptMicro);
-          auto [dh, ng] = norm_back(dn);
-          auto g = std::tuple_cat(std::move(ng), std::move(hg));
-          deliver(group, k.backwards + 1 == kGptMicro, g);
-          return dh;
-        };
-      }
-      pending.emplace(std::pair{c, mb},
-                      [block_backs = std::move(block_backs), head_back, emb_back,
-                       first = k.stage == 0](std::optional<GAct> dout) -> std::optional<GAct> {
-                        GAct d = head_back ? head_back() : *dout;
-                        for (auto it = block_backs.rbegin(); it != block_backs.rend(); ++it) {
-                          d = (*it)(d);
-                        }
-                        if (first) {
-                          (*emb_back)(d);
-                          return std::nullopt;
-                        }
-                        return d;
-                      });
-      return h;
-    };
-    fns.backward = [&](int c, int mb, std::optional<GAct> dout) {
-      const auto it = pending.find({c, mb});
-      auto result = it->second(std::move(dout));
-      pending.erase(it);
-      ++chunks[std::size_t(c)].backwards;
-      return result;
-    };
-    (void)run_pipeline(
-        mesh.group<"pp">(), stage, fns,
-        {.schedule = schedule, .shape = {.stages = p, .microbatches = kGptMicro, .chunks = v}});
-    run.losses.push_back(loss);
+    const nn::StepResult r = trainer.step(std::span(micro), opt);
     run.comms.push_back({comm.count("isend", "pp"), comm.count("recv", "pp") + comm.count("irecv", "pp"),
                          comm.count("all_gather", "dp"), comm.count("reduce_scatter", "dp")});
-    for (Chunk& k : chunks) {
-      expect(k.backwards == kGptMicro, "every micro-batch's backward ran once per chunk");
-      k.backwards = 0;
-      const auto step_group = [&](auto& g, int index) {
-        g.reshard();
-        opt.step(index, g);
-        g.zero_grad();
-      };
-      for (std::size_t b = 0; b < k.blocks.size(); ++b) {
-        step_group(k.blocks[b], 1 + k.first + int(b));
-      }
-      if (k.embedding) {
-        step_group(*k.embedding, 0);
-      }
-      if (k.head) {
-        step_group(*k.head, kGptLayers + 1);
-      }
-    }
+    run.losses.push_back(r.loss);
+    run.norms.push_back(r.grad_norm);
+    run.val_losses.push_back(trainer.loss(gpt_ids(stage, 9, step, 0), gpt_ids(stage, 9, step, 1)));
   }
-  for (Chunk& k : chunks) {
-    for (std::size_t b = 0; b < k.blocks.size(); ++b) {
-      k.blocks[b].unshard();
-      int i = 0;
-      std::apply(
-          [&](const auto&... w) { ((run.params[block_param(k.first + int(b), i++)] = full_of(w)), ...); },
-          k.blocks[b].params());
-    }
-    if (k.embedding) {
-      k.embedding->unshard();
-      run.params[0] = full_of(k.embedding->template param<0>());
-    }
-    if (k.head) {
-      k.head->unshard();
-      run.params[1 + kBlockParams * kGptLayers] = full_of(k.head->template param<0>());
-      run.params[2 + kBlockParams * kGptLayers] = full_of(k.head->template param<1>());
-    }
-  }
+  trainer.for_each_parameter([&](int i, const auto& w) { run.params[i] = full_of(w); });
   return run;
 }
 
@@ -887,9 +738,9 @@ void gpt_case(int pp, int dp, int tp, Schedule schedule, int v, const GptRun& wa
     const auto mesh = init_device_mesh<PMesh>(world, pp, dp, tp);
     const GptRun got = gpt_pipelined(mesh, schedule, v);
     const std::string at = name + ", rank " + std::to_string(world.rank());
-    if (mesh.local_rank<"pp">() == (pp * v - 1) % pp) {
-      close_vec(got.losses, want.losses, at + ": losses");
-    }
+    close_vec(got.losses, want.losses, at + ": losses");
+    close_vec(got.norms, want.norms, at + ": gradient norms");
+    close_vec(got.val_losses, want.val_losses, at + ": forward-only losses");
     for (const auto& c : got.comms) {
       expect(c == got.expected, at + ": isend/recv over pp, all_gather/reduce_scatter over dp per step " +
                                     std::to_string(c[0]) + "/" + std::to_string(c[1]) + "/" +
@@ -898,6 +749,7 @@ void gpt_case(int pp, int dp, int tp, Schedule schedule, int v, const GptRun& wa
                                     std::to_string(got.expected[1]) + "/" + std::to_string(got.expected[2]) +
                                     "/" + std::to_string(got.expected[3]));
     }
+    expect(!got.params.empty(), at + ": this rank holds parameters");
     for (const auto& [i, w] : got.params) {
       expect(want.params.count(i) == 1 && want.params.at(i).size() == w.size(),
              at + ": parameter " + std::to_string(i) + "'s size");
@@ -911,11 +763,15 @@ void gpt_case(int pp, int dp, int tp, Schedule schedule, int v, const GptRun& wa
 
 } // namespace
 
-TEST_CASE("PP x FSDP x TP: the GPT pipelined over stages of FSDP + TP blocks equals one rank", "[pipeline]") {
+TEST_CASE(
+    "PP x FSDP x TP: nn::PipelineTrainer trains the GPT over stages of FSDP + TP blocks as one rank does",
+    "[pipeline]") {
   CHECK(pipeline_layers(5, 4, 0) == std::pair{0, 2});
   CHECK(pipeline_layers(5, 4, 3) == std::pair{4, 5});
   CHECK_THROWS_WITH(pipeline_layers(3, 4, 0), Catch::Contains("3 layers over 4 stages"));
   const GptRun want = gpt_one_rank();
+  CHECK(want.norms[0] > kGptMaxNorm);                            // the clip acts
   gpt_case(2, 2, 2, Schedule::one_f_one_b, 1, want);             // 8 ranks: 3 + 2 layers
   gpt_case(2, 2, 1, Schedule::interleaved_one_f_one_b, 2, want); // 4 model stages: 2, 1, 1, 1 layers
+  gpt_case(4, 1, 1, Schedule::gpipe, 1, want);                   // 4 stages, one rank each
 }

@@ -14,7 +14,8 @@
 // mlp.hpp, moe.hpp (nn::Moe: a mixture of experts over an expert-parallel axis; its routing in
 // moe_routing.hpp), attention.hpp, block.hpp (nn::TransformerBlock), mlp_block.hpp (nn::MlpBlock: a block
 // without attention), head.hpp; model.hpp (nn::LanguageModel: embedding, blocks, final norm, head) and
-// trainer.hpp (nn::DdpTrainer, nn::FsdpTrainer: its training step under DDP or FSDP/HSDP).
+// trainer.hpp (nn::DdpTrainer, nn::FsdpTrainer: its training step under DDP or FSDP/HSDP), pipeline_trainer.hpp
+// (nn::PipelineTrainer: pipelined over a pp group, FSDP x TP inside each stage).
 
 #include "dtensor/parallel/layers/attention.hpp"
 #include "dtensor/parallel/layers/block.hpp"
@@ -28,4 +29,5 @@
 #include "dtensor/parallel/layers/moe.hpp"
 #include "dtensor/parallel/layers/moe_routing.hpp"
 #include "dtensor/parallel/layers/norm.hpp"
+#include "dtensor/parallel/layers/pipeline_trainer.hpp"
 #include "dtensor/parallel/layers/trainer.hpp"

@@ -64,6 +64,9 @@ struct PipelineRunOptions {
   Schedule schedule = Schedule::one_f_one_b;
   PipelineShape shape{};         ///< stages must be the pp group's size
   Device device = Device::cpu(); ///< where the received tensors are made (the chunks' device)
+  /// Forwards only (evaluation): micro-batch by micro-batch, each rank's chunks in order; backward is
+  /// never called and may be empty.
+  bool forward_only = false;
 };
 
 /// What a run did on this rank: the steps in the order run, the time in them and in total.
@@ -89,13 +92,21 @@ public:
         stages_(o.shape.stages * o.shape.chunks) {
     DTENSOR_CHECK(o.shape.stages == p_, "run_pipeline: the shape names " + std::to_string(o.shape.stages) +
                                             " stages, the pp group has " + std::to_string(p_) + " ranks");
-    DTENSOR_CHECK(chunks.forward && chunks.backward,
+    DTENSOR_CHECK(chunks.forward && (chunks.backward || o.forward_only),
                   "run_pipeline: PipelineChunks needs forward and backward");
   }
 
   PipelineRunStats run() {
     PipelineRunStats st;
-    st.order = pipeline_order(o_.schedule, o_.shape, s_);
+    if (o_.forward_only) {
+      for (int mb = 0; mb < o_.shape.microbatches; ++mb) {
+        for (int c = 0; c < o_.shape.chunks; ++c) {
+          st.order.push_back({PipelineAction::Kind::forward, mb, c});
+        }
+      }
+    } else {
+      st.order = pipeline_order(o_.schedule, o_.shape, s_);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     if (o_.device.is_cpu()) {
       post_headers(st.order);
