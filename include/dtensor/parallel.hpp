@@ -14,7 +14,6 @@
 #include "dtensor/parallel/layers.hpp"
 #include "dtensor/parallel/optim.hpp"
 #include "dtensor/parallel/param_init.hpp"
-#include "dtensor/parallel/pipeline.hpp"
 #include "dtensor/parallel/pipeline_run.hpp"
 #include "dtensor/parallel/pipeline_schedule.hpp"
 #include "dtensor/parallel/schedule.hpp"

@@ -14,8 +14,8 @@
 // mlp.hpp, moe.hpp (nn::Moe: a mixture of experts over an expert-parallel axis; its routing in
 // moe_routing.hpp), attention.hpp, block.hpp (nn::TransformerBlock), mlp_block.hpp (nn::MlpBlock: a block
 // without attention), head.hpp; model.hpp (nn::LanguageModel: embedding, blocks, final norm, head) and
-// trainer.hpp (nn::DdpTrainer, nn::FsdpTrainer: its training step under DDP or FSDP/HSDP), pipeline_trainer.hpp
-// (nn::PipelineTrainer: pipelined over a pp group, FSDP x TP inside each stage).
+// trainer.hpp (nn::DdpTrainer, nn::FsdpTrainer: its training step under DDP or FSDP/HSDP),
+// pipeline_trainer.hpp (nn::PipelineTrainer: pipelined over a pp group, FSDP x TP inside each stage).
 
 #include "dtensor/parallel/layers/attention.hpp"
 #include "dtensor/parallel/layers/block.hpp"

@@ -1,0 +1,103 @@
+// A 1F1B step over p processes (one pipeline stage each, gloo), through run_pipeline on DTensors; the same
+// step hand-written over torch 1.13's point-to-point calls is bench/pipeline/torch_pipeline.py, and
+// bench/pipeline/pipeline_vs_torch.sh runs both in one go. Each stage's forward is 2 ms and its backward
+// 4 ms of sleep (a stand-in for compute that does not compete for the cores, so what differs is the
+// schedule and the transfers), the activations and gradients (rows, hidden) float tensors of real size.
+// Per (size, micro-batches): the step's median over the samples (a barrier before each), the slowest
+// rank's; the step the schedule's timeline gives with free transfers (simulate_pipeline); and the exposed
+// communication, their difference.
+//
+//   dtensor-run --standalone --nproc-per-node 4 bench_pipeline_p2p [--smoke] [--scale S] [--out DIR]
+//   # writes DIR/pipeline_p2p_n<p>.json (rank 0)
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtensor/comm/collectives.hpp"
+#include "dtensor/comm/init.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/parallel/pipeline_run.hpp"
+
+#include "../common/harness.hpp"
+
+int main(int argc, char** argv) {
+  using namespace dtensor;
+  const bench::Options opt = bench::parse_options(argc, argv);
+  ProcessGroup world = init_process_group();
+  const int p = world.size();
+  using Mesh = MeshShape<Axis<"pp">, Axis<"dp">>;
+  using Act = DTensor<float, 2, MeshShape<Axis<"dp">>, Shard<0>>;
+  const auto mesh = init_device_mesh<Mesh>(world, p, 1);
+  const auto stage = mesh.slice<"dp">();
+  const double f_ms = opt.smoke ? 0.2 : 2.0, b_ms = 2 * f_ms;
+  struct Size {
+    std::int64_t rows, hidden;
+  };
+  const std::vector<Size> sizes =
+      opt.smoke ? std::vector<Size>{{2, 8}} : std::vector<Size>{{8, 256}, {64, 1024}, {256, 1024}};
+  const std::vector<int> ms = opt.smoke ? std::vector<int>{2} : std::vector<int>{4, 8, 16};
+  bench::Table table{{"rows x hidden", "KiB", "micro-batches", "step ms", "free-transfer ms", "exposed ms"}};
+  std::string json = "[";
+  for (const Size& z : sizes) {
+    for (int m : ms) {
+      PipelineChunks<Act> chunks;
+      const auto work = [&](double ms_) {
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms_));
+        return Act::from_local(stage, Tensor<float, 2>::zeros({z.rows, z.hidden}));
+      };
+      chunks.forward = [&](int, int, std::optional<Act>) { return work(f_ms); };
+      chunks.backward = [&](int, int, std::optional<Act>) -> std::optional<Act> { return work(b_ms); };
+      const PipelineRunOptions o{.schedule = Schedule::one_f_one_b,
+                                 .shape = {.stages = p, .microbatches = m}};
+      std::vector<double> times;
+      const int samples = bench::scaled(opt, 15);
+      for (int s = 0; s < samples + (opt.smoke ? 0 : 2); ++s) {
+        barrier(world);
+        const auto t0 = std::chrono::steady_clock::now();
+        (void)run_pipeline(mesh.group<"pp">(), stage, chunks, o);
+        const double t =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (s >= (opt.smoke ? 0 : 2)) { // two warm-up steps
+          times.push_back(t);
+        }
+      }
+      std::sort(times.begin(), times.end());
+      Tensor<double, 1> med = Tensor<double, 1>::full({1}, times[times.size() / 2]);
+      all_reduce(med, ReduceOp::max, world);
+      const double step = med.item();
+      const double ideal = simulate_pipeline(Schedule::one_f_one_b, o.shape, f_ms, b_ms).makespan;
+      const double kib = double(z.rows * z.hidden * 4) / 1024;
+      table.row({std::to_string(z.rows) + " x " + std::to_string(z.hidden), bench::fmt("%.0f", kib),
+                 std::to_string(m), bench::fmt("%.1f", step), bench::fmt("%.1f", ideal),
+                 bench::fmt("%.1f", step - ideal)});
+      json += std::string(json.size() > 1 ? ",\n " : "\n ") + "{\"size\": \"" + std::to_string(z.rows) +
+              " x " + std::to_string(z.hidden) + "\", \"microbatches\": " + std::to_string(m) +
+              ", \"step_ms\": " + bench::fmt("%.3f", step) + ", \"ideal_ms\": " + bench::fmt("%.3f", ideal) +
+              "}";
+    }
+  }
+  json += "\n]\n";
+  if (world.rank() == 0) {
+    std::printf("1F1B over %d processes (gloo), forward %.1f ms and backward %.1f ms of sleep per stage; the "
+                "slowest rank's median step\n",
+                p, f_ms, b_ms);
+    table.print();
+    if (!opt.out.empty()) {
+      const std::string path = opt.out + "/pipeline_p2p_n" + std::to_string(p) + ".json";
+      std::FILE* f = std::fopen(path.c_str(), "w");
+      if (f == nullptr) {
+        std::fprintf(stderr, "bench_pipeline_p2p: cannot write %s\n", path.c_str());
+        return 1;
+      }
+      std::fputs(json.c_str(), f);
+      std::fclose(f);
+    }
+  }
+  return 0;
+}
