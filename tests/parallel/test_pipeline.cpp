@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <tuple>
@@ -214,7 +215,11 @@ PipeResult sequential(int stages, int m) {
   return r;
 }
 
-PipeResult pipelined(const DeviceMesh<PMesh>& mesh, const PipelineRunOptions& o, int bad_stage_mb = -1) {
+/// The pipeline of blocks under `o`. bad_stage_mb >= 0: stage 0's output (dp rank 1's shard) of that
+/// micro-batch goes out with another global shape; bad_gradient_mb >= 0: the last stage's input gradient of
+/// that micro-batch does; bad_forward_mb >= 0: the last stage's forward of it throws.
+PipeResult pipelined(const DeviceMesh<PMesh>& mesh, const PipelineRunOptions& o, int bad_stage_mb = -1,
+                     int bad_gradient_mb = -1, int bad_forward_mb = -1) {
   const auto stage = mesh.slice<"dp", "tp">();
   const int p = o.shape.stages, v = o.shape.chunks, s = mesh.local_rank<"pp">();
   const int stages = p * v;
@@ -236,6 +241,7 @@ PipeResult pipelined(const DeviceMesh<PMesh>& mesh, const PipelineRunOptions& o,
     if (g == stages - 1) {
       r.y[mb] = full_of(y);
     }
+    DTENSOR_CHECK(g != stages - 1 || mb != bad_forward_mb, "the chunk's own error");
     if (g == 0 && mb == bad_stage_mb && stage.local_rank<"dp">() == 1) { // a shard of another global shape
       return Act(stage, y.local(), {y.global_shape()[0], y.global_shape()[1], kWidth + 1});
     }
@@ -254,6 +260,9 @@ PipeResult pipelined(const DeviceMesh<PMesh>& mesh, const PipelineRunOptions& o,
     if (g == 0) {
       r.dx[mb] = full_of(dx);
       return std::nullopt;
+    }
+    if (g == stages - 1 && mb == bad_gradient_mb) {
+      return Act(stage, dx.local(), {dx.global_shape()[0], dx.global_shape()[1], kWidth + 1});
     }
     return dx;
   };
@@ -325,7 +334,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "run_pipeline on DTensors: a shard of another shape is an error naming stage, micro-batch and shapes",
+    "run_pipeline on DTensors: a shard of another shape is an error on both stages naming stage, micro-batch "
+    "and shapes",
     "[pipeline]") {
   const PipelineRunOptions o{.schedule = Schedule::one_f_one_b, .shape = {.stages = 2, .microbatches = 3}};
   CHECK_THROWS_WITH(
@@ -337,7 +347,45 @@ TEST_CASE(
       Catch::Contains(
           "stage 1 (pp rank 1), micro-batch 1, the activation from stage 0: global "
           "shape [2, 4, 9] arrives as a shard of [1, 4, 8], but [S(0),S(1)] gives this rank's coordinate a "
-          "shard of [1, 4, 9]"));
+          "shard of [1, 4, 9]") &&
+          // the sending stage learns it too (the abort header on the link it waits on), and so does every
+          // other rank: none waits for its timeout
+          Catch::Contains(
+              "stage 0 (pp rank 0) stopped: stage 1 (pp rank 1) refused the activation of "
+              "micro-batch 1 from stage 0: global shape [2, 4, 9] as this rank's shard of [1, 4, 8], "
+              "where its placements give its coordinate a shard of [1, 4, 9]"));
+  // A gradient refused after its sender's last send (the last micro-batch): the sender learns it from the
+  // done header of that link, which comes as an abort; three stages of one rank each, so every rank's
+  // error is the pipeline's (no collective inside a stage to fail first).
+  const PipelineRunOptions three{.schedule = Schedule::one_f_one_b,
+                                 .shape = {.stages = 3, .microbatches = 2}};
+  CHECK_THROWS_WITH(
+      testing::run_ranks(3,
+                         [&](ProcessGroup& world) {
+                           (void)pipelined(init_device_mesh<PMesh>(world, 3, 1, 1), three, -1,
+                                           /*bad_gradient_mb=*/1);
+                         }),
+      Catch::Contains("stage 1 (pp rank 1), micro-batch 1, the gradient from stage 2: global shape [2, 4, 9] "
+                      "arrives as a shard of [2, 4, 8]") &&
+          Catch::Contains(
+              "stage 2 (pp rank 2) stopped: stage 1 (pp rank 1) refused the gradient of micro-batch "
+              "1 from stage 2: global shape [2, 4, 9] as this rank's shard of [2, 4, 8], where its "
+              "placements give its coordinate a shard of [2, 4, 9]") &&
+          Catch::Contains(
+              "stage 0 (pp rank 0) stopped: stage 1 (pp rank 1) refused the gradient of micro-batch "
+              "1"));
+  // A chunk that throws: its neighbours stop with its stage and micro-batch, not a timeout.
+  CHECK_THROWS_WITH(
+      testing::run_ranks(3,
+                         [&](ProcessGroup& world) {
+                           (void)pipelined(init_device_mesh<PMesh>(world, 3, 1, 1), three, -1, -1,
+                                           /*bad_forward_mb=*/1);
+                         }),
+      Catch::Contains("the chunk's own error") &&
+          Catch::Contains("stage 1 (pp rank 1) stopped: stage 2 (pp rank 2) failed in its forward of "
+                          "micro-batch 1") &&
+          Catch::Contains("stage 0 (pp rank 0) stopped: stage 2 (pp rank 2) failed in its forward of "
+                          "micro-batch 1"));
 }
 
 // ---- PP x FSDP x TP: the GPT of nn:: layers under nn::PipelineTrainer, FSDP and TP inside each stage
@@ -408,16 +456,26 @@ GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
   optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
   GptRun run;
   // Derived from the layout: each boundary a chunk crosses sends (and receives) a header and a shard per
-  // micro-batch, forward and backward; each FSDP group is gathered and reduce_scattered once a step.
-  const int stages = mesh.size<"pp">() * v;
+  // micro-batch, forward and backward, and each link to another rank (peer, direction) one done header at
+  // the end; each FSDP group is gathered and reduce_scattered once a step.
+  const int p = mesh.size<"pp">(), s = mesh.local_rank<"pp">(), stages = p * v;
+  std::set<std::pair<int, int>> links; // (peer, direction): the same number sent on as received on
   for (const auto& [g, first, last] : trainer.stages()) {
     const std::int64_t crossings = (g > 0 ? 1 : 0) + (g < stages - 1 ? 1 : 0);
     run.expected[0] += 2 * kGptMicro * crossings;
     run.expected[1] += 2 * kGptMicro * crossings;
+    if (g > 0 && (g - 1) % p != s) {
+      links.insert({(g - 1) % p, 1});
+    }
+    if (g < stages - 1 && (g + 1) % p != s) {
+      links.insert({(g + 1) % p, 0});
+    }
     const std::int64_t groups = (last - first) + (g == 0 ? 1 : 0) + (g == stages - 1 ? 1 : 0);
     run.expected[2] += groups;
     run.expected[3] += groups;
   }
+  run.expected[0] += std::int64_t(links.size());
+  run.expected[1] += std::int64_t(links.size());
   for (int step = 0; step < kGptSteps; ++step) {
     const auto micro = gpt_micro(stage, step);
     CommDebugMode comm;

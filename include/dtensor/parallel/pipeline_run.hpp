@@ -25,7 +25,19 @@
 // (simulate_pipeline: no order waits on itself). A chunk whose neighbour is on the same rank (one pp rank,
 // several chunks) hands its tensor over in memory.
 //
-// FSDP inside a stage (tests/parallel/test_pipeline.cpp, "PP x FSDP x TP"): each chunk's FlatParamGroups
+// Errors stop every stage, with the cause (host tensors). Each link (a peer rank and a direction) ends a
+// run with one more header, "done", and each rank receives it ahead with the others, so at any time a rank
+// has a header receive posted on every link it receives on. A rank that stops (it refused a shard, a chunk
+// threw, or a peer told it to stop) sends an abort header instead on every link it sends on, naming the
+// kind, the model stage that found it, the micro-batch and, for a refused shard, the global shape and the
+// shard its placements give (a refused shard is received first, so its send completes); the peer's next
+// header on that link is the abort, and it stops with that message and passes it on. So the stage that
+// sent a shard of the wrong shape reports it too, even after its last send (the done header of that link
+// is the one that comes back as an abort), and no rank waits out its timeout. What the done headers cost:
+// one small message per link a step, and a rank's run ends when its neighbours have received what it sent.
+// On CUDA (NCCL), where receives are not posted ahead, the receiving stage reports a mismatch alone.
+//
+// FSDP inside a stage (nn::PipelineTrainer, parallel/layers/pipeline_trainer.hpp): each chunk's FlatParamGroups
 // are gathered once per step and kept for all its micro-batches; the gradients of the first m - 1
 // backwards accumulate unsharded (accumulate_gradients) and the chunk's last backward reduce_scatters the
 // sum (reduce_gradients). Gathering per micro-batch instead would repeat the all_gather and the
@@ -38,7 +50,9 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -89,7 +103,7 @@ public:
   TypedPipelineRun(const ProcessGroup& pp, const typename Act::mesh_type& stage_mesh,
                    PipelineChunks<Act>& chunks, const PipelineRunOptions& o)
       : pp_(pp), mesh_(stage_mesh), chunks_(chunks), o_(o), s_(pp.rank()), p_(pp.size()),
-        stages_(o.shape.stages * o.shape.chunks) {
+        stages_(o.shape.stages * o.shape.chunks), guarded_(o.device.is_cpu()) {
     DTENSOR_CHECK(o.shape.stages == p_, "run_pipeline: the shape names " + std::to_string(o.shape.stages) +
                                             " stages, the pp group has " + std::to_string(p_) + " ranks");
     DTENSOR_CHECK(chunks.forward && (chunks.backward || o.forward_only),
@@ -108,41 +122,30 @@ public:
       st.order = pipeline_order(o_.schedule, o_.shape, s_);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    if (o_.device.is_cpu()) {
+    if (guarded_) {
       post_headers(st.order);
     }
-    for (const PipelineAction& a : st.order) {
-      const int g = a.chunk * p_ + s_;
-      if (a.kind == PipelineAction::Kind::forward) {
-        std::optional<Act> in;
-        if (g > 0) {
-          in = receive(kForward, a.microbatch, g - 1, g);
-        }
-        const auto c0 = std::chrono::steady_clock::now();
-        Act out = chunks_.forward(a.chunk, a.microbatch, std::move(in));
-        st.compute_s += seconds_since(c0);
-        if (g + 1 < stages_) {
-          send(kForward, a.microbatch, g, g + 1, out);
-        }
-      } else {
-        std::optional<Act> dout;
-        if (g + 1 < stages_) {
-          dout = receive(kBackward, a.microbatch, g + 1, g);
-        }
-        const auto c0 = std::chrono::steady_clock::now();
-        std::optional<Act> din = chunks_.backward(a.chunk, a.microbatch, std::move(dout));
-        st.compute_s += seconds_since(c0);
-        if (g > 0) {
-          DTENSOR_CHECK(din.has_value(), "run_pipeline: the backward of model stage " + std::to_string(g) +
-                                             " (micro-batch " + std::to_string(a.microbatch) +
-                                             ") returned no input gradient to send to stage " +
-                                             std::to_string(g - 1));
-          send(kBackward, a.microbatch, g, g - 1, *din);
-        }
+    PipelineAction at{};
+    try {
+      for (const PipelineAction& a : st.order) {
+        at = a;
+        step(a, st);
       }
-    }
-    for (Work& w : pending_) {
-      w.wait();
+      if (guarded_) {
+        finish_links();
+      }
+      for (Work& w : pending_) {
+        w.wait();
+      }
+    } catch (...) {
+      if (guarded_ && !notified_) { // the neighbours stop too, with the cause (see the top of the file)
+        if (!abort_) {
+          abort_ = Abort{at.kind == PipelineAction::Kind::forward ? kFailedForward : kFailedBackward,
+                         at.microbatch, at.chunk * p_ + s_};
+        }
+        notify();
+      }
+      throw;
     }
     pending_.clear();
     headers_.clear();
@@ -151,8 +154,171 @@ public:
   }
 
 private:
+  // A header's kind: an activation or a gradient follows; the last message of a link; or why the sender
+  // stopped (a refused activation or gradient, a chunk's forward or backward that threw).
   static constexpr int kForward = 0;
   static constexpr int kBackward = 1;
+  static constexpr int kDone = 2;
+  static constexpr int kRefusedActivation = 3;
+  static constexpr int kRefusedGradient = 4;
+  static constexpr int kFailedForward = 5;
+  static constexpr int kFailedBackward = 6;
+
+  /// Why a run stopped, as the abort header carries it: the kind, the micro-batch, the model stage that
+  /// found it, and for a refused shard the global shape and the local shape that stage expected.
+  struct Abort {
+    int kind = 0, mb = 0, stage = 0;
+    std::array<std::int64_t, R> global{}, expected{};
+  };
+
+  void step(const PipelineAction& a, PipelineRunStats& st) {
+    const int g = a.chunk * p_ + s_;
+    if (a.kind == PipelineAction::Kind::forward) {
+      std::optional<Act> in;
+      if (g > 0) {
+        in = receive(kForward, a.microbatch, g - 1, g);
+      }
+      const auto c0 = std::chrono::steady_clock::now();
+      Act out = chunks_.forward(a.chunk, a.microbatch, std::move(in));
+      st.compute_s += seconds_since(c0);
+      if (g + 1 < stages_) {
+        send(kForward, a.microbatch, g, g + 1, out);
+      }
+      return;
+    }
+    std::optional<Act> dout;
+    if (g + 1 < stages_) {
+      dout = receive(kBackward, a.microbatch, g + 1, g);
+    }
+    const auto c0 = std::chrono::steady_clock::now();
+    std::optional<Act> din = chunks_.backward(a.chunk, a.microbatch, std::move(dout));
+    st.compute_s += seconds_since(c0);
+    if (g > 0) {
+      DTENSOR_CHECK(din.has_value(), "run_pipeline: the backward of model stage " + std::to_string(g) +
+                                         " (micro-batch " + std::to_string(a.microbatch) +
+                                         ") returned no input gradient to send to stage " +
+                                         std::to_string(g - 1));
+      send(kBackward, a.microbatch, g, g - 1, *din);
+    }
+  }
+
+  static std::string shape_of(const std::array<std::int64_t, R>& s) { return shape_to_string(s); }
+
+  /// The message of an abort header received from pp rank `peer`, on stage `here`.
+  std::string abort_message(const std::int64_t* h, int here) const {
+    const int kind = int(h[1]), mb = int(h[2]), stage = int(h[3]);
+    std::array<std::int64_t, R> global{}, expected{};
+    for (int d = 0; d < R; ++d) {
+      global[std::size_t(d)] = h[4 + d];
+      expected[std::size_t(d)] = h[4 + R + d];
+    }
+    const std::string who =
+        "run_pipeline: stage " + std::to_string(here) + " (pp rank " + std::to_string(s_) + ") stopped: ";
+    const std::string where =
+        "stage " + std::to_string(stage) + " (pp rank " + std::to_string(rank_of(stage)) + ")";
+    if (kind == kFailedForward || kind == kFailedBackward) {
+      return who + where + " failed in its " + (kind == kFailedForward ? "forward" : "backward") +
+             " of micro-batch " + std::to_string(mb);
+    }
+    if (kind != kRefusedActivation && kind != kRefusedGradient) {
+      return who + "pp rank " + std::to_string(rank_of(stage)) + " sent a header of kind " +
+             std::to_string(kind) + " (the stages run different versions)";
+    }
+    const bool activation = kind == kRefusedActivation;
+    const int from = activation ? stage - 1 : stage + 1;
+    std::string sent;
+    if (const auto it = sent_.find({activation ? kForward : kBackward, mb, stage}); it != sent_.end()) {
+      sent = " as this rank's shard of " + shape_of(it->second);
+    }
+    return who + where + " refused the " + (activation ? "activation" : "gradient") + " of micro-batch " +
+           std::to_string(mb) + " from stage " + std::to_string(from) + ": global shape " + shape_of(global) +
+           sent + ", where its placements give its coordinate a shard of " + shape_of(expected) +
+           " (the stages' sub-meshes or placements differ)";
+  }
+
+  /// Host tensors: the links (peer, kind) this rank sends on and receives on, from the order.
+  void links(const std::vector<PipelineAction>& order) {
+    for (const PipelineAction& a : order) {
+      const int g = a.chunk * p_ + s_;
+      const bool forward = a.kind == PipelineAction::Kind::forward;
+      const int to = forward ? g + 1 : g - 1, from = forward ? g - 1 : g + 1;
+      const int kind = forward ? kForward : kBackward;
+      if (to >= 0 && to < stages_ && rank_of(to) != s_) {
+        send_links_.insert({rank_of(to), kind});
+      }
+      if (from >= 0 && from < stages_ && rank_of(from) != s_) {
+        recv_links_.insert({rank_of(from), kind});
+      }
+    }
+  }
+
+  /// The end of a run on host tensors: a done header on every link this rank sent on, and the peers' done
+  /// headers waited for, so a peer that refused the last shard this rank sent it still reaches it.
+  void finish_links() {
+    for (const auto& [peer, kind] : send_links_) {
+      pending_.push_back(isend(header_of(kDone, 0, 0), peer, pp_, tag(kind, 0)));
+    }
+    for (auto& [link, posted] : done_) {
+      posted.second.wait();
+      const std::int64_t* h = posted.first.data();
+      if (h[0] != kMagic || h[1] != kDone) {
+        take_abort(h);
+        DTENSOR_CHECK(h[0] == kMagic && h[1] != kForward && h[1] != kBackward,
+                      "run_pipeline: pp rank " + std::to_string(s_) + ": pp rank " +
+                          std::to_string(link.first) +
+                          " sent more than its order gives (the stages run different schedules or shapes)");
+        throw Error(abort_message(h, s_));
+      }
+    }
+    done_.clear();
+  }
+
+  /// An abort header received: kept, so that this rank's neighbours learn the same cause.
+  void take_abort(const std::int64_t* h) {
+    if (h[0] != kMagic || h[1] < kRefusedActivation) {
+      return;
+    }
+    Abort a{int(h[1]), int(h[2]), int(h[3])};
+    for (int d = 0; d < R; ++d) {
+      a.global[std::size_t(d)] = h[4 + d];
+      a.expected[std::size_t(d)] = h[4 + R + d];
+    }
+    abort_ = a;
+  }
+
+  /// Tells every peer this rank sends to why it stops (one abort header per link, which the peer's next
+  /// header receive on it gets), waiting at most the group's timeout for the headers to leave.
+  void notify() {
+    notified_ = true;
+    std::vector<Work> works;
+    for (const auto& [peer, kind] : send_links_) {
+      Tensor<std::int64_t, 1> h = header_of(abort_->kind, abort_->mb, abort_->stage);
+      for (int d = 0; d < R; ++d) {
+        h.data()[4 + d] = abort_->global[std::size_t(d)];
+        h.data()[4 + R + d] = abort_->expected[std::size_t(d)];
+      }
+      try {
+        works.push_back(isend(h, peer, pp_, tag(kind, 0)));
+      } catch (...) { // a peer or the group gone: nothing to tell
+      }
+    }
+    const auto deadline = std::chrono::steady_clock::now() + pp_.timeout();
+    for (Work& w : works) {
+      while (!w.is_completed() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+  }
+
+  Tensor<std::int64_t, 1> header_of(int kind, int mb, int stage) const {
+    Tensor<std::int64_t, 1> header = Tensor<std::int64_t, 1>::zeros({kHeader});
+    std::int64_t* h = header.data();
+    h[0] = kMagic;
+    h[1] = kind;
+    h[2] = mb;
+    h[3] = stage;
+    return header;
+  }
 
   static double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -176,6 +342,12 @@ private:
       Work w = irecv(header, rank_of(from), pp_, tag(kind, 0));
       headers_.emplace(std::tuple{kind, a.microbatch, g}, std::pair{header, std::move(w)});
     }
+    links(order);
+    for (const auto& link : recv_links_) { // each link's last header: done, or why the peer stopped
+      Tensor<std::int64_t, 1> header({kHeader});
+      Work w = irecv(header, link.first, pp_, tag(link.second, 0));
+      done_.emplace(link, std::pair{header, std::move(w)});
+    }
   }
 
   void send(int kind, int mb, int from, int to, const Act& t) {
@@ -190,9 +362,13 @@ private:
     h[1] = kind;
     h[2] = mb;
     h[3] = from;
+    std::array<std::int64_t, R> local{};
     for (int d = 0; d < R; ++d) {
       h[4 + d] = t.global_shape()[static_cast<std::size_t>(d)];
-      h[4 + R + d] = t.local().shape()[static_cast<std::size_t>(d)];
+      h[4 + R + d] = local[std::size_t(d)] = t.local().shape()[static_cast<std::size_t>(d)];
+    }
+    if (guarded_) {
+      sent_.insert_or_assign(std::tuple{kind, mb, to}, local);
     }
     const auto dev = t.local().device();
     pending_.push_back(isend(dev.is_cpu() ? header : header.to(dev), peer, pp_, tag(kind, 0)));
@@ -227,10 +403,19 @@ private:
     const std::string at = "run_pipeline: stage " + std::to_string(to) + " (pp rank " + std::to_string(s_) +
                            "), micro-batch " + std::to_string(mb) + ", the " + what + " from stage " +
                            std::to_string(from);
-    DTENSOR_CHECK(h[0] == kMagic && h[1] == kind && h[2] == mb && h[3] == from,
-                  at + ": received the header of " + (h[1] == kForward ? "an activation" : "a gradient") +
-                      " of micro-batch " + std::to_string(h[2]) + " from stage " + std::to_string(h[3]) +
-                      " (the stages run different schedules or shapes)");
+    if (h[0] == kMagic && h[1] >= kRefusedActivation) { // the peer stopped: stop with its cause
+      take_abort(h);
+      throw Error(abort_message(h, to));
+    }
+    if (!(h[0] == kMagic && h[1] == kind && h[2] == mb && h[3] == from)) {
+      abort_ = Abort{kind == kForward ? kRefusedActivation : kRefusedGradient, mb, to};
+      throw Error(at + ": received the header of " +
+                  (h[1] == kForward    ? "an activation"
+                   : h[1] == kBackward ? "a gradient"
+                                       : "the end of the run") +
+                  " of micro-batch " + std::to_string(h[2]) + " from stage " + std::to_string(h[3]) +
+                  " (the stages run different schedules or shapes)");
+    }
     typename Act::shape_type global{};
     std::array<std::int64_t, R> theirs{};
     for (int d = 0; d < R; ++d) {
@@ -239,11 +424,21 @@ private:
     }
     const Block mine = spec_block(detail::to_extents(global), Act::spec, mesh_.sizes(), mesh_.coordinate());
     const auto local_shape = detail::to_array<R>(mine.shape);
-    DTENSOR_CHECK(local_shape == theirs,
-                  at + ": global shape " + shape_to_string(global) + " arrives as a shard of " +
-                      shape_to_string(theirs) + ", but " + dtensor::to_string(Act::placements) +
-                      " gives this rank's coordinate a shard of " + shape_to_string(local_shape) +
-                      " (the stages' sub-meshes or placements differ)");
+    if (local_shape != theirs) {
+      abort_ = Abort{kind == kForward ? kRefusedActivation : kRefusedGradient, mb, to};
+      for (int d = 0; d < R; ++d) {
+        abort_->global[std::size_t(d)] = global[std::size_t(d)];
+        abort_->expected[std::size_t(d)] = local_shape[std::size_t(d)];
+      }
+      if (guarded_) { // the shard is taken, so that the sender's send completes
+        typename Act::local_type drained(theirs);
+        recv(drained, peer, pp_, tag(kind, 1));
+      }
+      throw Error(at + ": global shape " + shape_to_string(global) + " arrives as a shard of " +
+                  shape_to_string(theirs) + ", but " + dtensor::to_string(Act::placements) +
+                  " gives this rank's coordinate a shard of " + shape_to_string(local_shape) +
+                  " (the stages' sub-meshes or placements differ)");
+    }
     typename Act::local_type local(local_shape, dev);
     recv(local, peer, pp_, tag(kind, 1));
     return Act(mesh_, std::move(local), global);
@@ -255,6 +450,13 @@ private:
   PipelineRunOptions o_;
   int s_, p_, stages_;
   std::vector<Work> pending_;
+  bool guarded_; ///< host tensors: headers received ahead, done and abort headers on every link
+  bool notified_ = false;
+  std::optional<Abort> abort_;
+  std::set<std::pair<int, int>> send_links_, recv_links_; ///< (peer, kind)
+  /// Each received link's last header (done, or an abort): (peer, kind) -> the header and its receive.
+  std::map<std::pair<int, int>, std::pair<Tensor<std::int64_t, 1>, Work>> done_;
+  std::map<std::tuple<int, int, int>, std::array<std::int64_t, R>> sent_; ///< (kind, mb, to) -> local shape
   std::map<std::tuple<int, int, int>, Act> local_; ///< (kind, micro-batch, to stage) -> tensor
   /// Posted headers: (kind, micro-batch, to stage) -> the header and its receive.
   std::map<std::tuple<int, int, int>, std::pair<Tensor<std::int64_t, 1>, Work>> headers_;

@@ -23,7 +23,9 @@
 
 namespace dtensor::detail {
 
-/// Runs tasks one at a time, in submission order. Tasks must not throw.
+/// Runs tasks one at a time, in submission order. Tasks must not throw. The queue lives in a state the
+/// worker shares, so a task may destroy the executor (the last reference to the group that owns it, held
+/// by a completion that runs on the worker): the worker is then detached and stops after that task.
 class SerialExecutor {
 public:
   using Task = std::function<void()>;
@@ -35,12 +37,16 @@ public:
   /// Runs what is queued, then stops the worker.
   ~SerialExecutor() {
     {
-      std::lock_guard lock(m_);
-      stop_ = true;
+      std::lock_guard lock(state_->m);
+      state_->stop = true;
     }
-    cv_.notify_all();
+    state_->cv.notify_all();
     if (worker_.joinable()) {
-      worker_.join();
+      if (worker_.get_id() == std::this_thread::get_id()) {
+        worker_.detach(); // destroyed by one of its own tasks: it finishes the queue on its own
+      } else {
+        worker_.join();
+      }
     }
   }
 
@@ -50,13 +56,13 @@ public:
     if (inline_if_idle && run_inline_if_idle(task)) {
       return;
     }
-    std::unique_lock lock(m_);
-    queue_.push_back(std::move(task));
+    std::unique_lock lock(state_->m);
+    state_->queue.push_back(std::move(task));
     if (!worker_.joinable()) {
-      worker_ = std::thread([this] { run(); });
+      worker_ = std::thread([state = state_] { run(*state); });
     }
     lock.unlock();
-    cv_.notify_all();
+    state_->cv.notify_all();
   }
 
   /// When nothing is queued or running, runs `f` on the calling thread (ordered like a task submitted
@@ -64,49 +70,55 @@ public:
   /// throw.
   template <class F>
   bool run_inline_if_idle(F&& f) {
+    State& st = *state_;
     {
-      std::lock_guard lock(m_);
-      if (!queue_.empty() || busy_) {
+      std::lock_guard lock(st.m);
+      if (!st.queue.empty() || st.busy) {
         return false;
       }
-      busy_ = true;
+      st.busy = true;
     }
     f();
     bool wake = false;
     {
-      std::lock_guard lock(m_);
-      busy_ = false;
-      wake = !queue_.empty();
+      std::lock_guard lock(st.m);
+      st.busy = false;
+      wake = !st.queue.empty();
     }
     if (wake) {
-      cv_.notify_all();
+      st.cv.notify_all();
     }
     return true;
   }
 
 private:
-  void run() {
-    std::unique_lock lock(m_);
+  struct State {
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<Task> queue;
+    bool busy = false;
+    bool stop = false;
+  };
+
+  static void run(State& st) {
+    std::unique_lock lock(st.m);
     for (;;) {
-      cv_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (stop_ && queue_.empty()); });
-      if (queue_.empty()) {
-        return; // stop_
+      st.cv.wait(lock, [&] { return (!st.queue.empty() && !st.busy) || (st.stop && st.queue.empty()); });
+      if (st.queue.empty()) {
+        return; // stop
       }
-      Task task = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
+      Task task = std::move(st.queue.front());
+      st.queue.pop_front();
+      st.busy = true;
       lock.unlock();
       task();
+      task = nullptr; // what the task held goes before the lock is taken again (it may destroy the executor)
       lock.lock();
-      busy_ = false;
+      st.busy = false;
     }
   }
 
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  bool busy_ = false;
-  bool stop_ = false;
+  std::shared_ptr<State> state_ = std::make_shared<State>();
   std::thread worker_;
 };
 
