@@ -33,13 +33,15 @@
 // shard its placements give (a refused shard is received first, so its send completes); the peer's next
 // header on that link is the abort, and it stops with that message and passes it on. So the stage that
 // sent a shard of the wrong shape reports it too, even after its last send (the done header of that link
-// is the one that comes back as an abort), and no rank waits out its timeout. What the done headers cost:
+// is the one that comes back as an abort), and no rank waits out its timeout: after telling its peers, a
+// rank that stops aborts the pp group, so what is still pending on it fails at once (a peer receiving a
+// shard from it then fails with its reason, which the group passes on). What the done headers cost:
 // one small message per link a step, and a rank's run ends when its neighbours have received what it sent.
 // On CUDA (NCCL), where receives are not posted ahead, the receiving stage reports a mismatch alone.
 //
-// FSDP inside a stage (nn::PipelineTrainer, parallel/layers/pipeline_trainer.hpp): each chunk's FlatParamGroups
-// are gathered once per step and kept for all its micro-batches; the gradients of the first m - 1
-// backwards accumulate unsharded (accumulate_gradients) and the chunk's last backward reduce_scatters the
+// FSDP inside a stage (nn::PipelineTrainer, parallel/layers/pipeline_trainer.hpp): each chunk's
+// FlatParamGroups are gathered once per step and kept for all its micro-batches; the gradients of the first m
+// - 1 backwards accumulate unsharded (accumulate_gradients) and the chunk's last backward reduce_scatters the
 // sum (reduce_gradients). Gathering per micro-batch instead would repeat the all_gather and the
 // reduce_scatter m times a step for the memory of one chunk's unsharded parameters, which a pipeline stage
 // (a fraction of the model) can hold; torchtitan makes the same choice for pipelined FSDP.
@@ -47,6 +49,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <optional>
@@ -137,14 +140,11 @@ public:
       for (Work& w : pending_) {
         w.wait();
       }
+    } catch (const std::exception& e) {
+      stop(at, e.what());
+      throw;
     } catch (...) {
-      if (guarded_ && !notified_) { // the neighbours stop too, with the cause (see the top of the file)
-        if (!abort_) {
-          abort_ = Abort{at.kind == PipelineAction::Kind::forward ? kFailedForward : kFailedBackward,
-                         at.microbatch, at.chunk * p_ + s_};
-        }
-        notify();
-      }
+      stop(at, "a chunk threw");
       throw;
     }
     pending_.clear();
@@ -284,6 +284,21 @@ private:
       a.expected[std::size_t(d)] = h[4 + R + d];
     }
     abort_ = a;
+  }
+
+  /// On host tensors, after an error at action `at`: the neighbours are told why (notify), then the pp group
+  /// is aborted, so the transfers still pending on it (headers received ahead, shards sent) fail at once
+  /// instead of at the group's timeout, here and on the peers.
+  void stop(const PipelineAction& at, const std::string& why) {
+    if (!guarded_ || notified_) {
+      return;
+    }
+    if (!abort_) {
+      abort_ = Abort{at.kind == PipelineAction::Kind::forward ? kFailedForward : kFailedBackward,
+                     at.microbatch, at.chunk * p_ + s_};
+    }
+    notify();
+    pp_.abort("run_pipeline stopped on pp rank " + std::to_string(s_) + ": " + why);
   }
 
   /// Tells every peer this rank sends to why it stops (one abort header per link, which the peer's next
