@@ -26,8 +26,9 @@
 // several chunks) hands its tensor over in memory.
 //
 // Errors stop every stage, with the cause (host tensors). Each link (a peer rank and a direction) ends a
-// run with one more header, "done", and each rank receives it ahead with the others, so at any time a rank
-// has a header receive posted on every link it receives on. A rank that stops (it refused a shard, a chunk
+// run with one more header, "done", sent once everything to and from that peer is sent and checked, and
+// each rank receives it ahead with the others, so until a peer has nothing left to refuse a rank has a
+// header receive posted on every link it receives on from it. A rank that stops (it refused a shard, a chunk
 // threw, or a peer told it to stop) sends an abort header instead on every link it sends on, naming the
 // kind, the model stage that found it, the micro-batch and, for a refused shard, the global shape and the
 // shard its placements give (a refused shard is received first, so its send completes); the peer's next
@@ -36,7 +37,7 @@
 // is the one that comes back as an abort), and no rank waits out its timeout: after telling its peers, a
 // rank that stops aborts the pp group, so what is still pending on it fails at once (a peer receiving a
 // shard from it then fails with its reason, which the group passes on). What the done headers cost:
-// one small message per link a step, and a rank's run ends when its neighbours have received what it sent.
+// one small message per link a step, and a rank's run ends when its neighbours have checked what it sent.
 // On CUDA (NCCL), where receives are not posted ahead, the receiving stage reports a mismatch alone.
 //
 // FSDP inside a stage (nn::PipelineTrainer, parallel/layers/pipeline_trainer.hpp): each chunk's
@@ -245,19 +246,33 @@ private:
       const int kind = forward ? kForward : kBackward;
       if (to >= 0 && to < stages_ && rank_of(to) != s_) {
         send_links_.insert({rank_of(to), kind});
+        ++traffic_[rank_of(to)];
       }
       if (from >= 0 && from < stages_ && rank_of(from) != s_) {
         recv_links_.insert({rank_of(from), kind});
+        ++traffic_[rank_of(from)];
       }
     }
   }
 
-  /// The end of a run on host tensors: a done header on every link this rank sent on, and the peers' done
-  /// headers waited for, so a peer that refused the last shard this rank sent it still reaches it.
-  void finish_links() {
-    for (const auto& [peer, kind] : send_links_) {
-      pending_.push_back(isend(header_of(kDone, 0, 0), peer, pp_, tag(kind, 0)));
+  /// One message to or from `peer` sent or received (checked): once all are, the done headers of the
+  /// links to it go out. Not before: a peer whose shard this rank still may refuse must find a header
+  /// receive posted for the abort. Not later either: a peer's run ends when it has its done headers, and
+  /// waiting for this rank's whole run would chain every stage's end to stage 0's.
+  void count_message(int peer) {
+    if (!guarded_ || --traffic_[peer] > 0) {
+      return;
     }
+    for (const auto& [to, kind] : send_links_) {
+      if (to == peer) {
+        pending_.push_back(isend(header_of(kDone, 0, 0), peer, pp_, tag(kind, 0)));
+      }
+    }
+  }
+
+  /// The end of a run on host tensors: the peers' done headers waited for (count_message sent this rank's),
+  /// so a peer that refused the last shard this rank sent it still reaches it.
+  void finish_links() {
     for (auto& [link, posted] : done_) {
       posted.second.wait();
       const std::int64_t* h = posted.first.data();
@@ -388,6 +403,7 @@ private:
     const auto dev = t.local().device();
     pending_.push_back(isend(dev.is_cpu() ? header : header.to(dev), peer, pp_, tag(kind, 0)));
     pending_.push_back(isend(t.local().contiguous(), peer, pp_, tag(kind, 1)));
+    count_message(peer);
   }
 
   Act receive(int kind, int mb, int from, int to) {
@@ -456,6 +472,7 @@ private:
     }
     typename Act::local_type local(local_shape, dev);
     recv(local, peer, pp_, tag(kind, 1));
+    count_message(peer);
     return Act(mesh_, std::move(local), global);
   }
 
@@ -469,6 +486,7 @@ private:
   bool notified_ = false;
   std::optional<Abort> abort_;
   std::set<std::pair<int, int>> send_links_, recv_links_; ///< (peer, kind)
+  std::map<int, int> traffic_; ///< peer -> messages still to send it or receive from it this run
   /// Each received link's last header (done, or an abort): (peer, kind) -> the header and its receive.
   std::map<std::pair<int, int>, std::pair<Tensor<std::int64_t, 1>, Work>> done_;
   std::map<std::tuple<int, int, int>, std::array<std::int64_t, R>> sent_; ///< (kind, mb, to) -> local shape
