@@ -262,6 +262,34 @@ std::vector<std::vector<float>> full_values(M& model) {
   return out;
 }
 
+/// Step s's result into `run` (its time from t0, unless it is the run's first step, which warms up), and
+/// every eval_every steps (and at the first and the last) the validation loss on eval_batches fixed batches.
+template <class L, class Trainer>
+void record_step(Run& run, const nn::StepResult& r, std::chrono::steady_clock::time_point t0, int s,
+                 const DeviceMesh<Mesh>& mesh, const Text& text, const Options& o, Trainer& trainer,
+                 bool print) {
+  if (s > run.first || o.steps - run.first == 1) {
+    run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    run.blocked += r.blocked_seconds;
+    ++run.timed_steps;
+  }
+  run.losses.push_back(r.loss);
+  if ((s + 1) % o.eval_every == 0 || s + 1 == o.steps || s == run.first) {
+    double v = 0;
+    for (int b = 0; b < o.eval_batches; ++b) {
+      const auto [vi, vt] = batch_of<L>(mesh, text.val, 99, b, o.batch, o.seq);
+      v += trainer.loss(vi, vt);
+    }
+    run.val_steps.push_back(s + 1);
+    run.val_losses.push_back(v / o.eval_batches);
+    if (print) {
+      std::printf("step %4d/%d  train loss %.4f  validation loss %.4f\n", s + 1, o.steps, r.loss,
+                  run.val_losses.back());
+      std::fflush(stdout);
+    }
+  }
+}
+
 /// Trains the GPT in layout L: nn::FsdpTrainer over dp in compute type C (fsdp, fsdp_tp, fsdp_tp_cp: one
 /// flat group per block, one for the embedding, one for the final norm and head, each resharded after its
 /// forward, the next one's all_gather in flight, at most two reduce_scatters in flight), or nn::DdpTrainer
@@ -289,27 +317,7 @@ Run train_layout(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& 
     const auto [ids, targets] = batch_of<L>(mesh, text.train, 1, s, o.batch, o.seq);
     const auto t0 = std::chrono::steady_clock::now();
     opt.set_lr(lr_at(o, s));
-    const nn::StepResult r = trainer->step(ids, targets, opt);
-    if (s > run.first || o.steps - run.first == 1) { // the first step warms up
-      run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      run.blocked += r.blocked_seconds;
-      ++run.timed_steps;
-    }
-    run.losses.push_back(r.loss);
-    if ((s + 1) % o.eval_every == 0 || s + 1 == o.steps || s == run.first) {
-      double v = 0;
-      for (int b = 0; b < o.eval_batches; ++b) {
-        const auto [vi, vt] = batch_of<L>(mesh, text.val, 99, b, o.batch, o.seq);
-        v += trainer->loss(vi, vt);
-      }
-      run.val_steps.push_back(s + 1);
-      run.val_losses.push_back(v / o.eval_batches);
-      if (print) {
-        std::printf("step %4d/%d  train loss %.4f  validation loss %.4f\n", s + 1, o.steps, r.loss,
-                    run.val_losses.back());
-        std::fflush(stdout);
-      }
-    }
+    record_step<L>(run, trainer->step(ids, targets, opt), t0, s, mesh, text, o, *trainer, print);
   }
   if (!o.save.empty()) {
     std::apply(
@@ -359,27 +367,7 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
     }
     const auto t0 = std::chrono::steady_clock::now();
     opt.set_lr(lr_at(o, s));
-    const nn::StepResult r = trainer->step(std::span(micro), opt);
-    if (s > 0 || o.steps == 1) { // the first step warms up
-      run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      run.blocked += r.blocked_seconds;
-      ++run.timed_steps;
-    }
-    run.losses.push_back(r.loss);
-    if ((s + 1) % o.eval_every == 0 || s + 1 == o.steps || s == 0) {
-      double v = 0;
-      for (int b = 0; b < o.eval_batches; ++b) {
-        const auto [vi, vt] = batch_of<L>(mesh, text.val, 99, b, o.batch, o.seq);
-        v += trainer->loss(vi, vt);
-      }
-      run.val_steps.push_back(s + 1);
-      run.val_losses.push_back(v / o.eval_batches);
-      if (print) {
-        std::printf("step %4d/%d  train loss %.4f  validation loss %.4f\n", s + 1, o.steps, r.loss,
-                    run.val_losses.back());
-        std::fflush(stdout);
-      }
-    }
+    record_step<L>(run, trainer->step(std::span(micro), opt), t0, s, mesh, text, o, *trainer, print);
   }
   run.params.resize(count);
   trainer->for_each_parameter([&](int i, const auto& w) {

@@ -6,36 +6,7 @@
 # usage: bench/moe/moe_vs_torch.sh [--passes K] [--smoke]     (BUILD_DIR: default build-bench)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-build=${BUILD_DIR:-build-bench}
-passes=3
-extra=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-  --passes) passes=$2; shift 2 ;;
-  --smoke) extra+=(--smoke); passes=1; shift ;;
-  *) echo "moe_vs_torch.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
-if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
-fi
-cmake --build "$build" -j2 --target dtensor-run bench_moe
-run="$build/tools/dtensor-run/dtensor-run --standalone --tee 0 --nproc-per-node 4"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-have_torch=0
-/usr/bin/python3 -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null && have_torch=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-for ((p = 1; p <= passes; ++p)); do
-  mkdir -p "$tmp/$p"
-  if [[ $have_torch == 1 && $((p % 2)) == 0 ]]; then
-    $run --rank0-store /usr/bin/python3 bench/moe/torch_moe.py "${extra[@]}" --out "$tmp/$p"
-  fi
-  $run "$build/bench/bench_moe" "${extra[@]}" --out "$tmp/$p" >/dev/null
-  if [[ $have_torch == 1 && $((p % 2)) == 1 ]]; then
-    $run --rank0-store /usr/bin/python3 bench/moe/torch_moe.py "${extra[@]}" --out "$tmp/$p"
-  fi
-done
+source bench/common/paired_runs.sh moe_vs_torch.sh bench_moe bench/moe/torch_moe.py "$@"
 /usr/bin/python3 - "$tmp" "$passes" <<'PY'
 import json, os, statistics, sys
 tmp, passes = sys.argv[1], int(sys.argv[2])
