@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <set>
@@ -101,7 +102,9 @@ template <class Act>
 class TypedPipelineRun {
   static constexpr int R = Act::rank;
   static constexpr std::int64_t kMagic = 0x70697065; // "pipe"
-  static constexpr int kHeader = 4 + 2 * R;          // magic, kind, micro-batch, stage, global, local
+  // magic, kind, micro-batch, stage, then three shapes: a shard's global and local shape (the third
+  // unused), or an abort's global shape, the shard the refusing stage expected and the one it got
+  static constexpr int kHeader = 4 + 3 * R;
 
 public:
   TypedPipelineRun(const ProcessGroup& pp, const typename Act::mesh_type& stage_mesh,
@@ -166,10 +169,21 @@ private:
   static constexpr int kFailedBackward = 6;
 
   /// Why a run stopped, as the abort header carries it: the kind, the micro-batch, the model stage that
-  /// found it, and for a refused shard the global shape and the local shape that stage expected.
+  /// found it, and for a refused shard the global shape, the local shape that stage expected and the one
+  /// it got.
   struct Abort {
     int kind = 0, mb = 0, stage = 0;
-    std::array<std::int64_t, R> global{}, expected{};
+    std::array<std::int64_t, R> global{}, expected{}, sent{};
+
+    static Abort parse(const std::int64_t* h) {
+      Abort a{int(h[1]), int(h[2]), int(h[3])};
+      for (std::size_t d = 0; d < std::size_t(R); ++d) {
+        a.global[d] = h[4 + d];
+        a.expected[d] = h[4 + R + d];
+        a.sent[d] = h[4 + 2 * R + d];
+      }
+      return a;
+    }
   };
 
   void step(const PipelineAction& a, PipelineRunStats& st) {
@@ -203,16 +217,9 @@ private:
     }
   }
 
-  static std::string shape_of(const std::array<std::int64_t, R>& s) { return shape_to_string(s); }
-
-  /// The message of an abort header received from pp rank `peer`, on stage `here`.
-  std::string abort_message(const std::int64_t* h, int here) const {
-    const int kind = int(h[1]), mb = int(h[2]), stage = int(h[3]);
-    std::array<std::int64_t, R> global{}, expected{};
-    for (int d = 0; d < R; ++d) {
-      global[std::size_t(d)] = h[4 + d];
-      expected[std::size_t(d)] = h[4 + R + d];
-    }
+  /// The message of abort `a` received on stage `here`.
+  std::string abort_message(const Abort& a, int here) const {
+    const int kind = a.kind, mb = a.mb, stage = a.stage;
     const std::string who =
         "run_pipeline: stage " + std::to_string(here) + " (pp rank " + std::to_string(s_) + ") stopped: ";
     const std::string where =
@@ -227,13 +234,12 @@ private:
     }
     const bool activation = kind == kRefusedActivation;
     const int from = activation ? stage - 1 : stage + 1;
-    std::string sent;
-    if (const auto it = sent_.find({activation ? kForward : kBackward, mb, stage}); it != sent_.end()) {
-      sent = " as this rank's shard of " + shape_of(it->second);
-    }
+    const std::string sender =
+        rank_of(from) == s_ ? "this rank's" : "pp rank " + std::to_string(rank_of(from)) + "'s";
     return who + where + " refused the " + (activation ? "activation" : "gradient") + " of micro-batch " +
-           std::to_string(mb) + " from stage " + std::to_string(from) + ": global shape " + shape_of(global) +
-           sent + ", where its placements give its coordinate a shard of " + shape_of(expected) +
+           std::to_string(mb) + " from stage " + std::to_string(from) + ": global shape " +
+           shape_to_string(a.global) + " as " + sender + " shard of " + shape_to_string(a.sent) +
+           ", where its placements give its coordinate a shard of " + shape_to_string(a.expected) +
            " (the stages' sub-meshes or placements differ)";
   }
 
@@ -282,7 +288,7 @@ private:
                       "run_pipeline: pp rank " + std::to_string(s_) + ": pp rank " +
                           std::to_string(link.first) +
                           " sent more than its order gives (the stages run different schedules or shapes)");
-        throw Error(abort_message(h, s_));
+        throw Error(abort_message(*abort_, s_));
       }
     }
     done_.clear();
@@ -290,15 +296,9 @@ private:
 
   /// An abort header received: kept, so that this rank's neighbours learn the same cause.
   void take_abort(const std::int64_t* h) {
-    if (h[0] != kMagic || h[1] < kRefusedActivation) {
-      return;
+    if (h[0] == kMagic && h[1] >= kRefusedActivation) {
+      abort_ = Abort::parse(h);
     }
-    Abort a{int(h[1]), int(h[2]), int(h[3])};
-    for (int d = 0; d < R; ++d) {
-      a.global[std::size_t(d)] = h[4 + d];
-      a.expected[std::size_t(d)] = h[4 + R + d];
-    }
-    abort_ = a;
   }
 
   /// On host tensors, after an error at action `at`: the neighbours are told why (notify), then the pp group
@@ -322,11 +322,8 @@ private:
     notified_ = true;
     std::vector<Work> works;
     for (const auto& [peer, kind] : send_links_) {
-      Tensor<std::int64_t, 1> h = header_of(abort_->kind, abort_->mb, abort_->stage);
-      for (int d = 0; d < R; ++d) {
-        h.data()[4 + d] = abort_->global[std::size_t(d)];
-        h.data()[4 + R + d] = abort_->expected[std::size_t(d)];
-      }
+      const Tensor<std::int64_t, 1> h = header_of(abort_->kind, abort_->mb, abort_->stage,
+                                                  {abort_->global, abort_->expected, abort_->sent});
       try {
         works.push_back(isend(h, peer, pp_, tag(kind, 0)));
       } catch (...) { // a peer or the group gone: nothing to tell
@@ -340,13 +337,21 @@ private:
     }
   }
 
-  Tensor<std::int64_t, 1> header_of(int kind, int mb, int stage) const {
+  /// A header on the host: the kind, the micro-batch, the stage and up to three shapes (zeros after).
+  static Tensor<std::int64_t, 1> header_of(int kind, int mb, int stage,
+                                           std::initializer_list<std::array<std::int64_t, R>> shapes = {}) {
     Tensor<std::int64_t, 1> header = Tensor<std::int64_t, 1>::zeros({kHeader});
     std::int64_t* h = header.data();
     h[0] = kMagic;
     h[1] = kind;
     h[2] = mb;
     h[3] = stage;
+    int at = 4;
+    for (const auto& shape : shapes) {
+      for (std::int64_t e : shape) {
+        h[at++] = e;
+      }
+    }
     return header;
   }
 
@@ -386,20 +391,12 @@ private:
       local_.insert_or_assign(std::tuple{kind, mb, to}, t);
       return;
     }
-    Tensor<std::int64_t, 1> header({kHeader});
-    std::int64_t* h = header.data();
-    h[0] = kMagic;
-    h[1] = kind;
-    h[2] = mb;
-    h[3] = from;
-    std::array<std::int64_t, R> local{};
-    for (int d = 0; d < R; ++d) {
-      h[4 + d] = t.global_shape()[static_cast<std::size_t>(d)];
-      h[4 + R + d] = local[std::size_t(d)] = t.local().shape()[static_cast<std::size_t>(d)];
+    std::array<std::int64_t, R> global{}, local{};
+    for (std::size_t d = 0; d < std::size_t(R); ++d) {
+      global[d] = t.global_shape()[d];
+      local[d] = t.local().shape()[d];
     }
-    if (guarded_) {
-      sent_.insert_or_assign(std::tuple{kind, mb, to}, local);
-    }
+    const Tensor<std::int64_t, 1> header = header_of(kind, mb, from, {global, local});
     const auto dev = t.local().device();
     pending_.push_back(isend(dev.is_cpu() ? header : header.to(dev), peer, pp_, tag(kind, 0)));
     pending_.push_back(isend(t.local().contiguous(), peer, pp_, tag(kind, 1)));
@@ -436,7 +433,7 @@ private:
                            std::to_string(from);
     if (h[0] == kMagic && h[1] >= kRefusedActivation) { // the peer stopped: stop with its cause
       take_abort(h);
-      throw Error(abort_message(h, to));
+      throw Error(abort_message(*abort_, to));
     }
     if (!(h[0] == kMagic && h[1] == kind && h[2] == mb && h[3] == from)) {
       abort_ = Abort{kind == kForward ? kRefusedActivation : kRefusedGradient, mb, to};
@@ -457,10 +454,11 @@ private:
     const auto local_shape = detail::to_array<R>(mine.shape);
     if (local_shape != theirs) {
       abort_ = Abort{kind == kForward ? kRefusedActivation : kRefusedGradient, mb, to};
-      for (int d = 0; d < R; ++d) {
-        abort_->global[std::size_t(d)] = global[std::size_t(d)];
-        abort_->expected[std::size_t(d)] = local_shape[std::size_t(d)];
+      for (std::size_t d = 0; d < std::size_t(R); ++d) {
+        abort_->global[d] = global[d];
       }
+      abort_->expected = local_shape;
+      abort_->sent = theirs;
       if (guarded_) { // the shard is taken, so that the sender's send completes
         typename Act::local_type drained(theirs);
         recv(drained, peer, pp_, tag(kind, 1));
@@ -489,7 +487,6 @@ private:
   std::map<int, int> traffic_; ///< peer -> messages still to send it or receive from it this run
   /// Each received link's last header (done, or an abort): (peer, kind) -> the header and its receive.
   std::map<std::pair<int, int>, std::pair<Tensor<std::int64_t, 1>, Work>> done_;
-  std::map<std::tuple<int, int, int>, std::array<std::int64_t, R>> sent_; ///< (kind, mb, to) -> local shape
   std::map<std::tuple<int, int, int>, Act> local_; ///< (kind, micro-batch, to stage) -> tensor
   /// Posted headers: (kind, micro-batch, to stage) -> the header and its receive.
   std::map<std::tuple<int, int, int>, std::pair<Tensor<std::int64_t, 1>, Work>> headers_;

@@ -74,17 +74,12 @@ class PipelineTrainer {
   using L = typename Model::layout_type;
   using Mesh = typename L::mesh_shape;
   using Act = act_t<L, C>;
-  using EmbGroup = FlatParamGroup<T, Mesh, Policy, params_of<Embedding<T, L>>, ReduceT, C>;
-  using BlockGroup = FlatParamGroup<T, Mesh, Policy, params_of<typename Model::block_type>, ReduceT, C>;
-  using HeadGroup =
-      FlatParamGroup<T, Mesh, Policy, params_of_layers<RmsNorm<T, L>, LmHead<T, L>>, ReduceT, C>;
+  using Groups = detail::ModelGroups<Model, Policy, ReduceT, C>;
+  using EmbGroup = typename Groups::embedding;
+  using BlockGroup = typename Groups::block;
+  using HeadGroup = typename Groups::head;
   static constexpr int kEmbParams = 1; // the embedding's weight
   static constexpr int kBlockParams = int(std::tuple_size_v<typename Model::block_type::parameter_types>);
-
-  template <class G, class P>
-  static G group_of(const P& params) {
-    return std::apply([](const auto&... p) { return G(p...); }, params);
-  }
 
   /// One model stage of this rank: its blocks [first, last), and the embedding or the head with the ends.
   struct Chunk {
@@ -114,14 +109,14 @@ public:
       k.stage = c * p + s;
       std::tie(k.first, k.last) = pipeline_layers(layers, stages, k.stage); // says how they split
       for (int b = k.first; b < k.last; ++b) {
-        k.blocks.push_back(group_of<BlockGroup>(model_.blocks[std::size_t(b)].parameters()));
+        k.blocks.push_back(detail::group_of<BlockGroup>(model_.blocks[std::size_t(b)].parameters()));
       }
       if (k.stage == 0) {
-        k.embedding.emplace(group_of<EmbGroup>(model_.embedding.parameters()));
+        k.embedding.emplace(detail::group_of<EmbGroup>(model_.embedding.parameters()));
       }
       if (k.stage == stages - 1) {
         k.head.emplace(
-            group_of<HeadGroup>(std::tuple_cat(model_.norm.parameters(), model_.head.parameters())));
+            detail::group_of<HeadGroup>(std::tuple_cat(model_.norm.parameters(), model_.head.parameters())));
       }
     }
     release_parameters(model_.embedding); // the groups hold this rank's; the others are not needed
@@ -279,12 +274,8 @@ public:
   }
 
 private:
-  Device device() const {
-    const Chunk& k = chunks_.front();
-    return k.blocks.empty()
-               ? (k.embedding ? k.embedding->local_param().device() : k.head->local_param().device())
-               : k.blocks.front().local_param().device();
-  }
+  /// The parameters' device (every model stage holds a block: pipeline_layers gives each at least one).
+  Device device() const { return chunks_.front().blocks.front().local_param().device(); }
 
   template <class F>
   void for_each_group(F&& f) {

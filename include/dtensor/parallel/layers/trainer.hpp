@@ -106,6 +106,24 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+/// The flat groups nn::FsdpTrainer and nn::PipelineTrainer make of a LanguageModel: one for the embedding,
+/// one per block, one for the final norm and the head.
+template <class Model, class Policy, class ReduceT, class C>
+struct ModelGroups {
+  using T = typename Model::value_type;
+  using L = typename Model::layout_type;
+  using Mesh = typename L::mesh_shape;
+  using embedding = FlatParamGroup<T, Mesh, Policy, params_of<Embedding<T, L>>, ReduceT, C>;
+  using block = FlatParamGroup<T, Mesh, Policy, params_of<typename Model::block_type>, ReduceT, C>;
+  using head = FlatParamGroup<T, Mesh, Policy, params_of_layers<RmsNorm<T, L>, LmHead<T, L>>, ReduceT, C>;
+};
+
+/// Group G of a tuple of parameters.
+template <class G, class P>
+G group_of(const P& params) {
+  return std::apply([](const auto&... p) { return G(p...); }, params);
+}
+
 /// What the trainers share: the mesh, the options, and the step on one batch as a span of one micro-batch.
 /// Derived has step(std::span<const std::pair<ids_type, ids_type>>, Optimizer&).
 template <class Derived, class Model>
@@ -281,16 +299,11 @@ class FsdpTrainer : public detail::TrainerBase<FsdpTrainer<Model, Policy, C, Red
   using L = typename Model::layout_type;
   using Mesh = typename L::mesh_shape;
   using View = typename Model::template rebind<C>;
-  using EmbGroup = FlatParamGroup<T, Mesh, Policy, params_of<Embedding<T, L>>, ReduceT, C>;
-  using BlockGroup = FlatParamGroup<T, Mesh, Policy, params_of<typename Model::block_type>, ReduceT, C>;
-  using HeadGroup =
-      FlatParamGroup<T, Mesh, Policy, params_of_layers<RmsNorm<T, L>, LmHead<T, L>>, ReduceT, C>;
+  using Groups = detail::ModelGroups<Model, Policy, ReduceT, C>;
+  using EmbGroup = typename Groups::embedding;
+  using BlockGroup = typename Groups::block;
+  using HeadGroup = typename Groups::head;
   using Base::options_;
-
-  template <class G, class P>
-  static G group_of(const P& params) {
-    return std::apply([](const auto&... p) { return G(p...); }, params);
-  }
 
 public:
   using Base::step;
@@ -300,10 +313,11 @@ public:
   /// only (nn::release_parameters).
   FsdpTrainer(const DeviceMesh<Mesh>& mesh, Model model, TrainerOptions options = {})
       : Base(mesh, options), model_(std::move(model)),
-        embedding_(group_of<EmbGroup>(model_.embedding.parameters())),
-        head_(group_of<HeadGroup>(std::tuple_cat(model_.norm.parameters(), model_.head.parameters()))) {
+        embedding_(detail::group_of<EmbGroup>(model_.embedding.parameters())),
+        head_(
+            detail::group_of<HeadGroup>(std::tuple_cat(model_.norm.parameters(), model_.head.parameters()))) {
     for (auto& b : model_.blocks) {
-      blocks_.push_back(group_of<BlockGroup>(b.parameters()));
+      blocks_.push_back(detail::group_of<BlockGroup>(b.parameters()));
     }
     release_parameters(model_.embedding);
     for (auto& b : model_.blocks) {
