@@ -26,6 +26,9 @@
 //    of Partial axes reduced (p_s of them becoming Shard), R = p_s * |target block| the data a reduction
 //    group must produce per rank and the bound is R * (1 + 1/p_s - 2/p): (p-1)/p of R for a reduce_scatter
 //    (p_s = p) and 2(p-1)/p of it for an all_reduce (p_s = 1);
+//  - best sequence: cheapest_plan's bytes (plan/search.hpp), the least any sequence of the executor's steps
+//    moves, found by exhaustive search: the bound for plans of collectives in sequence, which the lower
+//    bound above is not for mixed Partial and Shard changes (docs/plan.md, "Partial sources");
 //  - torch bytes: torch_greedy_bytes, PyTorch's plan with its padding;
 //  - time: each rank's median (min, max) of back-to-back calls, the largest over ranks; on CUDA tensors a
 //    batch of back-to-back calls ends with cudaDeviceSynchronize, so the time includes the device work;
@@ -49,6 +52,7 @@
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/plan/search.hpp>
 #include <dtensor/plan/torch_reference.hpp>
 #include <dtensor/tensor/distribute.hpp>
 
@@ -87,7 +91,7 @@ struct Ctx {
   Device dev = Device::cpu(); ///< where the tensors live (--device)
   bench::Results results;
   bench::Table table{{"mesh", "transition", "shape", "plan steps", "plan B", "bwd B", "moved B", "lower bd B",
-                      "torch B", "time us [min-max]", "extra mem B", "max(in,out) B"}};
+                      "best seq B", "torch B", "time us [min-max]", "extra mem B", "max(in,out) B"}};
   bench::Table uneven{{"op", "ranks", "shape", "variable us [min-max]", "padded us [min-max]", "var/pad",
                        "var B recv", "pad B recv"}};
 
@@ -298,6 +302,7 @@ struct RowFigures {
   std::string mesh, name, shape, steps, torch_plan;
   int plan_steps = 0;
   std::int64_t bytes = 0, plan_b = 0, moved = 0, lb = 0, torch_b = 0, extra = 0, bound = 0;
+  std::int64_t seq_b = 0;   ///< the cheapest sequence of collectives (plan/search.hpp)
   std::int64_t allocs = -1; ///< heap allocations of one call; < 0: not counted
   std::string bwd_steps;    ///< the backward's plan for the gradient dual(dst) (backward/duality.hpp)
   std::int64_t bwd_b = -1;  ///< its bytes per rank; < 0: no linear backward
@@ -328,6 +333,7 @@ void add_row(Ctx& c, const RowFigures& f) {
       .add_num("backward_plan_bytes", double(f.bwd_b))
       .add_num("moved_bytes", double(f.moved))
       .add_num("lower_bound_bytes", double(f.lb))
+      .add_num("cheapest_sequence_bytes", double(f.seq_b))
       .add_num("torch_bytes", double(f.torch_b))
       .add_str("torch_plan", f.torch_plan)
       .add_num("peak_extra_bytes", double(f.extra))
@@ -343,6 +349,7 @@ void add_row(Ctx& c, const RowFigures& f) {
                                  f.bwd_b < 0 ? "-" : std::to_string(f.bwd_b),
                                  std::to_string(f.moved),
                                  std::to_string(f.lb),
+                                 std::to_string(f.seq_b),
                                  std::to_string(f.torch_b),
                                  bench::range(f.stats),
                                  std::to_string(f.extra),
@@ -419,6 +426,7 @@ struct Runner<Shape, Placements<Ps...>, Placements<Qs...>> {
     f.plan_b = plan_b;
     f.moved = moved;
     f.lb = lb;
+    f.seq_b = cheapest_plan(src, dst, global, mesh.sizes(), 4).bytes;
     f.torch_b = torch_b;
     f.extra = extra;
     f.bound = bound;
@@ -471,6 +479,8 @@ void run_r_p_r_case(Ctx& c, const DeviceMesh<Mesh1>& mesh, std::int64_t rows, st
   f.plan_b = plan_b;
   f.moved = moved;
   f.lb = lb;
+  f.seq_b = cheapest_plan(lr, lp, global, mesh.sizes(), 4).bytes +
+            cheapest_plan(lp, lr, global, mesh.sizes(), 4).bytes;
   f.torch_b = torch_b;
   f.extra = extra;
   f.bound = static_cast<std::int64_t>(x.local().nbytes());
@@ -669,9 +679,9 @@ int setup(Ctx& c, InitOptions& io) {
   io.device = env.local_rank % devices;
   check_cuda(cudaSetDevice(io.device), "cudaSetDevice");
   c.dev = Device::cuda(io.device);
-  c.table =
-      bench::Table{{"mesh", "transition", "shape", "plan steps", "plan B", "bwd B", "moved B", "lower bd B",
-                    "torch B", "time us [min-max]", "extra dev B", "max(in,out) B", "host us [min-max]"}};
+  c.table = bench::Table{{"mesh", "transition", "shape", "plan steps", "plan B", "bwd B", "moved B",
+                          "lower bd B", "best seq B", "torch B", "time us [min-max]", "extra dev B",
+                          "max(in,out) B", "host us [min-max]"}};
   return 0;
 #else
   std::printf("bench_redistribution: built without NCCL/CUDA (bench_redistribution_cuda has the device "

@@ -135,38 +135,50 @@ std::int64_t ring_bytes(int n, std::int64_t count, std::int64_t size) {
   return n > 1 ? (2 * (n - 1) * count + n - 1) / n * size : 0;
 }
 
-// cross_entropy's collectives on logits of type X, from its contract (ops/loss.hpp): per mesh axis that
-// shards the vocab, one all_reduce(max) of one value per local row and one all_reduce(sum) of two; per
-// axis that shards the rows, one all_reduce(sum) of two doubles (the loss's sum and count); nothing else,
-// and nothing in the backward. `rows` is this rank's row count.
+// cross_entropy's collectives on logits of type X, from its contract (ops/loss.hpp): over the mesh axes
+// that shard the vocab (one group, flattened where there are several: the planner reduces Partial axes of
+// one op together), one all_reduce(max) of one value per local row and one all_reduce(sum) of two; over
+// the axes that shard the rows, one all_reduce(sum) of two doubles (the loss's sum and count); nothing
+// else, and nothing in the backward. `rows` is this rank's row count.
 template <class X, class Mesh>
 void expect_loss_comm(const CommDebugMode& debug, const Mesh& mesh, std::int64_t rows,
                       const std::string& name) {
   using T = typename X::value_type;
-  std::int64_t ops = 0;
+  AxisMask vocab = 0;
+  AxisMask row = 0;
+  int n_vocab = 1;
+  int n_row = 1;
   for (int a = 0; a < X::placements.size(); ++a) {
-    const Placement p = X::placements[a];
-    const std::string axis(mesh.names()[a]);
-    const int n = mesh.size(a);
-    const Placement q = normalize(p, X::rank);
-    const bool vocab_axis = q == Placement::shard(X::rank - 1);
-    const bool row_axis = q.is_shard() && q.dim < X::rank - 1;
-    const std::int64_t max_count = debug.count("all_reduce", axis, ReduceOp::max);
-    const std::int64_t max_bytes = debug.bytes("all_reduce", axis, ReduceOp::max);
-    const std::int64_t sum_count = debug.count("all_reduce", axis, ReduceOp::sum);
-    const std::int64_t sum_bytes = debug.bytes("all_reduce", axis, ReduceOp::sum);
-    const std::int64_t want_max = vocab_axis ? 1 : 0;
-    const std::int64_t want_sum = vocab_axis || row_axis ? 1 : 0;
-    const std::int64_t want_max_bytes = vocab_axis ? ring_bytes(n, rows, sizeof(T)) : 0;
-    const std::int64_t want_sum_bytes = vocab_axis ? ring_bytes(n, 2 * rows, sizeof(T))
-                                        : row_axis ? ring_bytes(n, 2, sizeof(double))
-                                                   : 0;
-    expect(max_count == want_max && max_bytes == want_max_bytes && sum_count == want_sum &&
+    const Placement q = normalize(X::placements[a], X::rank);
+    if (q == Placement::shard(X::rank - 1)) {
+      vocab |= axis_bit(a);
+      n_vocab *= mesh.size(a);
+    } else if (q.is_shard()) {
+      row |= axis_bit(a);
+      n_row *= mesh.size(a);
+    }
+  }
+  std::int64_t ops = 0;
+  for (const AxisMask group : {vocab, row}) {
+    if (group == 0) {
+      continue;
+    }
+    const bool on_vocab = group == vocab;
+    const std::string axes = axes_to_string(group, mesh.names(), X::placements.size());
+    const std::int64_t max_count = debug.count("all_reduce", axes, ReduceOp::max);
+    const std::int64_t max_bytes = debug.bytes("all_reduce", axes, ReduceOp::max);
+    const std::int64_t sum_count = debug.count("all_reduce", axes, ReduceOp::sum);
+    const std::int64_t sum_bytes = debug.bytes("all_reduce", axes, ReduceOp::sum);
+    const std::int64_t want_max = on_vocab ? 1 : 0;
+    const std::int64_t want_max_bytes = on_vocab ? ring_bytes(n_vocab, rows, sizeof(T)) : 0;
+    const std::int64_t want_sum_bytes =
+        on_vocab ? ring_bytes(n_vocab, 2 * rows, sizeof(T)) : ring_bytes(n_row, 2, sizeof(double));
+    expect(max_count == want_max && max_bytes == want_max_bytes && sum_count == 1 &&
                sum_bytes == want_sum_bytes,
-           name + ": over axis " + axis + " want " + std::to_string(want_max) + " all_reduce(max) of " +
-               std::to_string(want_max_bytes) + " bytes and " + std::to_string(want_sum) +
-               " all_reduce(sum) of " + std::to_string(want_sum_bytes) + " bytes, got\n" + debug.to_string());
-    ops += want_max + want_sum;
+           name + ": over " + axes + " want " + std::to_string(want_max) + " all_reduce(max) of " +
+               std::to_string(want_max_bytes) + " bytes and 1 all_reduce(sum) of " +
+               std::to_string(want_sum_bytes) + " bytes, got\n" + debug.to_string());
+    ops += want_max + 1;
   }
   expect(debug.total_count() == ops && debug.count("all_reduce") == ops,
          name + ": want " + std::to_string(ops) + " collectives, all of them all_reduces, got\n" +

@@ -90,8 +90,9 @@ void fit_cases(int ranks, Sizes... sizes) {
     using X = typename dt<Mesh, 2, Part>::type;
     using Y = typename dt<Mesh, 2, Rep>::type;
     auto z = add(make<X>(mesh, {m, k}, 3), make<Y>(mesh, {m, k}, 4), fewest_bytes);
-    // On (dp, tp) (dynamic: costed as 4 x 4): a local chunk on tp, then an all_reduce of a quarter over dp.
-    using AddOut = std::conditional_t<two, Placements<R, S<0>>, Placements<S<0>>>;
+    // On (dp, tp) (dynamic: costed as 4 x 4): a local chunk on tp, then a reduce_scatter of that quarter
+    // over dp (3/16 of the tensor; the all_reduce of a quarter that [R,S(0)] needs moves 3/8).
+    using AddOut = std::conditional_t<two, Placements<S<0>, S<1>>, Placements<S<0>>>;
     static_assert(std::is_same_v<decltype(z), typename dt<Mesh, 2, AddOut>::type>);
     check_full(
         z, [](std::int64_t e) { return value(3, e) + value(4, e); }, 0,

@@ -135,19 +135,26 @@ std::map<std::pair<std::string, std::string>, std::int64_t> expected_comms(Layou
   const std::int64_t b = kBlocks, params = 1 + 3 * b + 2; // embedding, (gain, W1, W2) per block, gain, head
   std::map<std::pair<std::string, std::string>, std::int64_t> c;
   // cross_entropy on logits sharded on the vocabulary over tp: the row max and the row sums over tp, the
-  // mean over each axis that shards the rows (rep, dp).
+  // mean over the axes that shard the rows (rep and dp: one all_reduce over both, flattened).
   c[{"all_reduce", "tp"}] = 2;
-  c[{"all_reduce", "rep"}] = 1;
-  c[{"all_reduce", "dp"}] = 1;
-  c[{"all_reduce", "tp"}] += b + 1; // the rms_norm gains' gradients: Partial over tp (sequence parallel)
+  c[{"all_reduce", "rep*dp"}] = 1;
+  // The rms_norm gains' gradients are Partial over tp (sequence parallel). Where rep reduces every
+  // gradient (it is a second batch axis, not an HSDP replica axis), they are Partial over rep too and one
+  // all_reduce over rep*tp reduces them; the other gradients reduce over rep alone.
+  const std::int64_t gains = b + 1;
+  if (layout == Layout::hsdp) {
+    c[{"all_reduce", "tp"}] += gains;
+  } else {
+    c[{"all_reduce", "rep*tp"}] = gains;
+    c[{"all_reduce", "rep"}] = params - gains;
+  }
   if (layout == Layout::tp || layout == Layout::ddp) {
     // Sequence parallel: forward one all_gather into each region (b blocks, the head) and one
     // reduce_scatter out (b blocks, the embedding); the backward runs their duals.
     c[{"all_gather", "tp"}] = 2 * (b + 1);
     c[{"reduce_scatter", "tp"}] = 2 * (b + 1);
-    c[{"all_reduce", "dp"}] += buckets; // DDP: one per bucket
-    c[{"all_reduce", "rep"}] += params; // rep is a second batch axis: every gradient
-    c[{"all_reduce", "tp"}] += 1;       // clip: one double over the axes where a gradient is sharded
+    c[{"all_reduce", "dp"}] = buckets; // DDP: one per bucket
+    c[{"all_reduce", "tp"}] += 1;      // clip: one double over the axes where a gradient is sharded
     return c;
   }
   const std::int64_t groups = b + 2;
@@ -158,9 +165,7 @@ std::map<std::pair<std::string, std::string>, std::int64_t> expected_comms(Layou
   c[{"reduce_scatter", "tp"}] = (b + 1) + (b + 1) + (b + 1);
   c[{"reduce_scatter", "dp"}] = groups;
   if (layout == Layout::hsdp) {
-    c[{"all_reduce", "rep"}] += groups; // each group's reduced shard over the replicas
-  } else {
-    c[{"all_reduce", "rep"}] += params; // rep is no FSDP axis: every gradient, before packing
+    c[{"all_reduce", "rep"}] = groups; // each group's reduced shard over the replicas
   }
   c[{"all_reduce", "dp*tp"}] = 1; // clip over the groups: the axes where gradient shards differ
   return c;
@@ -282,14 +287,16 @@ void check_accumulation(bool sharded, int dp, int tp) {
                    std::to_string(d));
       }
     }
-    // The data-parallel reductions once a step: the micro-batches add only their losses' means over dp
-    // (cross_entropy's all_reduce, one per micro-batch) and their tensor-parallel collectives.
+    // The data-parallel reductions once a step: the micro-batches add only their losses' means over the
+    // batch axes (cross_entropy's all_reduce over rep*dp, one per micro-batch) and their tensor-parallel
+    // collectives.
     auto count = [](const Run& r, const std::string& op, const std::string& axes) {
       const auto at = r.comms.find({op, axes});
       return at == r.comms.end() ? std::int64_t{0} : at->second;
     };
     expect(count(micro, "reduce_scatter", "dp") == count(whole, "reduce_scatter", "dp") &&
-               count(micro, "all_reduce", "dp") == count(whole, "all_reduce", "dp") + 2,
+               count(micro, "all_reduce", "dp") == count(whole, "all_reduce", "dp") &&
+               count(micro, "all_reduce", "rep*dp") == count(whole, "all_reduce", "rep*dp") + 2,
            name + ": the data-parallel reductions" + describe(micro.comms) + "; whole batch" +
                describe(whole.comms));
   });

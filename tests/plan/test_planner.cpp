@@ -285,7 +285,24 @@ TEST_CASE("multi-axis plans: shrink, permute, grow, with exchanges where order m
   CHECK(plan_string({P, S(0)}, {R, R}) ==
         "[P(sum),S(0)] -> [R,R]: all_reduce(dp, sum); all_gather(tp, dim 0)");
   CHECK(plan_string({R, R}, {P, S(0)}) ==
-        "[R,R] -> [P(sum),S(0)]: local_partial(dp, sum); local_chunk(tp, dim 0)");
+        "[R,R] -> [P(sum),S(0)]: local_chunk(tp, dim 0); local_partial(dp, sum)");
+}
+
+TEST_CASE("Partial sources: the cheapest of the candidate plans", "[plan]") {
+  // Chunk first, so the reduction runs on a quarter of the data, not all of it.
+  CHECK(plan_string({R, P}, {S(0), S(0)}) ==
+        "[R,P(sum)] -> [S(0),S(0)]: local_chunk(dp, dim 0); reduce_scatter(tp, dim 0, sum)");
+  // Several axes to R with one op: one all_reduce over them flattened.
+  CHECK(plan_string({P, P}, {R, R}) == "[P(sum),P(sum)] -> [R,R]: all_reduce(dp*tp, sum)");
+  // An all_reduce whose result would be exchanged anyway: a reduce_scatter whose gather joins the exchange.
+  CHECK(plan_string({S(0), P}, {S(1), R}) ==
+        "[S(0),P(sum)] -> [S(1),R]: reduce_scatter(tp, dim 0, sum); permute(dp*tp)");
+  // A replicated axis shares the reduction where it is larger than 2 (a static size of 4 on dp).
+  CHECK(to_string(make_plan(PlacementList{P, R}, PlacementList{S(0), R}, 2, MeshSizes{4, 2}), names) ==
+        "[P(sum),R] -> [S(0),R]: local_chunk(tp, dim 1); reduce_scatter(dp, dim 0, sum); all_gather(tp, dim "
+        "1)");
+  // On 2x2 it would not pay: the rule's plan.
+  CHECK(plan_string({P, R}, {S(0), R}) == "[P(sum),R] -> [S(0),R]: reduce_scatter(dp, dim 0, sum)");
 }
 
 TEST_CASE("forbidden transitions are reported", "[plan]") {

@@ -182,7 +182,7 @@ void exhaustive_2d(int dp, int tp) {
               auto x = make_source<DTensor<float, 2, Mesh2, A0, A1>>(mesh, rows, cols);
               CommDebugMode comm;
               auto y = x.template redistribute<B0, B1>();
-              const auto plan = decltype(x)::template plan_to<B0, B1>();
+              const auto plan = x.template plan_for<B0, B1>(); // the plan for this mesh's sizes
               const std::string what =
                   plan.to_string() + " of (" + std::to_string(rows) + ", " + std::to_string(cols) + ")";
               const std::int64_t counted = comm.total_count();
@@ -511,22 +511,26 @@ TEST_CASE("a redistribution on a sub-mesh never waits on ranks outside it", "[dt
 }
 
 TEST_CASE("a dynamic axis size picks the plan its static size would", "[dtensor]") {
-  // [P,S(0),R] -> [R,R,S(1)]: the all_reduce goes before the all_to_all-like change when dp > tp (the data
-  // grows), after it otherwise. With dp dynamic the nominal size (2) would pick "after".
-  using Src = Placements<Partial<>, Shard<0>, Replicate>;
-  using Dst = Placements<Replicate, Replicate, Shard<1>>;
   {
+    // [R,P,R] -> [R,S(0),R] with dp = 8: the replicated axes chunk first, so the reduce_scatter over dp runs
+    // on an eighth of the data. With dp dynamic the nominal size (2) would not (it does not pay there).
+    using Src = Placements<Replicate, Partial<>, Replicate>;
+    using Dst = Placements<Replicate, Shard<0>, Replicate>;
     using Dynamic = MeshShape<Axis<"x", 2>, Axis<"dp">, Axis<"tp", 4>>;
     using Static = MeshShape<Axis<"x", 2>, Axis<"dp", 8>, Axis<"tp", 4>>;
     const MeshSizes sizes{2, 8, 4};
     const Extents global{256, 64};
     const Plan& chosen = detail::select_plan<Dynamic, 2, Src, Dst>(sizes);
+    CHECK(&detail::select_plan<Dynamic, 2, Src, Dst>(sizes) == &chosen); // made once, then kept
     const auto fixed = plan_of<Static, 2, Src, Dst>();
     const std::int64_t nominal = bytes_per_rank(detail::plan_v<Dynamic, 2, Src, Dst>, global, sizes, 4);
     INFO(to_string(chosen, Dynamic::names) << " vs " << fixed.to_string());
     CHECK(bytes_per_rank(chosen, global, sizes, 4) == fixed.bytes_per_rank(global, sizes));
     CHECK(bytes_per_rank(chosen, global, sizes, 4) < nominal);
   }
+  // [P,S(0),R] -> [R,R,S(1)]: where the all_reduce goes and whether tp chunks first depend on tp's size.
+  using Src = Placements<Partial<>, Shard<0>, Replicate>;
+  using Dst = Placements<Replicate, Replicate, Shard<1>>;
   Poison poison;
   testing::run_ranks(4, [](ProcessGroup& world) {
     using Dynamic = MeshShape<Axis<"x", 2>, Axis<"dp", 2>, Axis<"tp">>; // tp = 1 here, 2 nominally

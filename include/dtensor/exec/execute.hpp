@@ -335,7 +335,7 @@ inline StepRun submit_step(const Plan& plan, int i, AnyTensor in, const Extents&
     }
     case StepKind::all_reduce: {
       AnyTensor out = detail::writable(std::move(in));
-      auto impl = mesh.group(st.axis()).all_reduce(detail::buffer_of(out), st.op, opts);
+      auto impl = mesh.group_over(st.axes).all_reduce(detail::buffer_of(out), st.op, opts);
       return {out, Work(impl, std::make_shared<AnyTensor>(out))};
     }
     case StepKind::reduce_scatter:

@@ -11,7 +11,7 @@
 #include "dtensor/layout/algebra.hpp"
 #include "dtensor/layout/exchange.hpp"
 #include "dtensor/layout/shard_spec.hpp"
-#include "dtensor/plan/planner.hpp"
+#include "dtensor/plan/step.hpp"
 
 namespace dtensor {
 

@@ -4,23 +4,27 @@
 // A plan turns a source ShardSpec into a target one with steps ordered shrink -> permute -> grow, so no
 // step holds more data than the larger of source and target needs:
 //
-//   local_partial(a, op)        R -> P(op): coordinate 0 keeps the value, the others take op's identity
-//                               (sum: 0, product: 1; avg, max and min keep the value). Reducing it again
-//                               is exact, except avg on floats: (v + ... + v) / n rounds (docs/tensor.md)
 //   local_chunk(a, d)           R -> S(d): keep this coordinate's torch.chunk piece, no communication
 //   reduce_scatter(a, d, op)    P(op) -> S(d)
-//   all_reduce(a, op)           P(op) -> R
+//   all_reduce(axes, op)        P(op) -> R, over one axis or several flattened into one group
 //   all_to_all(a, i -> j)       S(i) -> S(j) over one axis, or over several axes flattened into one group
 //   permute(axes)               any change of Shard/Replicate over several axes, as the exact exchange of
 //                               the intersections of source and target blocks (point to point; a rank
 //                               whose target block it already holds sends and receives nothing)
 //   all_gather(a, d)            S(d) -> R
+//   local_partial(a, op)        R -> P(op), last: coordinate 0 keeps the value, the others take op's
+//                               identity (sum: 0, product: 1; avg, max and min keep the value). Reducing it
+//                               again is exact, except avg on floats: (v + ... + v) / n rounds
+//                               (docs/tensor.md)
 //
 // A per-axis collective is used only where it is exact: the axis it moves must be the innermost splitter
 // of its dim before (all_gather, all_to_all) and after (local_chunk, reduce_scatter, all_to_all) the
 // step. Where per-axis steps cannot reach the target's order (several axes sharding one dim), one
 // exchange over the smallest group of axes that holds all the needed data does it: an all_to_all over
 // the flattened group when the axes move together from one dim to another, else a permute.
+//
+// Where Partial axes are reduced and something else changes too, make_plan ranks candidate plans (how
+// each axis is reduced, what is chunked first) by bytes_per_rank and keeps the cheapest (see make_plan).
 //
 // Everything is constexpr over values: `make_plan` runs at compile time for the typed redistribute and
 // at run time for printing and tests.
@@ -31,103 +35,10 @@
 #include "dtensor/layout/algebra.hpp"
 #include "dtensor/layout/placement.hpp"
 #include "dtensor/layout/shard_spec.hpp"
+#include "dtensor/plan/cost.hpp"
+#include "dtensor/plan/step.hpp"
 
 namespace dtensor {
-
-enum class StepKind : std::uint8_t {
-  local_partial,
-  local_chunk,
-  reduce_scatter,
-  all_to_all,
-  permute,
-  all_gather,
-  all_reduce
-};
-
-constexpr std::string_view to_string(StepKind k) noexcept {
-  switch (k) {
-  case StepKind::local_partial:
-    return "local_partial";
-  case StepKind::local_chunk:
-    return "local_chunk";
-  case StepKind::reduce_scatter:
-    return "reduce_scatter";
-  case StepKind::all_to_all:
-    return "all_to_all";
-  case StepKind::permute:
-    return "permute";
-  case StepKind::all_gather:
-    return "all_gather";
-  case StepKind::all_reduce:
-    return "all_reduce";
-  }
-  return "?";
-}
-
-/// One step of a plan. `before` and `after` are the exact layouts around it.
-struct Step {
-  StepKind kind = StepKind::local_chunk;
-  AxisMask axes = 0; ///< the mesh axes it runs over (one, except flattened all_to_all and permute)
-  int src_dim = -1;  ///< the dim it gathers, moves from (all_to_all) or reduces (none otherwise)
-  int dst_dim = -1;  ///< the dim it scatters, chunks or moves to
-  ReduceOp op = ReduceOp::sum;
-  ShardSpec before;
-  ShardSpec after;
-
-  constexpr int axis() const noexcept { return first_axis(axes); }
-  constexpr bool communicates() const noexcept {
-    return kind != StepKind::local_partial && kind != StepKind::local_chunk;
-  }
-};
-
-/// Why a redistribution cannot exist.
-enum class PlanError : std::uint8_t {
-  none,
-  invalid_source,    ///< the source placement list fails check_placements
-  invalid_target,    ///< the target placement list fails check_placements
-  shard_to_partial,  ///< S -> P on some axis
-  partial_op_change, ///< P(a) -> P(b), a != b
-};
-
-inline constexpr int max_plan_steps = 3 * max_mesh_rank + 2;
-
-/// Where a plan puts its all_reduce steps (P -> R) relative to its Shard/Replicate changes.
-enum class AllReduceOrder : std::uint8_t {
-  by_size, ///< where the data is smaller, judged with the mesh sizes given to make_plan
-  first,   ///< before them (where they grow the data)
-  last     ///< after them (where they shrink it)
-};
-
-struct Plan {
-  ShardSpec src;
-  ShardSpec dst;
-  StaticVector<Step, max_plan_steps> steps;
-  PlanError error = PlanError::none;
-  /// The plan has all_reduce steps and Shard/Replicate changes, so their order depends on the mesh sizes:
-  /// all_reduce first exactly when all_reduce_first(sizes) (see below).
-  bool order_depends_on_sizes = false;
-  /// The layouts compared to decide that order: before the Shard/Replicate changes, and their target with
-  /// the all_reduce axes still Partial.
-  ShardSpec order_from;
-  ShardSpec order_to;
-
-  constexpr int size() const noexcept { return steps.size(); }
-  /// Number of steps that communicate.
-  constexpr int num_collectives() const noexcept {
-    int n = 0;
-    for (const Step& s : steps) {
-      n += s.communicates() ? 1 : 0;
-    }
-    return n;
-  }
-  constexpr int count(StepKind k) const noexcept {
-    int n = 0;
-    for (const Step& s : steps) {
-      n += s.kind == k ? 1 : 0;
-    }
-    return n;
-  }
-};
 
 namespace detail {
 
@@ -309,9 +220,131 @@ constexpr bool all_reduce_first(const Plan& plan, const MeshSizes& sizes) {
   return detail::relative_size(plan.order_to, sizes) > detail::relative_size(plan.order_from, sizes);
 }
 
+namespace detail {
+
+/// How a plan reduces its Partial source axes (those whose target is not Partial), and what it does first.
+struct Reduction {
+  /// Per mesh axis, for the reduced axes: -1 all_reduce (the target is R), d >= 0 reduce_scatter onto dim
+  /// d (innermost there). An axis whose target is R may be reduce-scattered and gathered again later.
+  /// For the axes that are R: -1 nothing first, d >= 0 chunk onto dim d before the reductions, so they
+  /// reduce less data (the Shard/Replicate changes then move or gather it as needed: a replicated axis
+  /// shares the reduction's work between its copies; one that becomes P does so locally at the end).
+  StaticVector<std::int8_t, max_mesh_rank> choice;
+  bool one_exchange = false; ///< the Shard/Replicate changes as one exchange even where per-axis steps exist
+  bool chunks_descending = false; ///< chunk the last axis first (innermost: the first an all_to_all moves)
+};
+
+/// The plan of one Reduction: local_partial; [local_chunk]; reduce_scatter per axis; all_reduce over the
+/// all_reduce axes flattened (one group per op) before or after the Shard/Replicate changes (per-axis
+/// collectives where exact, else one exchange).
+constexpr Plan plan_with(Plan plan, const Reduction& r, const MeshSizes& nominal, AllReduceOrder order) {
+  const ShardSpec& dst = plan.dst;
+  ShardSpec cur = plan.src;
+  const int n = cur.mesh_rank();
+  for (int i = 0; i < n; ++i) { // R -> S(d) locally, before reducing
+    const int a = r.chunks_descending ? n - 1 - i : i;
+    if (cur.placements[a].is_replicate() && r.choice[a] >= 0) {
+      ShardSpec next = cur;
+      next.shard_innermost(a, r.choice[a]);
+      add_step(plan, cur, StepKind::local_chunk, axis_bit(a), -1, r.choice[a], ReduceOp::sum, next);
+    }
+  }
+  for (int a = 0; a < n; ++a) { // P -> S(d) by reduce_scatter
+    if (cur.placements[a].is_partial() && !dst.placements[a].is_partial() && r.choice[a] >= 0) {
+      ShardSpec next = cur;
+      next.placements[a] = Placement::replicate();
+      next.shard_innermost(a, r.choice[a]);
+      add_step(plan, cur, StepKind::reduce_scatter, axis_bit(a), -1, r.choice[a], cur.placements[a].op, next);
+    }
+  }
+  // P -> R by all_reduce, the axes of one op flattened into one group: before the Shard/Replicate changes
+  // when they grow the data, after otherwise.
+  // The target of the Shard/Replicate phase: the all_reduce axes still Partial, the R -> P ones still R.
+  ShardSpec rs_target = dst;
+  AxisMask reduced = 0;
+  for (int a = 0; a < n; ++a) {
+    if (cur.placements[a].is_partial() && !dst.placements[a].is_partial()) {
+      rs_target.placements[a] = cur.placements[a];
+      reduced |= axis_bit(a);
+    } else if (dst.placements[a].is_partial() && !plan.src.placements[a].is_partial()) {
+      rs_target.placements[a] = Placement::replicate();
+    }
+  }
+  auto all_reduces = [&] {
+    while (reduced != 0) {
+      const ReduceOp op = cur.placements[first_axis(reduced)].op;
+      AxisMask g = 0;
+      ShardSpec next = cur;
+      for (int a = 0; a < n; ++a) {
+        if ((reduced & axis_bit(a)) && cur.placements[a].op == op) {
+          g |= axis_bit(a);
+          next.placements[a] = Placement::replicate();
+          rs_target.placements[a] = Placement::replicate();
+        }
+      }
+      add_step(plan, cur, StepKind::all_reduce, g, -1, -1, op, next);
+      reduced &= static_cast<AxisMask>(~g);
+    }
+  };
+  plan.order_from = cur;
+  plan.order_to = rs_target;
+  plan.order_depends_on_sizes = reduced != 0 && !(cur == rs_target);
+  const bool grows =
+      order == AllReduceOrder::by_size ? all_reduce_first(plan, nominal) : order == AllReduceOrder::first;
+  if (grows) {
+    all_reduces();
+  }
+  if (!(cur == rs_target)) {
+    if (r.one_exchange ||
+        (!try_per_axis(plan, cur, rs_target, true) && !try_per_axis(plan, cur, rs_target, false))) {
+      add_exchange(plan, cur, rs_target, exchange_axes(cur, rs_target));
+    }
+  }
+  all_reduces();
+  for (int a = 0; a < n; ++a) { // R -> P locally, last: until then a replicated axis may share the work
+    if (cur.placements[a].is_replicate() && dst.placements[a].is_partial()) {
+      ShardSpec next = cur;
+      next.placements[a] = dst.placements[a];
+      add_step(plan, cur, StepKind::local_partial, axis_bit(a), -1, -1, dst.placements[a].op, next);
+    }
+  }
+  return plan;
+}
+
+/// An even global shape for ranking plans: every dim splits evenly by every nominal axis size (their
+/// product, per dim), or empty when the tensor would not fit in 2^40 elements (then plans are not ranked).
+constexpr Extents nominal_global(const MeshSizes& nominal, int tensor_rank) {
+  std::int64_t per_dim = 1;
+  for (int v : nominal) {
+    per_dim *= v;
+  }
+  double total = 1;
+  Extents g;
+  for (int d = 0; d < tensor_rank; ++d) {
+    g.push_back(per_dim);
+    total *= static_cast<double>(per_dim);
+  }
+  return total <= 1099511627776.0 ? g : Extents{};
+}
+
+} // namespace detail
+
 /// The plan from `src` to `dst` for a tensor of `tensor_rank` dims. `nominal` mesh sizes (empty: 2 per
-/// axis) only decide where all_reduce goes (with AllReduceOrder::by_size); the plan is exact for every
-/// size.
+/// axis) decide between plans whose cost depends on them; every plan is exact for every size.
+///
+/// Without Partial sources to reduce, the plan is the rule above. With them, the planner ranks the plans
+/// of every Reduction (each reduced axis: all_reduce if its target is R, or reduce_scatter onto any dim;
+/// R -> S(d) axes chunked before or after) by bytes_per_rank on an even global shape of the nominal sizes
+/// (plan/cost.hpp; its model cannot be costed here, so in closed form on values) and keeps the cheapest,
+/// the rule's plan on ties. So a reduction runs on the smallest data the target allows, and an all_reduce
+/// whose result is exchanged anyway becomes a reduce_scatter whose gather joins that exchange:
+///
+///   [R,P] -> [S(0),S(0)]     local_chunk(dp, dim 0); reduce_scatter(tp, dim 0)          (not 3x the bytes)
+///   [P,P] -> [R,R]           all_reduce(dp*tp)                   (3/4 of two all_reduces' bytes, 2x2)
+///   [S(0),P] -> [S(1),R]     reduce_scatter(tp, dim 0); permute(dp*tp)  (5/6 of all_to_all + all_reduce)
+///
+/// tests/plan/test_search.cpp compares every plan with the cheapest sequence of these steps found by
+/// exhaustive search (plan/search.hpp).
 constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst_list, int tensor_rank,
                          MeshSizes nominal = {}, AllReduceOrder order = AllReduceOrder::by_size) {
   Plan plan;
@@ -324,69 +357,71 @@ constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst
   }
   plan.src = ShardSpec::from(src_list, tensor_rank);
   plan.dst = ShardSpec::from(dst_list, tensor_rank);
-  const ShardSpec& dst = plan.dst;
-  ShardSpec cur = plan.src;
-  const int n = cur.mesh_rank();
-
-  // 1. Shrink: R -> P locally; P -> S(d) by reduce_scatter (innermost on d afterwards).
+  const int n = plan.src.mesh_rank();
+  // The rule's plan: reduce onto the target's dim (all_reduce where it is R), chunk with the other changes.
+  // The choices of the others: reduced axes -1 (if the target is R) or any dim; R -> S axes -1 or any dim.
+  detail::Reduction rule;
+  detail::Reduction lowest;
+  bool reduces = false;
   for (int a = 0; a < n; ++a) {
-    if (cur.placements[a].is_replicate() && dst.placements[a].is_partial()) {
-      ShardSpec next = cur;
-      next.placements[a] = dst.placements[a];
-      detail::add_step(plan, cur, StepKind::local_partial, axis_bit(a), -1, -1, dst.placements[a].op, next);
-    }
+    const Placement from = plan.src.placements[a];
+    const Placement to = plan.dst.placements[a];
+    const bool reduced = from.is_partial() && !to.is_partial();
+    reduces = reduces || reduced;
+    rule.choice.push_back(static_cast<std::int8_t>(reduced && to.is_shard() ? to.dim : -1));
+    lowest.choice.push_back(static_cast<std::int8_t>(reduced && to.is_shard() ? 0 : -1));
   }
+  Plan first = detail::plan_with(plan, rule, nominal, order);
+  first.sizes_decide = first.order_depends_on_sizes;
+  // Nothing to choose when the rule's plan only reduces and no axis is replicated: an all_reduce costs
+  // what a reduce_scatter and an all_gather cost, and reducing onto another dim adds a move.
+  bool others = false;
   for (int a = 0; a < n; ++a) {
-    if (cur.placements[a].is_partial() && dst.placements[a].is_shard()) {
-      ShardSpec next = cur;
-      next.placements[a] = Placement::replicate();
-      next.shard_innermost(a, dst.placements[a].dim);
-      detail::add_step(plan, cur, StepKind::reduce_scatter, axis_bit(a), -1, dst.placements[a].dim,
-                       cur.placements[a].op, next);
-    }
+    others = others || plan.src.placements[a].is_replicate();
   }
-
-  // 2. P -> R by all_reduce, before the Shard/Replicate changes when they grow the data, after otherwise.
-  ShardSpec rs_target = dst; // the target of the Shard/Replicate phase: P -> R axes still partial
-  for (int a = 0; a < n; ++a) {
-    if (cur.placements[a].is_partial() && dst.placements[a].is_replicate()) {
-      rs_target.placements[a] = cur.placements[a];
-    }
+  for (const Step& st : first.steps) {
+    others = others || (st.kind != StepKind::reduce_scatter && st.kind != StepKind::all_reduce);
   }
-  auto all_reduces = [&] {
+  const Extents global = detail::nominal_global(nominal, tensor_rank);
+  if (!reduces || !others || global.empty()) {
+    return first;
+  }
+  first.sizes_decide = true;
+  Plan best = first;
+  std::int64_t best_bytes = bytes_per_rank(first, global, nominal, 1);
+  for (detail::Reduction r = lowest;;) {
+    int chunked = 0;
     for (int a = 0; a < n; ++a) {
-      if (cur.placements[a].is_partial() && dst.placements[a].is_replicate()) {
-        ShardSpec next = cur;
-        next.placements[a] = Placement::replicate();
-        detail::add_step(plan, cur, StepKind::all_reduce, axis_bit(a), -1, -1, cur.placements[a].op, next);
-        rs_target.placements[a] = Placement::replicate();
+      chunked += plan.src.placements[a].is_replicate() && r.choice[a] >= 0 ? 1 : 0;
+    }
+    for (int v = 0; v < (chunked > 1 ? 4 : 2); ++v) {
+      r.one_exchange = (v & 1) != 0;
+      r.chunks_descending = (v & 2) != 0;
+      const Plan p = detail::plan_with(plan, r, nominal, order);
+      const std::int64_t b = bytes_per_rank(p, global, nominal, 1);
+      if (b < best_bytes) {
+        best = p;
+        best.sizes_decide = true;
+        best_bytes = b;
       }
     }
-  };
-  bool any_all_reduce = false;
-  for (int a = 0; a < n; ++a) {
-    any_all_reduce = any_all_reduce || (cur.placements[a].is_partial() && dst.placements[a].is_replicate());
-  }
-  plan.order_from = cur;
-  plan.order_to = rs_target;
-  plan.order_depends_on_sizes = any_all_reduce && !(cur == rs_target);
-  const bool grows =
-      order == AllReduceOrder::by_size ? all_reduce_first(plan, nominal) : order == AllReduceOrder::first;
-  if (grows) {
-    all_reduces();
-  }
-
-  // 3. Shard/Replicate changes: per-axis collectives where exact, else one exchange.
-  if (!(cur == rs_target)) {
-    if (!detail::try_per_axis(plan, cur, rs_target, true) &&
-        !detail::try_per_axis(plan, cur, rs_target, false)) {
-      detail::add_exchange(plan, cur, rs_target, detail::exchange_axes(cur, rs_target));
+    int a = 0; // the next choice: an odometer over the axes that have one
+    for (; a < n; ++a) {
+      const Placement from = plan.src.placements[a];
+      const Placement to = plan.dst.placements[a];
+      const bool reduced = from.is_partial() && !to.is_partial();
+      if (!reduced && !from.is_replicate()) {
+        continue;
+      }
+      if (++r.choice[a] < tensor_rank) {
+        break;
+      }
+      r.choice[a] = lowest.choice[a];
+    }
+    if (a == n) {
+      return best;
     }
   }
-  if (!grows) {
-    all_reduces();
-  }
-  return plan;
 }
 
 /// The always-exact fallback for Shard/Replicate changes: one permute over every mesh axis that moves

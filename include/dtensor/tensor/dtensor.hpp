@@ -17,9 +17,12 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/any_tensor.hpp"
@@ -79,24 +82,25 @@ constexpr MeshSizes nominal_sizes() {
 template <class Shape, int Rank, class Src, class Dst>
 inline constexpr Plan plan_v = make_plan(Src::value, Dst::value, Rank, nominal_sizes<Shape>());
 
-/// The plans of Src -> Dst when it depends on the size of a dynamic axis: all_reduce first, and last.
-template <class Shape, int Rank, class Src, class Dst>
-inline constexpr Plan plan_first_v = make_plan(Src::value, Dst::value, Rank, nominal_sizes<Shape>(),
-                                               AllReduceOrder::first);
-template <class Shape, int Rank, class Src, class Dst>
-inline constexpr Plan plan_last_v = make_plan(Src::value, Dst::value, Rank, nominal_sizes<Shape>(),
-                                              AllReduceOrder::last);
-
-/// The plan Src -> Dst for a mesh of `sizes`: fixed at compile time, or, where a dynamic axis size decides
-/// the order of its steps, one of the two compiled plans picked by the real sizes.
+/// The plan Src -> Dst for a mesh of `sizes`: fixed at compile time, or, where the size of a dynamic axis
+/// may change it (Plan::sizes_decide), make_plan for the real sizes, made on first use for each sizes and
+/// kept (a lock and a comparison per call after that).
 template <class Shape, int Rank, class Src, class Dst>
 const Plan& select_plan(const MeshSizes& sizes) {
   constexpr const Plan& plan = plan_v<Shape, Rank, Src, Dst>;
-  if constexpr (Shape::is_static || !plan.order_depends_on_sizes) {
+  if constexpr (Shape::is_static || !plan.sizes_decide) {
     return plan;
   } else {
-    return all_reduce_first(plan, sizes) ? plan_first_v<Shape, Rank, Src, Dst>
-                                         : plan_last_v<Shape, Rank, Src, Dst>;
+    static std::mutex mutex;
+    static std::vector<std::pair<MeshSizes, std::unique_ptr<const Plan>>> made; // one per mesh sizes met
+    std::lock_guard lock(mutex);
+    for (const auto& [met, p] : made) {
+      if (met == sizes) {
+        return *p;
+      }
+    }
+    made.emplace_back(sizes, std::make_unique<const Plan>(make_plan(Src::value, Dst::value, Rank, sizes)));
+    return *made.back().second;
   }
 }
 
