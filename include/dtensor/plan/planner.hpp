@@ -359,7 +359,7 @@ constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst
   plan.dst = ShardSpec::from(dst_list, tensor_rank);
   const int n = plan.src.mesh_rank();
   // The rule's plan: reduce onto the target's dim (all_reduce where it is R), chunk with the other changes.
-  // The choices of the others: reduced axes -1 (if the target is R) or any dim; R -> S axes -1 or any dim.
+  // The choices of the others: reduced axes -1 (if the target is R) or any dim; R axes -1 or any dim.
   detail::Reduction rule;
   detail::Reduction lowest;
   bool reduces = false;
@@ -371,6 +371,10 @@ constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst
     rule.choice.push_back(static_cast<std::int8_t>(reduced && to.is_shard() ? to.dim : -1));
     lowest.choice.push_back(static_cast<std::int8_t>(reduced && to.is_shard() ? 0 : -1));
   }
+  auto has_choice = [&](int a) {
+    return (plan.src.placements[a].is_partial() && !plan.dst.placements[a].is_partial()) ||
+           plan.src.placements[a].is_replicate();
+  };
   Plan first = detail::plan_with(plan, rule, nominal, order);
   first.sizes_decide = first.order_depends_on_sizes;
   // Nothing to choose when the rule's plan only reduces and no axis is replicated: an all_reduce costs
@@ -404,13 +408,19 @@ constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst
         best.sizes_decide = true;
         best_bytes = b;
       }
+      // One exchange instead of per-axis steps differs only where two or more of them communicate.
+      int moves = 0;
+      for (const Step& st : p.steps) {
+        moves +=
+            st.kind == StepKind::all_to_all || st.kind == StepKind::all_gather || st.kind == StepKind::permute
+                ? 1
+                : 0;
+      }
+      v += !r.one_exchange && moves < 2 ? 1 : 0;
     }
     int a = 0; // the next choice: an odometer over the axes that have one
     for (; a < n; ++a) {
-      const Placement from = plan.src.placements[a];
-      const Placement to = plan.dst.placements[a];
-      const bool reduced = from.is_partial() && !to.is_partial();
-      if (!reduced && !from.is_replicate()) {
+      if (!has_choice(a)) {
         continue;
       }
       if (++r.choice[a] < tensor_rank) {

@@ -82,25 +82,48 @@ constexpr MeshSizes nominal_sizes() {
 template <class Shape, int Rank, class Src, class Dst>
 inline constexpr Plan plan_v = make_plan(Src::value, Dst::value, Rank, nominal_sizes<Shape>());
 
+/// make_plan of one transition for each mesh sizes it meets, made on first use and kept: a lock and a
+/// comparison per call after that. One class for every transition, so a DTensor's redistribute adds one
+/// static object per transition, not code.
+class PlansBySizes {
+public:
+  PlansBySizes(const PlacementList& src, const PlacementList& dst, int rank)
+      : src_(src), dst_(dst), rank_(rank) {}
+
+  const Plan& get(const MeshSizes& sizes) const {
+    std::lock_guard lock(mutex_);
+    for (const auto& [met, p] : made_) {
+      if (met == sizes) {
+        return *p;
+      }
+    }
+    return add(sizes);
+  }
+
+private:
+  /// The first call for `sizes` (cold: compiled for size, so the planner's run-time code costs a TU little).
+  DTENSOR_COLD const Plan& add(const MeshSizes& sizes) const {
+    made_.emplace_back(sizes, std::make_unique<const Plan>(make_plan(src_, dst_, rank_, sizes)));
+    return *made_.back().second;
+  }
+
+  PlacementList src_;
+  PlacementList dst_;
+  int rank_;
+  mutable std::mutex mutex_;
+  mutable std::vector<std::pair<MeshSizes, std::unique_ptr<const Plan>>> made_;
+};
+
 /// The plan Src -> Dst for a mesh of `sizes`: fixed at compile time, or, where the size of a dynamic axis
-/// may change it (Plan::sizes_decide), make_plan for the real sizes, made on first use for each sizes and
-/// kept (a lock and a comparison per call after that).
+/// may change it (Plan::sizes_decide), make_plan for the real sizes (PlansBySizes).
 template <class Shape, int Rank, class Src, class Dst>
 const Plan& select_plan(const MeshSizes& sizes) {
   constexpr const Plan& plan = plan_v<Shape, Rank, Src, Dst>;
   if constexpr (Shape::is_static || !plan.sizes_decide) {
     return plan;
   } else {
-    static std::mutex mutex;
-    static std::vector<std::pair<MeshSizes, std::unique_ptr<const Plan>>> made; // one per mesh sizes met
-    std::lock_guard lock(mutex);
-    for (const auto& [met, p] : made) {
-      if (met == sizes) {
-        return *p;
-      }
-    }
-    made.emplace_back(sizes, std::make_unique<const Plan>(make_plan(Src::value, Dst::value, Rank, sizes)));
-    return *made.back().second;
+    static const PlansBySizes plans(Src::value, Dst::value, Rank);
+    return plans.get(sizes);
   }
 }
 
