@@ -521,7 +521,13 @@ TEST_CASE("a dynamic axis size picks the plan its static size would", "[dtensor]
     const MeshSizes sizes{2, 8, 4};
     const Extents global{256, 64};
     const Plan& chosen = detail::select_plan<Dynamic, 2, Src, Dst>(sizes);
-    CHECK(&detail::select_plan<Dynamic, 2, Src, Dst>(sizes) == &chosen); // made once, then kept
+    CHECK(&detail::select_plan<Dynamic, 2, Src, Dst>(sizes) == &chosen);               // made once, then kept
+    const Plan& other = detail::select_plan<Dynamic, 2, Src, Dst>(MeshSizes{2, 2, 4}); // other sizes: another
+    CHECK(&other != &chosen);
+    CHECK(bytes_per_rank(other, global, {2, 2, 4}, 4) ==
+          (plan_of<MeshShape<Axis<"x", 2>, Axis<"dp", 2>, Axis<"tp", 4>>, 2, Src, Dst>().bytes_per_rank(
+              global, {2, 2, 4})));
+    CHECK(&detail::select_plan<Dynamic, 2, Src, Dst>(sizes) == &chosen); // and back: the kept one
     const auto fixed = plan_of<Static, 2, Src, Dst>();
     const std::int64_t nominal = bytes_per_rank(detail::plan_v<Dynamic, 2, Src, Dst>, global, sizes, 4);
     INFO(to_string(chosen, Dynamic::names) << " vs " << fixed.to_string());

@@ -234,9 +234,9 @@ struct Reduction {
   bool chunks_descending = false; ///< chunk the last axis first (innermost: the first an all_to_all moves)
 };
 
-/// The plan of one Reduction: local_partial; [local_chunk]; reduce_scatter per axis; all_reduce over the
-/// all_reduce axes flattened (one group per op) before or after the Shard/Replicate changes (per-axis
-/// collectives where exact, else one exchange).
+/// The plan of one Reduction: [local_chunk]; reduce_scatter per axis; all_reduce over the all_reduce axes
+/// flattened (one group per op) before or after the Shard/Replicate changes (per-axis collectives where
+/// exact, else one exchange); local_partial.
 constexpr Plan plan_with(Plan plan, const Reduction& r, const MeshSizes& nominal, AllReduceOrder order) {
   const ShardSpec& dst = plan.dst;
   ShardSpec cur = plan.src;
@@ -334,10 +334,10 @@ constexpr Extents nominal_global(const MeshSizes& nominal, int tensor_rank) {
 ///
 /// Without Partial sources to reduce, the plan is the rule above. With them, the planner ranks the plans
 /// of every Reduction (each reduced axis: all_reduce if its target is R, or reduce_scatter onto any dim;
-/// R -> S(d) axes chunked before or after) by bytes_per_rank on an even global shape of the nominal sizes
-/// (plan/cost.hpp; its model cannot be costed here, so in closed form on values) and keeps the cheapest,
-/// the rule's plan on ties. So a reduction runs on the smallest data the target allows, and an all_reduce
-/// whose result is exchanged anyway becomes a reduce_scatter whose gather joins that exchange:
+/// each replicated axis chunked onto any dim first, or not) by bytes_per_rank on an even global shape of the
+/// nominal sizes (plan/cost.hpp; its model cannot be costed here, so in closed form on values) and keeps the
+/// cheapest, the rule's plan on ties. So a reduction runs on the smallest data the target allows, and an
+/// all_reduce whose result is exchanged anyway becomes a reduce_scatter whose gather joins that exchange:
 ///
 ///   [R,P] -> [S(0),S(0)]     local_chunk(dp, dim 0); reduce_scatter(tp, dim 0)          (not 3x the bytes)
 ///   [P,P] -> [R,R]           all_reduce(dp*tp)                   (3/4 of two all_reduces' bytes, 2x2)
@@ -362,41 +362,35 @@ constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst
   // The choices of the others: reduced axes -1 (if the target is R) or any dim; R axes -1 or any dim.
   detail::Reduction rule;
   detail::Reduction lowest;
-  bool reduces = false;
+  AxisMask reduced = 0;    // Partial axes whose target is not Partial
+  AxisMask replicated = 0; // R axes in the source
   for (int a = 0; a < n; ++a) {
     const Placement from = plan.src.placements[a];
     const Placement to = plan.dst.placements[a];
-    const bool reduced = from.is_partial() && !to.is_partial();
-    reduces = reduces || reduced;
-    rule.choice.push_back(static_cast<std::int8_t>(reduced && to.is_shard() ? to.dim : -1));
-    lowest.choice.push_back(static_cast<std::int8_t>(reduced && to.is_shard() ? 0 : -1));
+    reduced |= from.is_partial() && !to.is_partial() ? axis_bit(a) : 0;
+    replicated |= from.is_replicate() ? axis_bit(a) : 0;
+    const bool onto_target = (reduced & axis_bit(a)) && to.is_shard();
+    rule.choice.push_back(static_cast<std::int8_t>(onto_target ? to.dim : -1));
+    lowest.choice.push_back(static_cast<std::int8_t>(onto_target ? 0 : -1));
   }
-  auto has_choice = [&](int a) {
-    return (plan.src.placements[a].is_partial() && !plan.dst.placements[a].is_partial()) ||
-           plan.src.placements[a].is_replicate();
-  };
+  const AxisMask choosing = reduced | replicated;
   Plan first = detail::plan_with(plan, rule, nominal, order);
   first.sizes_decide = first.order_depends_on_sizes;
   // Nothing to choose when the rule's plan only reduces and no axis is replicated: an all_reduce costs
   // what a reduce_scatter and an all_gather cost, and reducing onto another dim adds a move.
-  bool others = false;
-  for (int a = 0; a < n; ++a) {
-    others = others || plan.src.placements[a].is_replicate();
-  }
-  for (const Step& st : first.steps) {
-    others = others || (st.kind != StepKind::reduce_scatter && st.kind != StepKind::all_reduce);
-  }
+  const bool only_reduces =
+      replicated == 0 &&
+      first.count(StepKind::reduce_scatter) + first.count(StepKind::all_reduce) == first.size();
   const Extents global = detail::nominal_global(nominal, tensor_rank);
-  if (!reduces || !others || global.empty()) {
+  if (reduced == 0 || only_reduces || global.empty()) {
     return first;
   }
-  first.sizes_decide = true;
   Plan best = first;
   std::int64_t best_bytes = bytes_per_rank(first, global, nominal, 1);
   for (detail::Reduction r = lowest;;) {
     int chunked = 0;
     for (int a = 0; a < n; ++a) {
-      chunked += plan.src.placements[a].is_replicate() && r.choice[a] >= 0 ? 1 : 0;
+      chunked += (replicated & axis_bit(a)) && r.choice[a] >= 0 ? 1 : 0;
     }
     for (int v = 0; v < (chunked > 1 ? 4 : 2); ++v) {
       r.one_exchange = (v & 1) != 0;
@@ -405,22 +399,16 @@ constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst
       const std::int64_t b = bytes_per_rank(p, global, nominal, 1);
       if (b < best_bytes) {
         best = p;
-        best.sizes_decide = true;
         best_bytes = b;
       }
       // One exchange instead of per-axis steps differs only where two or more of them communicate.
-      int moves = 0;
-      for (const Step& st : p.steps) {
-        moves +=
-            st.kind == StepKind::all_to_all || st.kind == StepKind::all_gather || st.kind == StepKind::permute
-                ? 1
-                : 0;
-      }
+      const int moves =
+          p.count(StepKind::all_to_all) + p.count(StepKind::all_gather) + p.count(StepKind::permute);
       v += !r.one_exchange && moves < 2 ? 1 : 0;
     }
     int a = 0; // the next choice: an odometer over the axes that have one
     for (; a < n; ++a) {
-      if (!has_choice(a)) {
+      if (!(choosing & axis_bit(a))) {
         continue;
       }
       if (++r.choice[a] < tensor_rank) {
@@ -429,6 +417,7 @@ constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst
       r.choice[a] = lowest.choice[a];
     }
     if (a == n) {
+      best.sizes_decide = true; // another nominal size may rank another candidate first
       return best;
     }
   }

@@ -16,6 +16,7 @@
 // shards follow torch.chunk.
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -82,36 +83,49 @@ constexpr MeshSizes nominal_sizes() {
 template <class Shape, int Rank, class Src, class Dst>
 inline constexpr Plan plan_v = make_plan(Src::value, Dst::value, Rank, nominal_sizes<Shape>());
 
-/// make_plan of one transition for each mesh sizes it meets, made on first use and kept: a lock and a
-/// comparison per call after that. One class for every transition, so a DTensor's redistribute adds one
-/// static object per transition, not code.
+/// make_plan of one transition for each mesh sizes it meets, made on first use and kept. The sizes met last
+/// are read without a lock (a redistribute's host path); other sizes take the lock. One class for every
+/// transition, so a DTensor's redistribute adds one static object per transition, not code.
 class PlansBySizes {
 public:
   PlansBySizes(const PlacementList& src, const PlacementList& dst, int rank)
       : src_(src), dst_(dst), rank_(rank) {}
 
   const Plan& get(const MeshSizes& sizes) const {
-    std::lock_guard lock(mutex_);
-    for (const auto& [met, p] : made_) {
-      if (met == sizes) {
-        return *p;
-      }
+    const Made* last = last_.load(std::memory_order_acquire);
+    if (last != nullptr && last->sizes == sizes) {
+      return last->plan;
     }
-    return add(sizes);
+    return find_or_add(sizes);
   }
 
 private:
-  /// The first call for `sizes` (cold: compiled for size, so the planner's run-time code costs a TU little).
-  DTENSOR_COLD const Plan& add(const MeshSizes& sizes) const {
-    made_.emplace_back(sizes, std::make_unique<const Plan>(make_plan(src_, dst_, rank_, sizes)));
-    return *made_.back().second;
+  struct Made {
+    MeshSizes sizes;
+    Plan plan;
+  };
+
+  /// Other sizes than the last (cold: compiled for size, so the planner's run-time code costs a TU little).
+  DTENSOR_COLD const Plan& find_or_add(const MeshSizes& sizes) const {
+    std::lock_guard lock(mutex_);
+    const Made* found = nullptr;
+    for (const auto& m : made_) {
+      found = m->sizes == sizes ? m.get() : found;
+    }
+    if (found == nullptr) {
+      made_.push_back(std::make_unique<const Made>(Made{sizes, make_plan(src_, dst_, rank_, sizes)}));
+      found = made_.back().get();
+    }
+    last_.store(found, std::memory_order_release);
+    return found->plan;
   }
 
   PlacementList src_;
   PlacementList dst_;
   int rank_;
+  mutable std::atomic<const Made*> last_{nullptr};
   mutable std::mutex mutex_;
-  mutable std::vector<std::pair<MeshSizes, std::unique_ptr<const Plan>>> made_;
+  mutable std::vector<std::unique_ptr<const Made>> made_; // never shrinks: references stay valid
 };
 
 /// The plan Src -> Dst for a mesh of `sizes`: fixed at compile time, or, where the size of a dynamic axis
