@@ -4,7 +4,8 @@
 // Run as 4 processes: dtensor-run --nproc-per-node 4 ./example_06_train --layout fsdp_tp --steps 50
 // On GPUs (examples/06_train_cuda.cu: this file compiled by nvcc, NCCL and cuBLAS), one process per GPU:
 //                     dtensor-run --nproc-per-node 4 ./example_06_train_cuda --layout fsdp_tp
-//   --layout tp|ddp|fsdp|hsdp|fsdp_tp   how the parameters are held and reduced (default fsdp_tp)
+//   --layout tp|tp_cm|ddp|fsdp|hsdp|fsdp_tp   how the parameters are held and reduced (default fsdp_tp;
+//                                        tp_cm: tp with collective matmuls, ops/collective_matmul.hpp)
 //   --mesh REP,DP,TP                     the mesh (default: from the layout, see below)
 //   --steps N                            training steps (default 50)
 //   --batch B --seq S --hidden H --ffn F --vocab V   the sizes (default 3, 13, 18, 30, 37: uneven on 4)
@@ -67,6 +68,8 @@ namespace {
 
 using Mesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"tp">>;
 using L = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel>;
+/// --layout tp_cm: tp with each region's all_gather and reduce_scatter overlapped with its GEMMs.
+using Lcm = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel, nn::CollectiveMatmul>;
 template <class T, class Layout>
 using CheckpointedBlock = nn::Checkpointed<nn::MlpBlock<T, Layout>>;
 template <template <class, class> class Block>
@@ -158,16 +161,21 @@ Run train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, const 
     nn::DdpTrainer<Model<CheckpointedBlock>> t(mesh, {mesh, o.model, 3, keys, o.device}, options);
     return train(t, o, print);
   }
+  if (layout == "tp_cm") {
+    using Overlapped = nn::LanguageModel<float, Lcm, nn::MlpBlock>;
+    nn::DdpTrainer<Overlapped> t(mesh, {mesh, o.model, 3, keys, o.device}, options);
+    return train(t, o, print);
+  }
   nn::DdpTrainer<Model<nn::MlpBlock>> t(mesh, {mesh, o.model, 3, keys, o.device}, options);
   return train(t, o, print);
 }
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(
-      stderr,
-      "06_train: %s\nusage: 06_train [--layout tp|ddp|fsdp|hsdp|fsdp_tp] [--mesh REP,DP,TP] [--steps N] "
-      "[--batch B] [--seq S] [--hidden H] [--ffn F] [--vocab V] [--checkpoint] [--no-check]\n",
-      why.c_str());
+  std::fprintf(stderr,
+               "06_train: %s\nusage: 06_train [--layout tp|tp_cm|ddp|fsdp|hsdp|fsdp_tp] [--mesh REP,DP,TP] "
+               "[--steps N] "
+               "[--batch B] [--seq S] [--hidden H] [--ffn F] [--vocab V] [--checkpoint] [--no-check]\n",
+               why.c_str());
   std::exit(2);
 }
 
@@ -235,11 +243,15 @@ int main(int argc, char** argv) {
 #endif
   const int n = world.size();
   const bool print = world.rank() == 0;
-  int rep = o.layout == "hsdp" ? 2 : 1, tp = o.layout == "tp" ? n : o.layout == "fsdp_tp" ? 2 : 1;
+  int rep = o.layout == "hsdp" ? 2 : 1;
+  int tp = o.layout == "tp" || o.layout == "tp_cm" ? n : o.layout == "fsdp_tp" ? 2 : 1;
   int dp = n / (rep * tp);
-  if (o.layout != "tp" && o.layout != "ddp" && o.layout != "fsdp" && o.layout != "hsdp" &&
-      o.layout != "fsdp_tp") {
+  if (o.layout != "tp" && o.layout != "tp_cm" && o.layout != "ddp" && o.layout != "fsdp" &&
+      o.layout != "hsdp" && o.layout != "fsdp_tp") {
     usage("unknown layout " + o.layout);
+  }
+  if (o.checkpoint && o.layout != "tp" && o.layout != "ddp") {
+    usage("--checkpoint is for tp and ddp (the FSDP layouts recompute a block's forward anyway)");
   }
   if (!o.mesh.empty() && std::sscanf(o.mesh.c_str(), "%d,%d,%d", &rep, &dp, &tp) != 3) {
     usage("--mesh takes REP,DP,TP, not " + o.mesh);

@@ -13,7 +13,7 @@
 #      ncclCommInitRankConfig, the mismatch under DTENSOR_DEBUG=detail, and the suite and timeout on
 #      blocking communicators;
 #   3. every CUDA test binary (tests/*/test_*.cu), one process each;
-#   4. examples/06_train.cpp on device tensors (example_06_train_cuda) in each of its five layouts as 2
+#   4. examples/06_train.cpp on device tensors (example_06_train_cuda) in each of its six layouts as 2
 #      processes, 3 steps in float, each checked against one rank with its collectives pinned;
 #   5. the GPU benchmarks (BENCHMARKS.md, "GPU"), small sizes: the NCCL sweep (ours vs raw NCCL in the same
 #      run) and the redistribution suite on CUDA tensors at 1 and 2 processes, and the same suite through
@@ -555,10 +555,12 @@ done
 # The model of examples/06_train.cpp on device tensors (cuBLAS, the library's CUDA kernels, NCCL), 3 steps
 # in float with sizes no mesh axis divides; each run checks every loss and the final parameters against
 # the same training on one rank (1e-5) and each step's collectives against the layout's, and exits 1
-# otherwise. Meshes for 2 ranks: tp (1,1,2), ddp and fsdp (1,2,1), hsdp (2,1,1), fsdp_tp (1,1,2).
+# otherwise. Meshes for 2 ranks: tp and tp_cm (1,1,2), ddp and fsdp (1,2,1), hsdp (2,1,1), fsdp_tp (1,1,2).
+# tp_cm runs the collective matmuls (ops/collective_matmul.hpp): their exchanges on the group's NCCL stream
+# beside the cuBLAS GEMMs on the tensors' stream.
 train=""
 [ -n "$example_targets" ] && train=$(prog example_06_train_cuda)
-for layout in tp ddp fsdp hsdp fsdp_tp; do
+for layout in tp tp_cm ddp fsdp hsdp fsdp_tp; do
   name="06_train_cuda --layout $layout, 2 processes"
   built "$train" "$name" && step "$name" 45 12 "${multi[@]}" 2 \
     "$train" --layout "$layout" --hidden 30 --ffn 42 --vocab 61 --steps 3

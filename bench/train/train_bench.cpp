@@ -9,7 +9,7 @@
 // the numbers. Linked with MPI where dtensor found it: under mpirun the step runs on MPI
 // (init_process_group's "auto"), under dtensor-run on gloo; the printout and the JSON name the backend.
 //
-//   dtensor-run --nproc-per-node 4 ./bench_train --layout tp|ddp|fsdp|hsdp|fsdp_tp [--model mlp|gpt]
+//   dtensor-run --nproc-per-node 4 ./bench_train --layout tp|tp_cm|ddp|fsdp|hsdp|fsdp_tp [--model mlp|gpt]
 //       [--steps N] [--tokens T --hidden H --ffn F --vocab V --heads N --kv-heads N] [--checkpoint]
 //       [--mixed] [--prefetch N] [--max-reductions N] [--no-check] [--json FILE]
 //
@@ -19,7 +19,10 @@
 // data-parallel communication ("comm"); the other steps give the step time and its exposed part (the
 // training thread's time waiting on the data-parallel communication: FSDP's all_gathers and reduce_scatters,
 // DDP's buckets and the reductions over the other axes). The tensor-parallel collectives run inside the
-// layers and count as compute. --checkpoint (tp, ddp): every block nn::Checkpointed (the FSDP layouts always
+// layers and count as compute; layout tp_cm is tp with nn::CollectiveMatmul (the all_gather into and the
+// reduce_scatter out of each tensor-parallel region overlapped with its GEMMs), to compare with tp in one
+// run.
+// --checkpoint (tp, ddp): every block nn::Checkpointed (the FSDP layouts always
 // recompute a block's forward in its backward). --mixed (fsdp, fsdp_tp): parameters kept in float shards,
 // gathered and computed in bfloat16, gradients reduced in float. --prefetch and --max-reductions: the FSDP
 // schedule's (nn::FsdpScheduleOptions; 1 and 2 by default). With the check (default; --no-check skips
@@ -48,7 +51,8 @@ using namespace bench::train;
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(
       stderr,
-      "bench_train: %s\nusage: bench_train [--layout tp|ddp|fsdp|hsdp|fsdp_tp] [--model mlp|gpt] [--steps N] "
+      "bench_train: %s\nusage: bench_train [--layout tp|tp_cm|ddp|fsdp|hsdp|fsdp_tp] [--model mlp|gpt] "
+      "[--steps N] "
       "[--tokens T] [--hidden H] [--ffn F] [--vocab V] [--heads N] [--kv-heads N] [--checkpoint] [--mixed] "
       "[--prefetch N] [--max-reductions N] [--no-check] [--json FILE]\n",
       why.c_str());
@@ -116,10 +120,11 @@ int main(int argc, char** argv) {
   const auto train = o.model_kind == "gpt" ? &train_gpt : &train_mlp;
   ProcessGroup world = init_process_group();
   const int n = world.size();
-  int rep = o.layout == "hsdp" ? 2 : 1, tp = o.layout == "tp" ? n : o.layout == "fsdp_tp" ? 2 : 1;
+  int rep = o.layout == "hsdp" ? 2 : 1;
+  int tp = o.layout == "tp" || o.layout == "tp_cm" ? n : o.layout == "fsdp_tp" ? 2 : 1;
   const int dp = n / (rep * tp);
-  if ((o.layout != "tp" && o.layout != "ddp" && o.layout != "fsdp" && o.layout != "hsdp" &&
-       o.layout != "fsdp_tp") ||
+  if ((o.layout != "tp" && o.layout != "tp_cm" && o.layout != "ddp" && o.layout != "fsdp" &&
+       o.layout != "hsdp" && o.layout != "fsdp_tp") ||
       rep * dp * tp != n) {
     usage("layout " + o.layout + " on " + std::to_string(n) + " ranks");
   }

@@ -27,6 +27,8 @@ using namespace dtensor;
 
 using Mesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"tp">>;
 using L = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel>;
+/// Layout tp_cm: tp with each region's all_gather and reduce_scatter run as collective matmuls.
+using Lcm = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel, nn::CollectiveMatmul>;
 constexpr int kBlocks = 3;
 constexpr std::int64_t kBatch = 8;
 
@@ -145,6 +147,11 @@ Measured train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, c
   if (o.checkpoint) { // every block keeps its input only and runs again in the backward
     using Ckpt = nn::LanguageModel<float, L, CheckpointedOf<Block>::template type>;
     nn::DdpTrainer<Ckpt, "dp"> t(mesh, Ckpt(mesh, o.model, kBlocks, keys), options);
+    return replicated(t);
+  }
+  if (layout == "tp_cm") {
+    using Overlapped = nn::LanguageModel<float, Lcm, Block>;
+    nn::DdpTrainer<Overlapped, "dp"> t(mesh, Overlapped(mesh, o.model, kBlocks, keys), options);
     return replicated(t);
   }
   nn::DdpTrainer<Model, "dp"> t(mesh, Model(mesh, o.model, kBlocks, keys), options);

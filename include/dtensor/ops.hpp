@@ -13,6 +13,7 @@
 #include "dtensor/local/pointwise.hpp"
 #include "dtensor/local/random.hpp"
 #include "dtensor/ops/attention.hpp"
+#include "dtensor/ops/collective_matmul.hpp"
 #include "dtensor/ops/custom.hpp"
 #include "dtensor/ops/embedding.hpp"
 #include "dtensor/ops/fewest_bytes.hpp"

@@ -38,6 +38,7 @@ using Mesh = MeshShape<Axis<"dp">, Axis<"cp">, Axis<"tp">>;
 using Dp = nn::Layout<Mesh>;
 using Tp = nn::Layout<Mesh, nn::TensorParallel<"tp">>;
 using TpSp = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel>;
+using TpSpCm = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel, nn::CollectiveMatmul>;
 using RingSp =
     nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel, nn::ContextParallel<Ring<"cp">>>;
 using Ulysses2 = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::ContextParallel<Ulysses<"cp">>>;
@@ -361,6 +362,32 @@ TEST_CASE("nn layers: data and tensor parallel, with and without sequence parall
   check_layout<TpSp>(1, 1, 4, small(4, 4), 3, 5, "tensor + sequence parallel, 4 heads over 4");
   check_layout<TpSp>(1, 1, 3, small(6, 3), 2, 7, "tensor + sequence parallel, 6 heads over 3");
   check_layout<Tp, nn::Gelu, nn::LayerNorm>(2, 1, 2, gqa, 3, 5, "GELU + LayerNorm blocks, tensor parallel");
+}
+
+TEST_CASE("nn layers: collective matmul (nn::CollectiveMatmul) = sequence parallel within GEMM rounding, "
+          "and no all_gather or reduce_scatter left in a block",
+          "[parallel][layers]") {
+  const auto gqa = small(4, 2);
+  check_layout<TpSpCm>(1, 1, 3, small(6, 3), 2, 7, "collective matmul, 6 heads over 3, uneven sequence");
+  for (const auto& [dp, tp, seq] : {std::tuple{1, 2, 5}, std::tuple{2, 2, 5}, std::tuple{1, 4, 3}}) {
+    testing::run_ranks(dp * tp, [&](ProcessGroup& world) {
+      const auto mesh = init_device_mesh<Mesh>(world, dp, 1, tp);
+      const auto c = tp == 4 ? small(4, 4) : gqa;
+      const std::string where =
+          "(" + std::to_string(dp) + ", 1, " + std::to_string(tp) + ") seq " + std::to_string(seq);
+      const Result fused = run_model<TpSpCm>(mesh, c, 2, seq);
+      compare(fused, run_model<TpSp>(mesh, c, 2, seq), 1e-13, "collective matmul on " + where);
+      compare(run_model<TpSpCm, nn::Gelu, nn::LayerNorm>(mesh, c, 2, seq),
+              run_model<TpSp, nn::Gelu, nn::LayerNorm>(mesh, c, 2, seq), 1e-13,
+              "collective matmul, GELU + LayerNorm, on " + where);
+      if (tp > 1) {
+        expect(fused.comm.find("all_gather") == std::string::npos &&
+                   fused.comm.find("reduce_scatter") == std::string::npos &&
+                   fused.comm.find("batch_isend_irecv") != std::string::npos,
+               "a collective-matmul block exchanges blocks point to point only:\n" + fused.comm);
+      }
+    });
+  }
 }
 
 TEST_CASE("nn layers: context parallel (ring and Ulysses) and composed with tensor parallelism, as one rank",

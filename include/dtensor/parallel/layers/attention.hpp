@@ -25,6 +25,7 @@
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/ops/attention.hpp"
+#include "dtensor/ops/collective_matmul.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/rotary.hpp"
@@ -76,29 +77,23 @@ public:
     check_split(x.mesh());
     const std::int64_t hd = config.head_dim();
     const RotaryOptions rope{.base = config.rope_base};
-    auto [xg, entry_back] = detail::to_placements<gathered_t<L, T>>::run(x); // all_gather on tp (sp)
-    auto [qf, q_back] = linear(xg, wq, with_backward);                       // (b, s, heads * hd)
-    auto [kf, k_back] = linear(xg, wk, with_backward);
-    auto [vf, v_back] = linear(xg, wv, with_backward);
-    auto [q, qh_back] = to_heads(qf, config.heads, hd);
-    auto [k, kh_back] = to_heads(kf, config.kv_head_count(), hd);
-    auto [v, vh_back] = to_heads(vf, config.kv_head_count(), hd);
+    auto [qkv, in_back] = project_in(x); // (b, s, heads * hd) each
+    auto [q, qh_back] = to_heads(std::get<0>(qkv), config.heads, hd);
+    auto [k, kh_back] = to_heads(std::get<1>(qkv), config.kv_head_count(), hd);
+    auto [v, vh_back] = to_heads(std::get<2>(qkv), config.kv_head_count(), hd);
     auto [qr, qr_back] = rotary_embedding<2>(q, rope, with_backward);
     auto [kr, kr_back] = rotary_embedding<2>(k, rope, with_backward);
     auto [o, attn_back] = attend(qr, kr, v);
     auto [ot, ot_back] = transpose<1, 2>(o, with_backward); // (b, s, heads, hd)
     auto [of, of_back] = flatten<2, 3>(ot, with_backward);  // (b, s, heads * hd)
-    auto [y, o_back] = linear(of, wo, with_backward);       // Partial on tp
-    auto [out, exit_back] = detail::to_placements<input_type>::run(y);
+    auto [out, out_back] = project_out(of);
     auto back = [=](const auto& dout) {
-      auto [dof, dwo] = o_back(exit_back(dout));
+      auto [dof, dwo] = out_back(dout);
       auto [dq, dk, dv] = attn_back(ot_back(of_back(dof)));
-      auto [dxq, dwq] = q_back(qh_back(qr_back(dq)));
-      auto [dxk, dwk] = k_back(kh_back(kr_back(dk)));
-      auto [dxv, dwv] = v_back(vh_back(dv));
-      auto dx = detail::gradient_as<input_type>(entry_back(add(add(dxq, dxk), dxv)));
-      return Gradients{std::move(dx),
-                       std::tuple{std::move(dwq), std::move(dwk), std::move(dwv), std::move(dwo)}};
+      auto [dx, dw] = in_back(qh_back(qr_back(dq)), kh_back(kr_back(dk)), vh_back(dv));
+      return Gradients{detail::gradient_as<input_type>(dx),
+                       std::tuple{std::get<0>(std::move(dw)), std::get<1>(std::move(dw)),
+                                  std::get<2>(std::move(dw)), std::move(dwo)}};
     };
     return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
   }
@@ -126,6 +121,45 @@ private:
               std::string(mesh.names()[L::tp]) + "\" of size " + std::to_string(n) +
               ": both counts must be divisible by it (Megatron's head split); choose a tp size that "
               "divides both");
+    }
+  }
+
+  /// {x W_q^T, x W_k^T, x W_v^T} after the entry all_gather on tp (sp), as a collective matmul with
+  /// nn::CollectiveMatmul; the backward maps (dq, dk, dv) to {dx (Partial on tp, or reduce_scattered
+  /// there with sp), {dW_q, dW_k, dW_v}}.
+  template <class X>
+  auto project_in(const X& x) const {
+    if constexpr (L::collective_matmul) {
+      return all_gather_linear(x, std::tie(wq, wk, wv), with_backward);
+    } else {
+      auto [xg, entry_back] = detail::to_placements<gathered_t<L, T>>::run(x);
+      auto [qf, q_back] = linear(xg, wq, with_backward);
+      auto [kf, k_back] = linear(xg, wk, with_backward);
+      auto [vf, v_back] = linear(xg, wv, with_backward);
+      auto back = [=](const auto& dq, const auto& dk, const auto& dv) {
+        auto [dxq, dwq] = q_back(dq);
+        auto [dxk, dwk] = k_back(dk);
+        auto [dxv, dwv] = v_back(dv);
+        return std::pair{entry_back(add(add(dxq, dxk), dxv)),
+                         std::tuple{std::move(dwq), std::move(dwk), std::move(dwv)}};
+      };
+      return WithBackward<std::tuple<decltype(qf), decltype(kf), decltype(vf)>, decltype(back)>{
+          {std::move(qf), std::move(kf), std::move(vf)}, std::move(back)};
+    }
+  }
+
+  /// of W_o^T (Partial on tp) brought to the activations' placements (reduce_scatter with sp, all_reduce
+  /// without), the first as a collective matmul with nn::CollectiveMatmul; the backward maps dout to
+  /// {dof, dW_o}.
+  template <class F>
+  auto project_out(const F& of) const {
+    if constexpr (L::collective_matmul) {
+      return linear_reduce_scatter<input_type>(of, wo, with_backward);
+    } else {
+      auto [y, o_back] = linear(of, wo, with_backward);
+      auto [out, exit_back] = detail::to_placements<input_type>::run(y);
+      auto back = [=](const auto& dout) { return o_back(exit_back(dout)); };
+      return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
     }
   }
 

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/ops/collective_matmul.hpp"
 #include "dtensor/ops/loss.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/parallel/layers/layout.hpp"
@@ -57,15 +58,25 @@ public:
     static_assert(std::is_same_v<X, input_type>, "nn::LmHead: the input must be nn::act_t<L, T>");
     static_assert(std::is_same_v<Targets, ids_t<L, typename Targets::value_type>>,
                   "nn::LmHead: the targets must be nn::ids_t<L>, placed like the ids");
-    auto [xg, entry_back] = detail::to_placements<gathered_t<L, T>>::run(x); // all_gather on tp (sp)
-    auto [z, w_back] = linear(xg, weight, with_backward);                    // logits: the vocab over tp
-    auto [loss, loss_back] = cross_entropy(z, targets, with_backward);
-    auto back = [entry_back = std::move(entry_back), w_back = std::move(w_back),
-                 loss_back = std::move(loss_back)](double g = 1.0) {
-      auto [dxg, dw] = w_back(loss_back(g));
-      return Gradients{detail::gradient_as<input_type>(entry_back(dxg)), std::tuple{std::move(dw)}};
-    };
-    return WithBackward<decltype(loss), decltype(back)>{std::move(loss), std::move(back)};
+    if constexpr (L::collective_matmul) { // the all_gather on tp overlapped with the vocab GEMM
+      auto [z, z_back] = all_gather_linear(x, std::tie(weight), with_backward);
+      auto [loss, loss_back] = cross_entropy(std::get<0>(z), targets, with_backward);
+      auto back = [z_back = std::move(z_back), loss_back = std::move(loss_back)](double g = 1.0) {
+        auto [dx, dw] = z_back(loss_back(g));
+        return Gradients{detail::gradient_as<input_type>(dx), std::tuple{std::get<0>(std::move(dw))}};
+      };
+      return WithBackward<decltype(loss), decltype(back)>{std::move(loss), std::move(back)};
+    } else {
+      auto [xg, entry_back] = detail::to_placements<gathered_t<L, T>>::run(x); // all_gather on tp (sp)
+      auto [z, w_back] = linear(xg, weight, with_backward);                    // logits: the vocab over tp
+      auto [loss, loss_back] = cross_entropy(z, targets, with_backward);
+      auto back = [entry_back = std::move(entry_back), w_back = std::move(w_back),
+                   loss_back = std::move(loss_back)](double g = 1.0) {
+        auto [dxg, dw] = w_back(loss_back(g));
+        return Gradients{detail::gradient_as<input_type>(entry_back(dxg)), std::tuple{std::move(dw)}};
+      };
+      return WithBackward<decltype(loss), decltype(back)>{std::move(loss), std::move(back)};
+    }
   }
   template <class X, class Targets>
   auto forward(const X& x, const Targets& targets) const {

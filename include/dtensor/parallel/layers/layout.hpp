@@ -53,6 +53,13 @@ struct SequenceParallel {
   static constexpr bool sequence_parallel = true;
 };
 
+/// With SequenceParallel: each tensor-parallel region's entry all_gather and exit reduce_scatter run as
+/// collective matmuls (ops/collective_matmul.hpp), in blocks overlapped with the column-parallel GEMMs that
+/// follow and the row-parallel GEMM before; the same results within GEMM rounding.
+struct CollectiveMatmul {
+  static constexpr bool collective_matmul = true;
+};
+
 /// Context parallelism in `Form` (Ring<"cp"> or Ulysses<"cp">, ops/attention.hpp): the sequence sharded over
 /// the form's axis everywhere; attention runs in that form.
 template <class Form>
@@ -81,6 +88,10 @@ concept SequenceParallelOption = requires {
   O::sequence_parallel;
 };
 template <class O>
+concept CollectiveMatmulOption = requires {
+  O::collective_matmul;
+};
+template <class O>
 concept ContextParallelOption = requires {
   typename O::context_parallel_form;
 };
@@ -91,11 +102,12 @@ concept ExpertParallelOption = requires {
 
 template <class Mesh, class O>
 struct LayoutOption {
-  static_assert(TensorParallelOption<O> || SequenceParallelOption<O> || ExpertParallelOption<O> ||
-                    (ContextParallelOption<O> &&
-                     requires { O::context_parallel_form::context_parallel_axis; }),
-                "nn::Layout: an option is nn::TensorParallel<\"axis\">, nn::SequenceParallel, "
-                "nn::ContextParallel<Ring<\"axis\">> / <Ulysses<\"axis\">> or nn::ExpertParallel<\"axis\">");
+  static_assert(
+      TensorParallelOption<O> || SequenceParallelOption<O> || ExpertParallelOption<O> ||
+          CollectiveMatmulOption<O> ||
+          (ContextParallelOption<O> && requires { O::context_parallel_form::context_parallel_axis; }),
+      "nn::Layout: an option is nn::TensorParallel<\"axis\">, nn::SequenceParallel, nn::CollectiveMatmul, "
+      "nn::ContextParallel<Ring<\"axis\">> / <Ulysses<\"axis\">> or nn::ExpertParallel<\"axis\">");
   static constexpr int tp = [] {
     if constexpr (TensorParallelOption<O>) {
       return Mesh::template index_of<O::tensor_parallel_axis>();
@@ -118,6 +130,7 @@ struct LayoutOption {
     }
   }();
   static constexpr bool sp = SequenceParallelOption<O>;
+  static constexpr bool cm = CollectiveMatmulOption<O>;
   using form =
       typename std::conditional_t<ContextParallelOption<O>, O, ContextParallel<void>>::context_parallel_form;
 };
@@ -158,6 +171,8 @@ struct Layout {
   /// The expert-parallel axis (-1: none): a batch axis that nn::Moe also shards its experts over.
   static constexpr int ep = detail::pick_axis({detail::LayoutOption<Mesh, Options>::ep...});
   static constexpr bool sp = (detail::LayoutOption<Mesh, Options>::sp || ...);
+  /// Whether the sequence-parallel entry and exit run as collective matmuls (nn::CollectiveMatmul).
+  static constexpr bool collective_matmul = (detail::LayoutOption<Mesh, Options>::cm || ...);
   /// Ring<"cp"> or Ulysses<"cp">; void without context parallelism.
   using cp_form = typename detail::first_form<typename detail::LayoutOption<Mesh, Options>::form...>::type;
 
@@ -168,6 +183,9 @@ struct Layout {
   static_assert(!sp || tp >= 0,
                 "nn::Layout: nn::SequenceParallel shards the sequence over the tensor-parallel "
                 "axis: name one with nn::TensorParallel<\"axis\">");
+  static_assert(!collective_matmul || sp,
+                "nn::Layout: nn::CollectiveMatmul overlaps sequence parallelism's all_gather and "
+                "reduce_scatter with the GEMMs: add nn::SequenceParallel");
   static_assert(tp < 0 || tp != cp, "nn::Layout: the tensor- and context-parallel axes must differ");
   static_assert(detail::count_set({detail::LayoutOption<Mesh, Options>::ep...}) <= 1,
                 "nn::Layout: at most one nn::ExpertParallel axis");

@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/ops/collective_matmul.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/parallel/layers/layout.hpp"
@@ -79,6 +80,52 @@ public:
   auto forward(const X& x, WithBackwardTag) const {
     static_assert(std::is_same_v<X, input_type>,
                   "nn::Mlp: the input must be nn::act_t<L, T> of the layer's layout and element type");
+    if constexpr (L::collective_matmul) {
+      return forward_overlapped(x);
+    } else {
+      return forward_unfused(x);
+    }
+  }
+  template <class X>
+  input_type forward(const X& x) const {
+    return forward(x, with_backward).output;
+  }
+
+private:
+  /// The entry all_gather and the exit reduce_scatter as collective matmuls (nn::CollectiveMatmul).
+  template <class X>
+  auto forward_overlapped(const X& x) const {
+    if constexpr (swiglu) {
+      auto [up, up_back] = all_gather_linear(x, std::tie(w1, w3), with_backward);
+      auto [s, silu_back] = silu(std::get<0>(up), with_backward);
+      auto [m, mul_back] = mul(s, std::get<1>(up), with_backward);
+      auto [out, down_back] = linear_reduce_scatter<input_type>(m, w2, with_backward);
+      auto back = [up_back = std::move(up_back), silu_back = std::move(silu_back),
+                   mul_back = std::move(mul_back), down_back = std::move(down_back)](const auto& dout) {
+        auto [dm, dw2] = down_back(dout);
+        auto [ds, du] = mul_back(dm);
+        auto [dx, dw] = up_back(silu_back(ds), du);
+        return Gradients{detail::gradient_as<input_type>(dx),
+                         std::tuple{std::get<0>(std::move(dw)), std::get<1>(std::move(dw)), std::move(dw2)}};
+      };
+      return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
+    } else {
+      auto [up, up_back] = all_gather_linear(x, std::tie(w1), with_backward);
+      auto [m, act_back] = gelu(std::get<0>(up), with_backward);
+      auto [out, down_back] = linear_reduce_scatter<input_type>(m, w2, with_backward);
+      auto back = [up_back = std::move(up_back), act_back = std::move(act_back),
+                   down_back = std::move(down_back)](const auto& dout) {
+        auto [dm, dw2] = down_back(dout);
+        auto [dx, dw] = up_back(act_back(dm));
+        return Gradients{detail::gradient_as<input_type>(dx),
+                         std::tuple{std::get<0>(std::move(dw)), std::move(dw2)}};
+      };
+      return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
+    }
+  }
+
+  template <class X>
+  auto forward_unfused(const X& x) const {
     auto [xg, entry_back] = detail::to_placements<gathered_t<L, T>>::run(x); // all_gather on tp (sp)
     auto [a, w1_back] = linear(xg, w1, with_backward);                       // hidden units over tp
     auto [m, act_back] = activate(xg, a);
@@ -101,12 +148,7 @@ public:
     };
     return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
   }
-  template <class X>
-  input_type forward(const X& x) const {
-    return forward(x, with_backward).output;
-  }
 
-private:
   /// The activation of a = W1 x: gelu(a), or silu(a) * (W3 x) whose backward gives (da, dx from W3, dW3).
   template <class XG, class A>
   auto activate(const XG& xg, const A& a) const {
