@@ -22,7 +22,9 @@ import statistics
 import sys
 import time
 
-LAYOUTS = ["tp", "ddp", "fsdp", "hsdp", "fsdp_tp"]
+LAYOUTS = ["tp", "tp_cm", "ddp", "fsdp", "hsdp", "fsdp_tp"]
+# tp_cm (tp with nn::CollectiveMatmul) is the same model as tp: torch's tp runs are its reference too.
+REF = {"tp_cm": "tp"}
 
 
 def load(path):
@@ -52,11 +54,12 @@ def main():
     for size in sizes:
         for layout in LAYOUTS:
             o = [load(os.path.join(d, f"ours_{size}_{layout}.json")) for d in args.passes]
-            t = [load(os.path.join(d, f"torch_{size}_{layout}.json")) for d in args.passes]
+            ref = REF.get(layout, layout)
+            t = [load(os.path.join(d, f"torch_{size}_{ref}.json")) for d in args.passes]
             o = [x for x in o if x]
             pairs = [(a["step_ms"] / b["step_ms"]) for a, b in zip(
                 [load(os.path.join(d, f"ours_{size}_{layout}.json")) for d in args.passes],
-                [load(os.path.join(d, f"torch_{size}_{layout}.json")) for d in args.passes]) if a and b]
+                [load(os.path.join(d, f"torch_{size}_{ref}.json")) for d in args.passes]) if a and b]
             t = [x for x in t if x]
             if not o:
                 continue
@@ -81,7 +84,7 @@ def main():
                    "pass_ours_ms": [r["step_ms"] for r in o]}
             if t:
                 rec.update({"ref_name": f"torch {t[0]['torch_version']} gloo "
-                                        + ("(hand-written Megatron TP + SP)" if layout == "tp" else "(DDP)"),
+                                        + ("(hand-written Megatron TP + SP)" if ref == "tp" else "(DDP)"),
                             "ref_ms": m("step_ms", t), "ref_min_ms": min(r["step_ms"] for r in t),
                             "ref_max_ms": max(r["step_ms"] for r in t),
                             "ref_comm_ms": m("comm_ms", t) if t[0]["comm_ms"] is not None else None,
@@ -91,6 +94,11 @@ def main():
                             "pass_ref_ms": [r["step_ms"] for r in t]})
                 rec["ratio"] = rec["ours_ms"] / rec["ref_ms"]
                 rec["paired_ratio"] = med(pairs) if pairs else None
+            if layout == "tp_cm":  # overlap on / off, paired pass by pass
+                on_off = [a["step_ms"] / b["step_ms"] for a, b in zip(
+                    [load(os.path.join(d, f"ours_{size}_tp_cm.json")) for d in args.passes],
+                    [load(os.path.join(d, f"ours_{size}_tp.json")) for d in args.passes]) if a and b]
+                rec["vs_tp_paired_ratio"] = med(on_off) if on_off else None
             rec["date"], rec["host"] = time.strftime("%Y-%m-%d", time.gmtime()), socket.gethostname()
             rec["check"] = "FAILED" if any(p.startswith(f"{size} {layout}:") for p in problems) else \
                 "ok: numerics and collectives pinned by tests/parallel/test_trainer" + ("; torch equal to one process" if t else "")
@@ -129,6 +137,9 @@ def main():
         print("  ".join(h.ljust(w[i]) for i, h in enumerate(head)))
         for r in rows:
             print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)))
+    for x in out:
+        if x.get("vs_tp_paired_ratio"):
+            print(f"{x['name']}: collective matmul on / off (tp_cm / tp), paired: {x['vs_tp_paired_ratio']:.2f}")
     for p in problems:
         print("FAILED: " + p, file=sys.stderr)
     return 1 if problems else 0

@@ -7,9 +7,11 @@
 # Without python3-torch, ours runs alone (no ratio).
 #
 # usage: bench/train/train_vs_torch.sh [--model mlp|gpt] [--passes K] [--nproc N] [--steps S]
-#                                      [--sizes TxHxFxV,...] [--markdown] [--out DIR]
+#                                      [--sizes TxHxFxV,...] [--layouts L,...] [--markdown] [--out DIR]
 #   --model gpt: the GPT of examples/09_gpt.cpp (bench_train --model gpt, torch_train.py --model gpt: causal
 #   GQA attention with RoPE, SwiGLU), results in train_vs_torch_gpt_n<N>.json.
+#   --layouts: a subset of tp,tp_cm,ddp,fsdp,hsdp,fsdp_tp (the default: all; tp_cm is tp with
+#   nn::CollectiveMatmul, compared with tp and with torch's tp run of the same pass).
 #   defaults: 3 passes, 4 processes, 12 steps (step 1 warms up; steps 2, 7, 12 run with overlap off and
 #   measure the whole communication; the others the step and its exposed part), sizes
 #   512x256x1024x2048,2048x256x1024x2048 (tokens x hidden x ffn x vocab; the second has 4x the compute of the
@@ -25,6 +27,7 @@ sizes=512x256x1024x2048,2048x256x1024x2048
 out=bench/results
 join_args=()
 model=mlp
+layouts=tp,tp_cm,ddp,fsdp,hsdp,fsdp_tp
 while [[ $# -gt 0 ]]; do
   case "$1" in
   --model) model=$2; shift 2 ;;
@@ -32,6 +35,7 @@ while [[ $# -gt 0 ]]; do
   --nproc) nproc=$2; shift 2 ;;
   --steps) steps=$2; shift 2 ;;
   --sizes) sizes=$2; shift 2 ;;
+  --layouts) layouts=$2; shift 2 ;;
   --markdown) join_args+=(--markdown); shift ;;
   --out) out=$2; shift 2 ;;
   *) echo "train_vs_torch.sh: unknown argument $1" >&2; exit 2 ;;
@@ -64,7 +68,7 @@ for ((p = 1; p <= passes; ++p)); do
   for size in ${sizes//,/ }; do
     IFS=x read -r t h f v <<<"$size"
     flags=(--model "$model" --steps "$steps" --tokens "$t" --hidden "$h" --ffn "$f" --vocab "$v")
-    for layout in tp ddp fsdp hsdp fsdp_tp; do
+    for layout in ${layouts//,/ }; do
       ours() {
         $run "$build/bench/bench_train" --layout "$layout" --no-check "${flags[@]}" \
           --json "$d/ours_${size}_${layout}.json" | grep -E "time per step|page faults|heap|MISMATCH"
