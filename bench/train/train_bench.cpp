@@ -19,9 +19,9 @@
 // data-parallel communication ("comm"); the other steps give the step time and its exposed part (the
 // training thread's time waiting on the data-parallel communication: FSDP's all_gathers and reduce_scatters,
 // DDP's buckets and the reductions over the other axes). The tensor-parallel collectives run inside the
-// layers and count as compute; layout tp_cm is tp with nn::CollectiveMatmul (the all_gather into and the
-// reduce_scatter out of each tensor-parallel region overlapped with its GEMMs), to compare with tp in one
-// run.
+// layers and count as compute; layout tp_cm (--model mlp) is tp with nn::CollectiveMatmul (the all_gather
+// into and the reduce_scatter out of each tensor-parallel region overlapped with its GEMMs), to compare with
+// tp in one run.
 // --checkpoint (tp, ddp): every block nn::Checkpointed (the FSDP layouts always
 // recompute a block's forward in its backward). --mixed (fsdp, fsdp_tp): parameters kept in float shards,
 // gathered and computed in bfloat16, gradients reduced in float. --prefetch and --max-reductions: the FSDP
@@ -107,6 +107,9 @@ int main(int argc, char** argv) {
   }
   if (o.model_kind != "mlp" && o.model_kind != "gpt") {
     usage("--model is mlp or gpt, not " + o.model_kind);
+  }
+  if (o.model_kind == "gpt" && o.layout == "tp_cm") {
+    usage("--layout tp_cm is built for --model mlp only");
   }
   if (o.model_kind == "gpt" && o.model.heads == 0) { // 8 heads sharing 4 kv heads, as examples/09_gpt.cpp
     o.model.heads = 8, o.model.kv_heads = o.model.kv_heads ? o.model.kv_heads : 4;

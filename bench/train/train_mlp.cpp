@@ -7,7 +7,7 @@
 namespace bench::train {
 
 Measured train_mlp(const DeviceMesh<Mesh>& mesh, const std::string& layout, const Options& o) {
-  return train_layout<nn::MlpBlock>(mesh, layout, o);
+  return train_layout<nn::MlpBlock, true>(mesh, layout, o);
 }
 
 } // namespace bench::train
