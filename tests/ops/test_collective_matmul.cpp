@@ -126,7 +126,7 @@ void cases(int ranks, Sizes... sizes) {
         }
         const auto dout = fill<X>(mesh, out.global_shape(), 9, real);
         auto [dm, dv] = vback(dout);
-        using Cg = typename detail::Placed<decltype(c), Mesh::rank - 1, Placement::replicate()>::type;
+        using Cg = detail::with_axis_t<decltype(c), Mesh::rank - 1, Placement::replicate()>;
         auto [dmu, dvu] = cback(detail::redistribute_as<Cg, X>::run(dout));
         same(dm, dmu, !real, what + ": dm of linear_reduce_scatter");
         same(dv, dvu, true, what + ": dw of linear_reduce_scatter");

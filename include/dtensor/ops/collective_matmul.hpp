@@ -39,6 +39,7 @@
 
 #include <array>
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -63,6 +64,9 @@ inline constexpr int collective_matmul_tag = (1 << 23) - 16;
 struct AxisBlocks {
   int dim = 0;
   std::vector<std::int64_t> offset, length; ///< per coordinate on the axis
+
+  /// The gathered extent: the lengths' sum.
+  std::int64_t total() const { return std::accumulate(length.begin(), length.end(), std::int64_t{0}); }
 };
 
 /// The blocks of Sharded (sharded over `axis` on `dim`) within Gathered's block (the same, Replicate there).
@@ -144,12 +148,6 @@ Tensor<T, R> reduce_scatter_blocks(const AxisBlocks& blocks, const ProcessGroup&
   return out;
 }
 
-/// `l` with axis `axis` set to `p`.
-constexpr PlacementList with_placement(PlacementList l, int axis, Placement p) {
-  l[axis] = p;
-  return l;
-}
-
 /// The axis all_gather_linear gathers x over: where x shards a dim other than its last and the weight its
 /// output features (dim 0); -1 when none, -2 when several.
 template <class X, class W>
@@ -174,13 +172,6 @@ constexpr bool innermost(const PlacementList& l, int axis, int dim) {
   return true;
 }
 
-/// D (a DTensor type) with axis `Axis` set to `p`.
-template <class D, int Axis, Placement P>
-struct Placed {
-  static constexpr PlacementList list() { return with_placement(D::placements, Axis, P); }
-  using type = dtensor_from_t<typename D::value_type, D::rank, typename dtensor_traits<D>::shape_type, &list>;
-};
-
 /// The types of all_gather_linear(x, {w...}).
 template <class X, class W0, class... W>
 struct GatherLinearTypes {
@@ -194,7 +185,7 @@ struct GatherLinearTypes {
                 "all_gather_linear: the gathered axis must be the last mesh axis sharding that dim");
   static_assert(((W::placements == W0::placements) && ...),
                 "all_gather_linear: every weight must have the same placements");
-  using Xg = typename Placed<X, ax, Placement::replicate()>::type;
+  using Xg = with_axis_t<X, ax, Placement::replicate()>;
   using Ps = Products<X::rank, 2, true>;
   template <class Wi>
   using Y = product_result_t<&Ps::forward, Xg, Wi, X::rank>;
@@ -237,15 +228,6 @@ std::array<std::int64_t, R> with_extent(const Tensor<T, R>& t, int d, std::int64
   return s;
 }
 
-/// The sum of an AxisBlocks' lengths.
-inline std::int64_t total_length(const AxisBlocks& b) {
-  std::int64_t n = 0;
-  for (std::int64_t l : b.length) {
-    n += l;
-  }
-  return n;
-}
-
 /// all_gather_linear's forward: {xg, linear(xg, w)...}.
 template <class X, class... W, std::size_t... I>
 auto gather_linear(const X& x, const std::tuple<const W&...>& ws, std::index_sequence<I...>) {
@@ -258,7 +240,7 @@ auto gather_linear(const X& x, const std::tuple<const W&...>& ws, std::index_seq
   const auto& mesh = x.mesh();
   const AxisBlocks blocks = axis_blocks<X, Xg>(mesh, x.global_shape(), Ty::ax, Ty::dim);
   const Tensor<T, R> xg =
-      Tensor<T, R>::empty(with_extent(x.local(), Ty::dim, total_length(blocks)), x.local().device());
+      Tensor<T, R>::empty(with_extent(x.local(), Ty::dim, blocks.total()), x.local().device());
   const std::array<Tensor<T, R>, sizeof...(W)> ys{
       Tensor<T, R>::empty(with_extent(xg, R - 1, std::get<I>(ws).local().shape()[0]), x.local().device())...};
   gather_blocks(x.local(), blocks, mesh.group(Ty::ax), [&](int j, const Tensor<T, R>& b) {
@@ -305,7 +287,7 @@ private:
     using W0 = std::tuple_element_t<0, std::tuple<W...>>;
     using DXg = detail::product_result_t<&Ps::grad_a, DC0, W0, R>;
     static_assert(DXg::placements[Ty::ax] == Placement::partial(ReduceOp::sum));
-    using DX = typename detail::Placed<DXg, Ty::ax, Placement::shard(Ty::dim)>::type;
+    using DX = detail::with_axis_shard_t<DXg, Ty::ax, Ty::dim>;
     const auto& mesh = xg_.mesh();
     const detail::AxisBlocks blocks = detail::axis_blocks<DX, DXg>(mesh, x_shape_, Ty::ax, Ty::dim);
     auto partial = [&](int j) {
@@ -354,7 +336,7 @@ public:
   auto operator()(const G& dy) const {
     using D = dtensor_from_t<T, R, typename detail::dtensor_traits<M>::shape_type,
                              &detail::GradTarget<Out, G>::list>;
-    using Cg = typename detail::Placed<D, Ty::ax, Placement::replicate()>::type;
+    using Cg = detail::with_axis_t<D, Ty::ax, Placement::replicate()>;
     using DM = detail::product_result_t<&Ps::grad_a, Cg, W, R>;
     using DW = detail::product_result_t<&Ps::grad_b, Cg, M, 2>;
     const auto c_shape = detail::product_shape<true>(m_, w_);
@@ -367,7 +349,7 @@ public:
     const detail::AxisBlocks blocks = detail::axis_blocks<D, Cg>(mesh, c_shape, Ty::ax, Ty::dim);
     const auto device = d.local().device();
     const Tensor<T, R> dc =
-        Tensor<T, R>::empty(detail::with_extent(d.local(), Ty::dim, detail::total_length(blocks)), device);
+        Tensor<T, R>::empty(detail::with_extent(d.local(), Ty::dim, blocks.total()), device);
     const Tensor<T, R> dm =
         Tensor<T, R>::empty(detail::with_extent(dc, R - 1, w_.local().shape()[1]), device);
     detail::gather_blocks(d.local(), blocks, mesh.group(Ty::ax), [&](int j, const Tensor<T, R>& b) {

@@ -82,19 +82,22 @@ inline constexpr PlacementList placements_of = detail::dtensor_traits<std::remov
 
 namespace detail {
 
-/// X's placements with mesh axis `Axis` sharding dim `Dim`.
-template <class X, int Axis, int Dim>
-struct WithAxisShard {
+/// X's placements with mesh axis `Axis` set to `P`.
+template <class X, int Axis, Placement P>
+struct WithAxis {
   static constexpr PlacementList list() {
     PlacementList l = X::placements;
-    l[Axis] = Placement::shard(Dim);
+    l[Axis] = P;
     return l;
   }
 };
+/// The DTensor type X with mesh axis `Axis` placed as `P`.
+template <class X, int Axis, Placement P>
+using with_axis_t = dtensor_from_t<typename X::value_type, X::rank, typename dtensor_traits<X>::shape_type,
+                                   &WithAxis<X, Axis, P>::list>;
+/// The DTensor type X with mesh axis `Axis` sharding dim `Dim`.
 template <class X, int Axis, int Dim>
-using with_axis_shard_t =
-    dtensor_from_t<typename X::value_type, X::rank, typename dtensor_traits<X>::shape_type,
-                   &WithAxisShard<X, Axis, Dim>::list>;
+using with_axis_shard_t = with_axis_t<X, Axis, Placement::shard(Dim)>;
 
 /// static_asserts naming what to redistribute when `E` is not none (the rule's message, the only error).
 /// @post true (see the top of this file).
