@@ -9,7 +9,9 @@ Each PASS_DIR holds ours_<size>_<layout>.json (bench_train --json) and, for tp a
 passes of ours / torch of that pass (launched back to back); the split (compute, exposed communication, the
 whole communication measured in the steps with overlap off) as medians over passes; exposed_pct =
 exposed / step (prefetch and asynchronous reduction on), serial_exposed_pct = communication / step in the
-steps with overlap off (every collective waited for at once: no prefetch); rank 0's minor page faults per step;
+steps with overlap off (every collective waited for at once: no prefetch); blocked_pct = the training thread's
+time blocked in any communication, tensor-parallel included (CommWaitTimer), over the step; rank 0's minor
+page faults per step;
 the heap per rank (bench_train's
 counter, the largest rank): the peak over the steps and the parameters + gradients + AdamW state.
 A pass whose run failed its own check (collective pins; torch's one-process check) makes the exit status 1.
@@ -78,6 +80,9 @@ def main():
                    "serial_step_ms": m("serial_step_ms", o),
                    "exposed_pct": med(100 * r["exposed_ms"] / r["step_ms"] for r in o),
                    "serial_exposed_pct": med(100 * r["comm_ms"] / r["serial_step_ms"] for r in o),
+                   # every collective, tensor-parallel included (CommWaitTimer), over the step
+                   "blocked_ms": m("blocked_ms", o) if "blocked_ms" in o[0] else None,
+                   "blocked_pct": med(100 * r["blocked_ms"] / r["step_ms"] for r in o) if "blocked_ms" in o[0] else None,
                    "minor_faults_per_step": m("minor_faults_per_step", o) if "minor_faults_per_step" in o[0] else None,
                    "heap_peak_bytes": m("heap_peak_bytes", o), "heap_end_bytes": m("heap_end_bytes", o),
                    "state_bytes": m("state_bytes", o),
@@ -111,7 +116,8 @@ def main():
     f1 = lambda v: "-" if v is None else f"{v:.1f}"
     f0 = lambda v: "-" if v is None else f"{v:.0f}"
     head = ["tokens x hidden x ffn x vocab", "layout", "ours ms [min-max]", "torch ms [min-max]", "ours/torch",
-            "paired", "compute / exposed / comm ms", "exposed % (prefetch on / off)", "torch comm ms",
+            "paired", "compute / exposed / comm ms", "exposed % (prefetch on / off)", "all comm blocked %",
+            "torch comm ms",
             "faults/step ours / torch", "heap peak MB", "state MB"]
     rows = []
     for x in out:
@@ -122,6 +128,7 @@ def main():
                      f"{x['paired_ratio']:.2f}" if x.get("paired_ratio") else "-",
                      f"{f1(x['compute_ms'])} / {f1(x['exposed_ms'])} / {f1(x['comm_ms'])}",
                      f"{x['exposed_pct']:.0f} / {x['serial_exposed_pct']:.0f}",
+                     f0(x.get("blocked_pct")),
                      f1(x.get("ref_comm_ms")), f"{f0(x['minor_faults_per_step'])} / {f0(x.get('ref_minor_faults_per_step'))}",
                      f"{x['heap_peak_bytes'] / 1e6:.1f}", f"{x['state_bytes'] / 1e6:.1f}"])
     what = "09_gpt's GPT" if args.name.endswith("_gpt") else "06_train's model"

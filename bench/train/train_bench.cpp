@@ -19,9 +19,10 @@
 // data-parallel communication ("comm"); the other steps give the step time and its exposed part (the
 // training thread's time waiting on the data-parallel communication: FSDP's all_gathers and reduce_scatters,
 // DDP's buckets and the reductions over the other axes). The tensor-parallel collectives run inside the
-// layers and count as compute; layout tp_cm (--model mlp) is tp with nn::CollectiveMatmul (the all_gather
-// into and the reduce_scatter out of each tensor-parallel region overlapped with its GEMMs), to compare with
-// tp in one run.
+// layers and count as compute there; "blocked" is the thread's time blocked in any communication
+// (CommWaitTimer: tensor-parallel included), the step's exposed communication; layout tp_cm (--model mlp) is
+// tp with nn::CollectiveMatmul (the all_gather into and the reduce_scatter out of each tensor-parallel region
+// overlapped with its GEMMs), to compare with tp in one run.
 // --checkpoint (tp, ddp): every block nn::Checkpointed (the FSDP layouts always
 // recompute a block's forward in its backward). --mixed (fsdp, fsdp_tp): parameters kept in float shards,
 // gathered and computed in bfloat16, gradients reduced in float. --prefetch and --max-reductions: the FSDP
@@ -161,6 +162,10 @@ int main(int argc, char** argv) {
         o.model_kind.c_str(), o.layout.c_str(), o.mixed ? " (bfloat16 compute)" : "",
         o.checkpoint ? " (checkpointed blocks)" : "", rep, dp, tp, backend.c_str(), got.step * ms,
         (got.step - got.exposed) * ms, got.exposed * ms, got.comm * ms, got.serial_step * ms);
+    std::printf(
+        "all communication, tensor-parallel included, blocked rank 0's training thread %.2f ms a step "
+        "(%.1f %% of the step)\n",
+        got.blocked * ms, 100 * got.blocked / got.step);
     std::printf("minor page faults per step on rank 0: %.0f\n", got.faults);
     std::printf(
         "heap per rank (largest over ranks): %.3f MB before training, peak %.3f MB in the steps, %.3f MB "
@@ -185,15 +190,15 @@ int main(int argc, char** argv) {
           "\"mesh\": [%d, %d, %d], \"blocks\": %d, \"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, "
           "\"vocab\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"steps\": %d, \"step_ms\": %.4f, "
           "\"compute_ms\": %.4f, "
-          "\"exposed_ms\": %.4f, \"comm_ms\": %.4f, \"serial_step_ms\": %.4f, "
+          "\"exposed_ms\": %.4f, \"blocked_ms\": %.4f, \"comm_ms\": %.4f, \"serial_step_ms\": %.4f, "
           "\"minor_faults_per_step\": %.1f, \"heap_start_bytes\": %.0f, \"heap_peak_bytes\": %.0f, "
           "\"heap_end_bytes\": %.0f, \"state_bytes\": %lld, \"losses\": [",
           o.model_kind.c_str(), o.layout.c_str(), o.mixed ? "bfloat16" : "float32",
           o.checkpoint ? "true" : "false", backend.c_str(), n, rep, dp, tp, kBlocks, (long long)o.tokens,
           (long long)o.model.hidden, (long long)o.model.ffn, (long long)o.model.vocab,
           (long long)o.model.heads, (long long)o.model.kv_head_count(), o.steps, got.step * ms,
-          (got.step - got.exposed) * ms, got.exposed * ms, got.comm * ms, got.serial_step * ms, got.faults,
-          heap(0), heap(1), heap(2), (long long)got.state_bytes);
+          (got.step - got.exposed) * ms, got.exposed * ms, got.blocked * ms, got.comm * ms,
+          got.serial_step * ms, got.faults, heap(0), heap(1), heap(2), (long long)got.state_bytes);
       for (int s = 0; s < o.steps; ++s) {
         std::fprintf(f, "%s%.8g", s ? ", " : "", got.losses[s]);
       }

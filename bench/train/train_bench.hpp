@@ -4,6 +4,7 @@
 // layout and measures it. Each model is instantiated in its own translation unit.
 #include "../common/alloc_counter_api.hpp"
 
+#include <dtensor/comm/wait_timer.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/parallel/fsdp.hpp>
 #include <dtensor/parallel/layers/model.hpp>
@@ -62,7 +63,9 @@ inline double minor_faults() {
 /// What a run measured (rank 0's means over the steps of each kind, in seconds).
 struct Measured {
   std::vector<double> losses;
-  double step = 0, exposed = 0, serial_step = 0, comm = 0, faults = 0;
+  /// blocked: the training thread's time blocked in any communication (CommWaitTimer), tensor-parallel
+  /// included, in the overlapped steps.
+  double step = 0, exposed = 0, blocked = 0, serial_step = 0, comm = 0, faults = 0;
   std::int64_t heap_start = 0, heap_peak = 0, heap_end = 0, state_bytes = 0;
 };
 
@@ -81,6 +84,7 @@ Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
       bench::alloc::reset_peak();
     }
     const double f0 = minor_faults();
+    CommWaitTimer blocked;
     const auto t0 = std::chrono::steady_clock::now();
     const nn::StepResult r = trainer.step(ids, targets, opt);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -91,13 +95,14 @@ Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
     if (serial_step) {
       m.serial_step += took, m.comm += r.blocked_seconds, ++serial;
     } else {
-      m.step += took, m.exposed += r.blocked_seconds, m.faults += minor_faults() - f0, ++overlapped;
+      m.step += took, m.exposed += r.blocked_seconds, m.blocked += blocked.seconds();
+      m.faults += minor_faults() - f0, ++overlapped;
     }
   }
   m.heap_peak = o.steps > 1 ? bench::alloc::peak() : 0;
   m.heap_end = bench::alloc::live();
   const double a = std::max(1, overlapped), b = std::max(1, serial);
-  m.step /= a, m.exposed /= a, m.faults /= a, m.serial_step /= b, m.comm /= b;
+  m.step /= a, m.exposed /= a, m.blocked /= a, m.faults /= a, m.serial_step /= b, m.comm /= b;
   return m;
 }
 

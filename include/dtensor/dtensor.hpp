@@ -40,6 +40,7 @@
 #include "dtensor/comm/object.hpp"
 #include "dtensor/comm/p2p.hpp"
 #include "dtensor/comm/process_group.hpp"
+#include "dtensor/comm/wait_timer.hpp"
 #include "dtensor/comm/work.hpp"
 
 #include "dtensor/plan/cost.hpp"

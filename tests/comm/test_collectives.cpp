@@ -5,12 +5,14 @@
 #include "common.hpp"
 
 #include "dtensor/comm/comm_debug.hpp"
+#include "dtensor/comm/wait_timer.hpp"
 
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <limits>
 #include <string>
+#include <thread>
 
 using namespace comm_test;
 
@@ -544,5 +546,49 @@ TEST_CASE("CommDebugMode counts every plain collective and point-to-point op wit
     DTENSOR_CHECK(table.find("sum 2, max 1") != std::string::npos &&
                       table.find("sum 1, avg 1, product 1") != std::string::npos,
                   tag(g, "the table's reduce column:\n" + table));
+  });
+}
+
+TEST_CASE("CommWaitTimer counts the time blocked in communication, not the compute beside it",
+          "[comm][debug]") {
+  // The last rank joins each op 0.4 s late. A synchronous op blocks the others until it arrives; an async op
+  // posted at once and waited for after 0.8 s of (slept) compute has completed by then, so waiting costs
+  // nothing. Bounds are a quarter of a second from either side of what is timed.
+  using std::chrono::milliseconds;
+  const int world = GENERATE(1, 2, 4);
+  testing::run_ranks(world, [](ProcessGroup& g) {
+    const int n = g.size(), r = g.rank();
+    const bool late = r == n - 1 && n > 1;
+    auto t = Tensor<float, 1>::full({16}, 1.0f);
+    barrier(g);
+    CommWaitTimer outer;
+    double sync_s = 0;
+    {
+      CommWaitTimer timer;
+      if (late) {
+        std::this_thread::sleep_for(milliseconds(400));
+      }
+      all_reduce(t, ReduceOp::sum, g);
+      sync_s = timer.seconds();
+      DTENSOR_CHECK(late || n == 1 || sync_s > 0.3,
+                    tag(g, "a synchronous all_reduce waited 0.4 s for the last rank, timed " +
+                               std::to_string(sync_s) + " s"));
+    }
+    CommWaitTimer timer;
+    if (late) {
+      std::this_thread::sleep_for(milliseconds(400));
+    }
+    Work w = all_reduce(t, ReduceOp::sum, g, async_op);
+    std::this_thread::sleep_for(milliseconds(800)); // compute beside the op: not communication
+    w.wait();
+    DTENSOR_CHECK(timer.seconds() < 0.25, tag(g, "an async all_reduce done before its wait timed " +
+                                                     std::to_string(timer.seconds()) + " s"));
+    DTENSOR_CHECK(std::abs(outer.seconds() - (sync_s + timer.seconds())) < 1e-9, // nested: both count
+                  tag(g, "the outer timer has " + std::to_string(outer.seconds()) + " s, the inner ones " +
+                             std::to_string(sync_s) + " and " + std::to_string(timer.seconds())));
+    expect_values<float>(
+        t, [&](auto) { return static_cast<float>(n * n); }, "the timed all_reduces");
+    timer.reset();
+    DTENSOR_CHECK(timer.seconds() == 0, tag(g, "reset"));
   });
 }

@@ -10,12 +10,14 @@
 //
 // The untyped members (all_reduce(BufferRef, ...), p2p(...), ...) are the one entry through which every
 // byte dtensor moves passes: the typed collectives, redistribute, distribute_tensor. Each records the op
-// in the active CommDebugMode(s), orders it on its CUDA stream (comm/stream.hpp) and submits it to the
-// backend, which checks its arguments before any communication and returns the op's completion.
+// in the active CommDebugMode(s), times it for the active CommWaitTimer(s) (comm/wait_timer.hpp), orders
+// it on its CUDA stream (comm/stream.hpp) and submits it to the backend, which checks its arguments before
+// any communication and returns the op's completion.
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/comm/stream.hpp"
+#include "dtensor/comm/wait_timer.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
 
@@ -210,7 +212,7 @@ public:
   void monitored_barrier(std::chrono::milliseconds timeout) const {
     auto& b = impl("monitored_barrier");
     record("monitored_barrier", 0, DType::uint8);
-    b.monitored_barrier(timeout);
+    CommWaitTimer::time([&] { b.monitored_barrier(timeout); });
   }
   /// A batch of point-to-point ops (recorded as one op called `what`). An empty batch is recorded and
   /// completes at once (a rank with nothing to move in a redistribution's exchange).
@@ -240,14 +242,18 @@ public:
   }
 
 private:
-  /// Submits on the op's stream (comm/stream.hpp); `each_buffer(f)` passes the op's buffers to f.
+  /// Submits on the op's stream (comm/stream.hpp); `each_buffer(f)` passes the op's buffers to f. While a
+  /// CommWaitTimer is active on this thread, the submission is timed and so is the completion's wait().
   template <class EachBuffer, class Submit>
   static WorkPtr on_stream(const CommOptions& opts, EachBuffer&& each_buffer, Submit&& submit) {
     CommOptions o = opts;
     const bool mixed = detail::choose_stream(o, each_buffer);
-    WorkPtr w = submit(o);
+    WorkPtr w = CommWaitTimer::time([&] { return submit(o); });
     if (mixed) {
-      return std::make_shared<detail::StreamSyncedWork>(std::move(w), o.stream);
+      w = std::make_shared<detail::StreamSyncedWork>(std::move(w), o.stream);
+    }
+    if (CommWaitTimer::any_active()) {
+      w = std::make_shared<detail::TimedWork>(std::move(w));
     }
     return w;
   }
