@@ -166,6 +166,11 @@ int main(int argc, char** argv) {
         "all communication, tensor-parallel included, blocked rank 0's training thread %.2f ms a step "
         "(%.1f %% of the step)\n",
         got.blocked * ms, 100 * got.blocked / got.step);
+    std::printf("  by op (group):");
+    for (const auto& [key, s] : got.blocked_by_op) {
+      std::printf(" %s(%s) %.2f ms", key.first.c_str(), key.second.c_str(), s * ms);
+    }
+    std::printf("\n");
     std::printf("minor page faults per step on rank 0: %.0f\n", got.faults);
     std::printf(
         "heap per rank (largest over ranks): %.3f MB before training, peak %.3f MB in the steps, %.3f MB "
@@ -202,7 +207,13 @@ int main(int argc, char** argv) {
       for (int s = 0; s < o.steps; ++s) {
         std::fprintf(f, "%s%.8g", s ? ", " : "", got.losses[s]);
       }
-      std::fprintf(f, "], \"check\": \"%s\"}\n", !ok ? "FAILED" : o.check ? "one-rank reference" : "none");
+      std::fprintf(f, "], \"blocked_by_op_ms\": {");
+      const char* sep = "";
+      for (const auto& [key, s] : got.blocked_by_op) {
+        std::fprintf(f, "%s\"%s(%s)\": %.4f", sep, key.first.c_str(), key.second.c_str(), s * ms);
+        sep = ", ";
+      }
+      std::fprintf(f, "}, \"check\": \"%s\"}\n", !ok ? "FAILED" : o.check ? "one-rank reference" : "none");
       std::fclose(f);
     }
   }

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -66,6 +67,8 @@ struct Measured {
   /// blocked: the training thread's time blocked in any communication (CommWaitTimer), tensor-parallel
   /// included, in the overlapped steps.
   double step = 0, exposed = 0, blocked = 0, serial_step = 0, comm = 0, faults = 0;
+  /// blocked per (op, group label), a step's mean.
+  std::map<std::pair<std::string, std::string>, double> blocked_by_op;
   std::int64_t heap_start = 0, heap_peak = 0, heap_end = 0, state_bytes = 0;
 };
 
@@ -96,12 +99,18 @@ Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
       m.serial_step += took, m.comm += r.blocked_seconds, ++serial;
     } else {
       m.step += took, m.exposed += r.blocked_seconds, m.blocked += blocked.seconds();
+      for (const auto& [key, s] : blocked.entries()) {
+        m.blocked_by_op[key] += s;
+      }
       m.faults += minor_faults() - f0, ++overlapped;
     }
   }
   m.heap_peak = o.steps > 1 ? bench::alloc::peak() : 0;
   m.heap_end = bench::alloc::live();
   const double a = std::max(1, overlapped), b = std::max(1, serial);
+  for (auto& [key, s] : m.blocked_by_op) {
+    s /= a;
+  }
   m.step /= a, m.exposed /= a, m.blocked /= a, m.faults /= a, m.serial_step /= b, m.comm /= b;
   return m;
 }

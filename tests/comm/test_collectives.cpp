@@ -570,6 +570,11 @@ TEST_CASE("CommWaitTimer counts the time blocked in communication, not the compu
       }
       all_reduce(t, ReduceOp::sum, g);
       sync_s = timer.seconds();
+      // Per op: all of it is the all_reduce's; the table names it.
+      DTENSOR_CHECK(timer.seconds("all_reduce") == sync_s && timer.seconds("broadcast") == 0 &&
+                        timer.seconds("all_reduce", "tp") == 0 && timer.entries().size() == 1 &&
+                        timer.to_string().find("all_reduce") != std::string::npos,
+                    tag(g, "the timer by op:\n" + timer.to_string()));
       DTENSOR_CHECK(late || n == 1 || sync_s > 0.3,
                     tag(g, "a synchronous all_reduce waited 0.4 s for the last rank, timed " +
                                std::to_string(sync_s) + " s"));

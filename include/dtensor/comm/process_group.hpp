@@ -144,19 +144,19 @@ public:
     auto& b = impl(what);
     const std::int64_t n = b.size();
     record(what, n > 1 ? (2 * (n - 1) * buf.count + n - 1) / n : 0, buf.dtype, op);
-    return on_stream(opts, detail::each_buffer(buf),
+    return on_stream(what, opts, detail::each_buffer(buf),
                      [&](const CommOptions& o) { return b.all_reduce(buf, op, o); });
   }
   WorkPtr reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) const {
     auto& b = impl("reduce");
     record("reduce", b.rank() == root ? (b.size() - 1) * buf.count : 0, buf.dtype, op);
-    return on_stream(opts, detail::each_buffer(buf),
+    return on_stream("reduce", opts, detail::each_buffer(buf),
                      [&](const CommOptions& o) { return b.reduce(buf, root, op, o); });
   }
   WorkPtr broadcast(BufferRef buf, int root, const CommOptions& opts) const {
     auto& b = impl("broadcast");
     record("broadcast", b.rank() == root ? 0 : buf.count, buf.dtype);
-    return on_stream(opts, detail::each_buffer(buf),
+    return on_stream("broadcast", opts, detail::each_buffer(buf),
                      [&](const CommOptions& o) { return b.broadcast(buf, root, o); });
   }
   WorkPtr all_gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
@@ -164,7 +164,7 @@ public:
                      std::string_view what = "all_gather") const {
     auto& b = impl(what);
     record(what, sum_except(counts, b.rank()), out.dtype);
-    return on_stream(opts, detail::each_buffer(in, out),
+    return on_stream(what, opts, detail::each_buffer(in, out),
                      [&](const CommOptions& o) { return b.all_gather(in, out, counts, displs, o); });
   }
   WorkPtr reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
@@ -172,7 +172,7 @@ public:
                          std::string_view what = "reduce_scatter") const {
     auto& b = impl(what);
     record(what, (b.size() - 1) * out.count, out.dtype, op);
-    return on_stream(opts, detail::each_buffer(in, out),
+    return on_stream(what, opts, detail::each_buffer(in, out),
                      [&](const CommOptions& o) { return b.reduce_scatter(in, out, counts, displs, op, o); });
   }
   WorkPtr all_to_all(BufferRef in, std::span<const std::int64_t> send_counts,
@@ -181,7 +181,7 @@ public:
                      const CommOptions& opts, std::string_view what = "all_to_all") const {
     auto& b = impl(what);
     record(what, sum_except(recv_counts, b.rank()), out.dtype);
-    return on_stream(opts, detail::each_buffer(in, out), [&](const CommOptions& o) {
+    return on_stream(what, opts, detail::each_buffer(in, out), [&](const CommOptions& o) {
       return b.all_to_all(in, send_counts, send_displs, out, recv_counts, recv_displs, o);
     });
   }
@@ -192,27 +192,27 @@ public:
       received += static_cast<int>(i) == root ? 0 : blocks[i].count;
     }
     record("gather", received, in.dtype);
-    return on_stream(opts, detail::each_buffer(in, blocks),
+    return on_stream("gather", opts, detail::each_buffer(in, blocks),
                      [&](const CommOptions& o) { return b.gather(in, blocks, root, o); });
   }
   WorkPtr scatter(std::span<const BufferRef> blocks, BufferRef out, int root, const CommOptions& opts,
                   std::string_view what = "scatter") const {
     auto& b = impl(what);
     record(what, b.rank() == root ? 0 : out.count, out.dtype);
-    return on_stream(opts, detail::each_buffer(out, blocks),
+    return on_stream(what, opts, detail::each_buffer(out, blocks),
                      [&](const CommOptions& o) { return b.scatter(blocks, out, root, o); });
   }
   WorkPtr barrier(const CommOptions& opts) const {
     auto& b = impl("barrier");
     record("barrier", 0, DType::uint8);
     return on_stream(
-        opts, [](auto&&) {}, [&](const CommOptions& o) { return b.barrier(o); });
+        "barrier", opts, [](auto&&) {}, [&](const CommOptions& o) { return b.barrier(o); });
   }
   /// The store-based barrier of comm/collectives.hpp's monitored_barrier (recorded, moves no bytes).
   void monitored_barrier(std::chrono::milliseconds timeout) const {
     auto& b = impl("monitored_barrier");
     record("monitored_barrier", 0, DType::uint8);
-    CommWaitTimer::time([&] { b.monitored_barrier(timeout); });
+    CommWaitTimer::time("monitored_barrier", label_, [&] { b.monitored_barrier(timeout); });
   }
   /// A batch of point-to-point ops (recorded as one op called `what`). An empty batch is recorded and
   /// completes at once (a rank with nothing to move in a redistribution's exchange).
@@ -238,22 +238,23 @@ public:
         f(r.buffer);
       }
     };
-    return on_stream(opts, each, [&](const CommOptions& o) { return b.p2p(requests, o); });
+    return on_stream(what, opts, each, [&](const CommOptions& o) { return b.p2p(requests, o); });
   }
 
 private:
   /// Submits on the op's stream (comm/stream.hpp); `each_buffer(f)` passes the op's buffers to f. While a
   /// CommWaitTimer is active on this thread, the submission is timed and so is the completion's wait().
   template <class EachBuffer, class Submit>
-  static WorkPtr on_stream(const CommOptions& opts, EachBuffer&& each_buffer, Submit&& submit) {
+  WorkPtr on_stream(std::string_view what, const CommOptions& opts, EachBuffer&& each_buffer,
+                    Submit&& submit) const {
     CommOptions o = opts;
     const bool mixed = detail::choose_stream(o, each_buffer);
-    WorkPtr w = CommWaitTimer::time([&] { return submit(o); });
+    WorkPtr w = CommWaitTimer::time(what, label_, [&] { return submit(o); });
     if (mixed) {
       w = std::make_shared<detail::StreamSyncedWork>(std::move(w), o.stream);
     }
     if (CommWaitTimer::any_active()) {
-      w = std::make_shared<detail::TimedWork>(std::move(w));
+      w = std::make_shared<detail::TimedWork>(std::move(w), what, label_);
     }
     return w;
   }

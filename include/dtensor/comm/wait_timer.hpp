@@ -8,6 +8,8 @@
 //   dtensor::CommWaitTimer blocked;              // active on this thread until it goes out of scope
 //   trainer.step(ids, targets, opt);
 //   double exposed = blocked.seconds() / step_seconds;
+//   blocked.seconds("all_gather", "tp");         // per op and group label, as CommDebugMode names them
+//   std::puts(blocked.to_string().c_str());      // a table: op, axes, ms, the most blocked first
 //
 // Every op passes the ProcessGroup front end (comm/process_group.hpp), which times its submission and, while
 // some timer is active on the submitting thread, hands out a completion whose wait() is timed on the thread
@@ -18,7 +20,12 @@
 #include "dtensor/backends/work.hpp"
 
 #include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <utility>
 
 namespace dtensor {
@@ -32,29 +39,60 @@ public:
 
   /// Seconds this thread was blocked in communication since the timer began (or since reset()).
   double seconds() const noexcept { return seconds_; }
-  void reset() noexcept { seconds_ = 0; }
+  /// The same for the ops called `op` (CommDebugMode's names: "all_gather", "permute", ...) on the groups
+  /// labelled `axes` ("tp", "dp*tp"; {} for all).
+  double seconds(std::string_view op, std::string_view axes = {}) const {
+    double s = 0;
+    for (const auto& [key, v] : by_op_) {
+      s += (key.first == op && (axes.empty() || key.second == axes)) ? v : 0;
+    }
+    return s;
+  }
+  /// Seconds per (op, axes).
+  const std::map<std::pair<std::string, std::string>, double>& entries() const noexcept { return by_op_; }
+  void reset() noexcept { seconds_ = 0, by_op_.clear(); }
+
+  /// One row per (op, axes), the most blocked first: "op  axes  ms".
+  std::string to_string() const {
+    std::multimap<double, const std::pair<std::string, std::string>*, std::greater<>> order;
+    for (const auto& [key, v] : by_op_) {
+      order.emplace(v, &key);
+    }
+    std::string s;
+    char line[160];
+    std::snprintf(line, sizeof line, "%-20s %-10s %10s\n", "op", "axes", "ms");
+    s += line;
+    for (const auto& [v, key] : order) {
+      std::snprintf(line, sizeof line, "%-20s %-10s %10.3f\n", key->first.c_str(), key->second.c_str(),
+                    v * 1e3);
+      s += line;
+    }
+    return s;
+  }
 
   /// True when some timer is active on this thread.
   static bool any_active() noexcept { return active() != nullptr; }
 
-  /// Runs f() and adds its wall time to every timer active on this thread, unless this thread is already
-  /// inside a timed call (nested calls count once).
+  /// Runs f() and adds its wall time, under (op, axes), to every timer active on this thread, unless this
+  /// thread is already inside a timed call (nested calls count once).
   template <class F>
-  static decltype(auto) time(F&& f) {
+  static decltype(auto) time(std::string_view op, std::string_view axes, F&& f) {
     if (!any_active() || inside()) {
       return f();
     }
     struct Timed {
+      std::string_view op, axes;
       std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-      Timed() { inside() = true; }
+      Timed(std::string_view o, std::string_view a) : op(o), axes(a) { inside() = true; }
       ~Timed() {
         inside() = false;
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         for (CommWaitTimer* t = active(); t != nullptr; t = t->parent_) {
           t->seconds_ += s;
+          t->by_op_[{std::string(op), std::string(axes)}] += s;
         }
       }
-    } timed;
+    } timed(op, axes);
     return f();
   }
 
@@ -70,22 +108,25 @@ private:
 
   CommWaitTimer* parent_;
   double seconds_ = 0;
+  std::map<std::pair<std::string, std::string>, double> by_op_;
 };
 
 namespace detail {
 
-/// A completion whose wait() is timed on the waiting thread (ProcessGroup hands it out while a
-/// CommWaitTimer is active on the submitting thread).
+/// A completion whose wait() is timed, under its op's name and group label, on the waiting thread
+/// (ProcessGroup hands it out while a CommWaitTimer is active on the submitting thread).
 class TimedWork final : public WorkImpl {
 public:
-  explicit TimedWork(std::shared_ptr<WorkImpl> inner) : inner_(std::move(inner)) {}
+  TimedWork(std::shared_ptr<WorkImpl> inner, std::string_view op, std::string_view axes)
+      : inner_(std::move(inner)), op_(op), axes_(axes) {}
   bool is_completed() override { return inner_->is_completed(); }
   void wait() override {
-    CommWaitTimer::time([&] { inner_->wait(); });
+    CommWaitTimer::time(op_, axes_, [&] { inner_->wait(); });
   }
 
 private:
   std::shared_ptr<WorkImpl> inner_;
+  std::string op_, axes_;
 };
 
 } // namespace detail
