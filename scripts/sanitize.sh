@@ -34,8 +34,9 @@ tsan_targets=(rendezvous_test_store backends_test_nccl_watchdog comm_test_collec
               comm_test_groups comm_test_backend_front parallel_test_ddp)
 tsan_tests='^(rendezvous/|backends/|comm/|parallel/)'
 
-# The tests under mpirun (Open MPI's stacks need the slow unwinder for lsan.supp to match them).
-mpi_tests='^run/(mpi_|gloo_suite_over_mpi)'
+# The tests under mpirun, started by it or by dtensor-run (Open MPI's stacks need the slow unwinder for
+# lsan.supp to match them).
+mpi_tests='^run/(mpi_|gloo_suite_over_mpi|launcher/mpi_)'
 
 run() { # preset, ctest regex, targets...
   local preset=$1 regex=$2

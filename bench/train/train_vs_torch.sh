@@ -2,12 +2,17 @@
 # The training step of examples/06_train.cpp's model per layout, ours (bench_train: the library's trainers, heap counted)
 # next to torch 1.13 training the same model (bench/train/torch_train.py: hand-written Megatron TP + SP, and
 # torch DDP), fp32, N processes of 1 thread. K passes; in each, for every size and layout, one launch of ours
-# and, for tp and ddp, one of torch, the order alternating pass by pass (ours first in odd passes) so a drift
-# of the machine hits both. bench/train/join.py prints the table and writes bench/results/train_vs_torch_n<N>.json.
+# per backend and, for tp and ddp, one of torch, the order rotated pass by pass (each launch goes first in
+# turn) so a drift of the machine hits all. bench/train/join.py prints the table and writes
+# bench/results/train_vs_torch_n<N>.json.
 # Without python3-torch, ours runs alone (no ratio).
 #
 # usage: bench/train/train_vs_torch.sh [--model mlp|gpt] [--passes K] [--nproc N] [--steps S]
-#                                      [--sizes TxHxFxV,...] [--layouts L,...] [--markdown] [--out DIR]
+#                                      [--sizes TxHxFxV,...] [--layouts L,...] [--backends B,...]
+#                                      [--markdown] [--out DIR]
+#   --backends: ours on gloo (under dtensor-run) and/or MPI (under mpirun, where bench_train links MPI:
+#   init_process_group's "auto" picks it there); the default: both where MPI exists, else gloo. Each is a
+#   launch of its own in every pass, in the rotation with torch's.
 #   --model gpt: the GPT of examples/09_gpt.cpp (bench_train --model gpt, torch_train.py --model gpt: causal
 #   GQA attention with RoPE, SwiGLU), results in train_vs_torch_gpt_n<N>.json.
 #   --layouts: a subset of tp,tp_cm,ddp,fsdp,hsdp,fsdp_tp (the default: all; tp_cm is tp with
@@ -28,6 +33,7 @@ out=bench/results
 join_args=()
 model=mlp
 layouts=tp,tp_cm,ddp,fsdp,hsdp,fsdp_tp
+backends=
 while [[ $# -gt 0 ]]; do
   case "$1" in
   --model) model=$2; shift 2 ;;
@@ -36,6 +42,7 @@ while [[ $# -gt 0 ]]; do
   --steps) steps=$2; shift 2 ;;
   --sizes) sizes=$2; shift 2 ;;
   --layouts) layouts=$2; shift 2 ;;
+  --backends) backends=$2; shift 2 ;;
   --markdown) join_args+=(--markdown); shift ;;
   --out) out=$2; shift 2 ;;
   *) echo "train_vs_torch.sh: unknown argument $1" >&2; exit 2 ;;
@@ -48,6 +55,21 @@ fi
 cmake --build "$build" -j2 --target dtensor-run bench_train
 run="$build/tools/dtensor-run/dtensor-run --standalone --tee 0 --nproc-per-node $nproc"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+have_mpi=0
+if command -v mpirun >/dev/null && readelf -d "$build/bench/bench_train" | grep -q 'NEEDED.*libmpi'; then
+  have_mpi=1
+fi
+if [[ -z $backends ]]; then
+  backends=gloo
+  ((have_mpi)) && backends=gloo,mpi
+fi
+if [[ ,$backends, == *,mpi,* ]] && ((!have_mpi)); then
+  echo "train_vs_torch.sh: --backends mpi needs mpirun and bench_train built with MPI (libopenmpi-dev)" >&2
+  exit 2
+fi
+# Open MPI as root (containers), and more processes than cores without asking
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+mpi_run="mpirun --bind-to none -np $nproc"
 
 torch_py=/usr/bin/python3
 have_torch=0
@@ -69,26 +91,26 @@ for ((p = 1; p <= passes; ++p)); do
     IFS=x read -r t h f v <<<"$size"
     flags=(--model "$model" --steps "$steps" --tokens "$t" --hidden "$h" --ffn "$f" --vocab "$v")
     for layout in ${layouts//,/ }; do
+      # ours on one backend: gloo under dtensor-run, MPI under mpirun (results ours_* and mpi_*)
       ours() {
-        $run "$build/bench/bench_train" --layout "$layout" --no-check "${flags[@]}" \
-          --json "$d/ours_${size}_${layout}.json" | grep -E "time per step|page faults|heap|MISMATCH"
+        local launch=$run file=ours
+        [[ $1 == mpi ]] && launch=$mpi_run file=mpi
+        $launch "$build/bench/bench_train" --layout "$layout" --no-check "${flags[@]}" \
+          --json "$d/${file}_${size}_${layout}.json" | grep -E "time per step|page faults|heap|MISMATCH"
       }
       theirs() {
         $run --rank0-store "$torch_py" bench/train/torch_train.py --layout "$layout" "${flags[@]}" \
           --json "$d/torch_${size}_${layout}.json"
       }
       echo "-- $size $layout"
-      if [[ $have_torch == 1 && ($layout == tp || $layout == ddp) ]]; then
-        if ((p % 2 == 0)); then
-          theirs
-          ours
-        else
-          ours
-          theirs
-        fi
-      else
-        ours
-      fi
+      # the launches of this pass, rotated by one each pass so that each goes first in turn
+      runs=()
+      for b in ${backends//,/ }; do runs+=("ours $b"); done
+      [[ $have_torch == 1 && ($layout == tp || $layout == ddp) ]] && runs+=(theirs)
+      for ((i = 0; i < ${#runs[@]}; ++i)); do
+        echo "   ${runs[(i + p - 1) % ${#runs[@]}]}"
+        ${runs[(i + p - 1) % ${#runs[@]}]}
+      done
     done
   done
 done

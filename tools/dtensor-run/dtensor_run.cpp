@@ -14,6 +14,11 @@
 // several nodes the launchers share failures through that store: a failed rank anywhere stops every node.
 // Every launcher records there how each of its ranks ended ("dtensor-run/exit/<rank>"), so that the peers of
 // a rank that died name it alone. Run `dtensor-run --help` for every flag.
+//
+// A program built with the MPI backend (it links libmpi) runs through mpirun by default on one machine
+// without a GPU: MPI is the faster backend on CPUs (BENCHMARKS.md, "Which backend on CPUs"), and an MPI
+// world needs MPI's own launcher, so dtensor-run becomes `mpirun -np N program` (--backend: gloo keeps the
+// launch described above).
 
 #include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/tcp_store.hpp"
@@ -21,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -38,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include <elf.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -74,6 +81,14 @@ options (torchrun's spellings; `--a-b` and `--a_b`, `--opt v` and `--opt=v` are 
   --store-bind-addr A    interface the store listens on (default: the master address when it is a
                          loopback one, as with --standalone, else every interface)
   --stop-timeout S       seconds between SIGTERM and SIGKILL when stopping ranks (default 10)
+  --backend B            the ranks' backend (their DTENSOR_BACKEND): gloo, nccl, mpi or auto (default:
+                         DTENSOR_BACKEND, else auto). An MPI job needs MPI's launcher: with mpi,
+                         dtensor-run runs the job as `mpirun -np N program` (one machine; DTENSOR_MPIRUN
+                         names another mpirun), with the output shown as here. auto is mpi when the
+                         program links MPI (built with dtensor::mpi), mpirun is found, and the job is on
+                         one machine with no GPU (/dev/nvidia0) and neither --rank0-store nor
+                         --store-bind-addr (the faster backend on CPUs: BENCHMARKS.md, "Which backend
+                         on CPUs"); else the ranks pick (NCCL with a GPU, else gloo)
   -h, --help             this text
 
 Environment: DTENSOR_STORE_TOKEN, when set, is the job's token (give every node's launcher the same);
@@ -103,6 +118,8 @@ struct Args {
   bool store_bind_given = false;
   std::string token;
   double stop_timeout = 10;
+  std::string backend;          // lower case; "auto" when neither --backend nor DTENSOR_BACKEND names one
+  bool own_launch_only = false; // a flag only dtensor-run's own launch honours was given
   std::vector<std::string> cmd;
 };
 
@@ -202,9 +219,16 @@ Args parse(int argc, char** argv) {
       }
     } else if (arg == "--rank0-store") {
       a.agent_store = false;
+      a.own_launch_only = true;
     } else if (arg == "--store-bind-addr") {
       a.store_bind_addr = need();
       a.store_bind_given = true;
+      a.own_launch_only = true;
+    } else if (arg == "--backend") {
+      a.backend = need();
+      if (a.backend.empty()) {
+        die("--backend needs a name: gloo, nccl, mpi or auto");
+      }
     } else if (arg == "--stop-timeout") {
       const std::string v = need();
       std::size_t used = 0;
@@ -227,6 +251,12 @@ Args parse(int argc, char** argv) {
   if (a.cmd.empty()) {
     die("no program given (see --help)");
   }
+  if (a.backend.empty()) {
+    const char* b = std::getenv("DTENSOR_BACKEND");
+    a.backend = b != nullptr && *b != '\0' ? b : "auto";
+  }
+  std::transform(a.backend.begin(), a.backend.end(), a.backend.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (standalone) {
     a.nnodes = 1;
     a.master_addr = "127.0.0.1";
@@ -256,6 +286,90 @@ Args parse(int argc, char** argv) {
     a.token = random_token();
   }
   return a;
+}
+
+// ---- MPI: the job started through mpirun ---------------------------------------------------------------
+
+/// `name` as execvp finds it: itself when it has a '/', else the first executable of that name on PATH;
+/// empty when there is none.
+std::string find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    return ::access(name.c_str(), X_OK) == 0 ? name : std::string();
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view rest = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    const std::size_t colon = std::min(rest.find(':'), rest.size());
+    std::string dir(rest.substr(0, colon));
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+    if (colon == rest.size()) {
+      return {};
+    }
+    rest.remove_prefix(colon + 1);
+  }
+}
+
+/// Whether the ELF file at `path` names an MPI library among its shared libraries (DT_NEEDED): a program
+/// built with dtensor::mpi. False for anything that is not a 64-bit ELF file (a script, say).
+bool links_mpi(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  Elf64_Ehdr eh{};
+  if (!f.read(reinterpret_cast<char*>(&eh), sizeof(eh)) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+      eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0) {
+    return false;
+  }
+  std::vector<Elf64_Shdr> sections(eh.e_shnum);
+  f.seekg(static_cast<std::streamoff>(eh.e_shoff));
+  if (!f.read(reinterpret_cast<char*>(sections.data()),
+              static_cast<std::streamsize>(sections.size() * sizeof(Elf64_Shdr)))) {
+    return false;
+  }
+  for (const Elf64_Shdr& dyn : sections) {
+    if (dyn.sh_type != SHT_DYNAMIC || dyn.sh_link >= sections.size()) {
+      continue;
+    }
+    const Elf64_Shdr& strtab = sections[dyn.sh_link];
+    std::vector<Elf64_Dyn> entries(dyn.sh_size / sizeof(Elf64_Dyn));
+    std::string names(strtab.sh_size, '\0');
+    f.seekg(static_cast<std::streamoff>(dyn.sh_offset));
+    f.read(reinterpret_cast<char*>(entries.data()),
+           static_cast<std::streamsize>(entries.size() * sizeof(Elf64_Dyn)));
+    f.seekg(static_cast<std::streamoff>(strtab.sh_offset));
+    f.read(names.data(), static_cast<std::streamsize>(names.size()));
+    if (!f) {
+      return false;
+    }
+    for (const Elf64_Dyn& e : entries) {
+      if (e.d_tag == DT_NEEDED && e.d_un.d_val < names.size()) {
+        const std::string_view lib(names.c_str() + e.d_un.d_val);
+        if (lib.starts_with("libmpi.so") || lib.starts_with("libmpich.so")) {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+/// mpirun as DTENSOR_MPIRUN or PATH has it; empty when there is none.
+std::string find_mpirun() {
+  const char* m = std::getenv("DTENSOR_MPIRUN");
+  return find_program(m != nullptr && *m != '\0' ? m : "mpirun");
+}
+
+/// Whether dtensor-run starts this job through mpirun (see --backend in kUsage).
+bool through_mpirun(const Args& a) {
+  if (a.backend == "mpi") {
+    return true;
+  }
+  if (a.backend != "auto" || a.nnodes != 1 || a.own_launch_only || ::access("/dev/nvidia0", F_OK) == 0) {
+    return false;
+  }
+  const std::string program = find_program(a.cmd[0]);
+  return !program.empty() && links_mpi(program) && !find_mpirun().empty();
 }
 
 // ---- signals: a self-pipe the main loop polls ----------------------------------------------------------
@@ -299,6 +413,56 @@ void write_all(int fd, std::string_view s) {
     }
     s.remove_prefix(static_cast<std::size_t>(k));
   }
+}
+
+/// Forks a child running argv[0] (found on PATH) with `envp`, its stdout and stderr on `out_fd` and `err_fd`
+/// when >= 0, sent `death_signal` when dtensor-run dies, in its own process group when `own_group` (signals
+/// then reach its whole process tree). The caller prepares everything: between fork and exec only
+/// async-signal-safe calls. `exec_fail` heads the child's message when the exec fails (exit 127).
+pid_t fork_exec(char* const* argv, char* const* envp, int out_fd, int err_fd, bool own_group,
+                int death_signal, const std::string& exec_fail) {
+  const pid_t launcher = ::getpid();
+  // Signals stay blocked across fork until the child has reset the launcher's handlers (which write
+  // into the launcher's self-pipe).
+  sigset_t all, previous;
+  sigfillset(&all);
+  ::sigprocmask(SIG_BLOCK, &all, &previous);
+  const pid_t pid = ::fork();
+  if (pid != 0) {
+    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+  }
+  if (pid < 0) {
+    die("fork: " + std::string(std::strerror(errno)));
+  }
+  if (pid == 0) {
+    if (own_group) {
+      ::setpgid(0, 0);
+    }
+    ::prctl(PR_SET_PDEATHSIG, death_signal);
+    if (::getppid() != launcher) {
+      ::_exit(137); // the launcher died before prctl took effect
+    }
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) {
+      ::signal(s, SIG_DFL);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (out_fd >= 0) {
+      ::dup2(out_fd, 1);
+    }
+    if (err_fd >= 0) {
+      ::dup2(err_fd, 2);
+    }
+    ::execvpe(argv[0], argv, envp);
+    const int e = errno;
+    [[maybe_unused]] auto n1 = ::write(2, exec_fail.data(), exec_fail.size());
+    const char* d = ::strerrordesc_np(e);
+    [[maybe_unused]] auto n2 = ::write(2, d, std::strlen(d));
+    [[maybe_unused]] auto n3 = ::write(2, "\n", 1);
+    ::_exit(127);
+  }
+  return pid;
 }
 
 // ---- the guardian --------------------------------------------------------------------------------------
@@ -490,6 +654,7 @@ private:
         {"MASTER_PORT", std::to_string(a_.master_port)},
         {"DTENSOR_USE_AGENT_STORE", a_.agent_store ? "1" : "0"},
         {"DTENSOR_STORE_TOKEN", a_.token},
+        {"DTENSOR_BACKEND", a_.backend},
     };
     if (a_.store_bind_given) {
       set["DTENSOR_STORE_BIND_ADDR"] = a_.store_bind_addr;
@@ -549,45 +714,9 @@ private:
     if ((cap_out && ::pipe2(out_pipe, O_CLOEXEC) != 0) || (cap_err && ::pipe2(err_pipe, O_CLOEXEC) != 0)) {
       die("pipe: " + std::string(std::strerror(errno)));
     }
-    const pid_t launcher = ::getpid();
-    // Signals stay blocked across fork until the child has reset the launcher's handlers (which write
-    // into the launcher's self-pipe).
-    sigset_t all, previous;
-    sigfillset(&all);
-    ::sigprocmask(SIG_BLOCK, &all, &previous);
-    const pid_t pid = ::fork();
-    if (pid != 0) {
-      ::sigprocmask(SIG_SETMASK, &previous, nullptr);
-    }
-    if (pid < 0) {
-      die("fork: " + std::string(std::strerror(errno)));
-    }
-    if (pid == 0) {
-      ::setpgid(0, 0); // its own process group: signals reach the rank's whole process tree
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != launcher) {
-        ::_exit(137); // the launcher died before prctl took effect
-      }
-      for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) {
-        ::signal(s, SIG_DFL);
-      }
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      if (cap_out) {
-        ::dup2(out_pipe[1], 1);
-      }
-      if (cap_err) {
-        ::dup2(err_pipe[1], 2);
-      }
-      ::execvpe(argv[0], argv.data(), envp.data());
-      const int e = errno;
-      [[maybe_unused]] auto n1 = ::write(2, exec_fail.data(), exec_fail.size());
-      const char* d = ::strerrordesc_np(e);
-      [[maybe_unused]] auto n2 = ::write(2, d, std::strlen(d));
-      [[maybe_unused]] auto n3 = ::write(2, "\n", 1);
-      ::_exit(127);
-    }
+    // its own process group: signals reach the rank's whole process tree
+    const pid_t pid = fork_exec(argv.data(), envp.data(), cap_out ? out_pipe[1] : -1,
+                                cap_err ? err_pipe[1] : -1, true, SIGKILL, exec_fail);
     ::setpgid(pid, pid); // also here, so the group exists before any kill(-pid)
     guardian_.add(pid);
     r.pid = pid;
@@ -909,10 +1038,239 @@ private:
   std::string remote_failure_;
 };
 
+// ---- MPI: mpirun as the one child ----------------------------------------------------------------------
+
+/// Splits mpirun's --tag-output stream ("[job,rank]<stdout>:text", one tag per chunk a rank wrote, so a
+/// partial line is followed by another rank's tag on the same line) back into each rank's lines, and
+/// shows them as dtensor-run's own launch does: "[rankN]: " prefixes on the streams --tee names, only the
+/// ranks of --local-ranks-filter, each rank's streams also in --log-dir. mpirun's own lines pass as they are.
+class MpiOutput {
+public:
+  explicit MpiOutput(const Args& a) : a_(a) {}
+
+  /// Everything mpirun wrote on `target` (1 stdout, 2 stderr) since the last call.
+  void feed(int target, std::string_view chunk) {
+    std::string& pending = pending_[target == 1 ? 0 : 1];
+    pending.append(chunk);
+    std::size_t at = 0;
+    for (std::size_t nl; (nl = pending.find('\n', at)) != std::string::npos; at = nl + 1) {
+      line(target, std::string_view(pending).substr(at, nl - at));
+    }
+    pending.erase(0, at);
+  }
+
+  /// mpirun is gone: what is left, as complete lines.
+  void finish() {
+    for (int target : {1, 2}) {
+      std::string& pending = pending_[target == 1 ? 0 : 1];
+      if (!pending.empty()) {
+        line(target, pending);
+        pending.clear();
+      }
+    }
+    for (auto& [key, text] : partial_) {
+      if (!text.empty()) {
+        emit(key.first, key.second, text);
+      }
+    }
+    partial_.clear();
+  }
+
+private:
+  struct Tag {
+    std::size_t begin = 0, end = 0; // of the tag in the line
+    int rank = 0, stream = 1;
+  };
+
+  /// The tag at line[at..], if one starts there: "[<digits>,<digits>]<stdout|stderr|stddiag>:".
+  static std::optional<Tag> tag_at(std::string_view line, std::size_t at) {
+    std::size_t i = at;
+    auto digits = [&](long& v) {
+      const std::size_t from = i;
+      v = 0;
+      while (i < line.size() && line[i] >= '0' && line[i] <= '9' && i - from < 9) {
+        v = v * 10 + (line[i++] - '0');
+      }
+      return i > from;
+    };
+    long job = 0, rank = 0;
+    if (i >= line.size() || line[i++] != '[' || !digits(job) || i >= line.size() || line[i++] != ',' ||
+        !digits(rank) || line.substr(i, 2) != "]<") {
+      return std::nullopt;
+    }
+    i += 2;
+    for (auto [name, stream] : {std::pair{"stdout>:", 1}, {"stderr>:", 2}, {"stddiag>:", 2}}) {
+      if (line.substr(i).starts_with(name)) {
+        return Tag{at, i + std::strlen(name), static_cast<int>(rank), stream};
+      }
+    }
+    return std::nullopt;
+  }
+
+  void line(int target, std::string_view text) {
+    std::optional<Tag> tag = tag_at(text, 0);
+    if (!tag) {
+      write_all(target, std::string(text) + "\n"); // mpirun's own
+      return;
+    }
+    while (tag) {
+      // this rank's text runs to the next tag, or to the end of the line (and then ends its line)
+      std::optional<Tag> next;
+      for (std::size_t k = text.find('[', tag->end); k != std::string_view::npos && !next;
+           k = text.find('[', k + 1)) {
+        next = tag_at(text, k);
+      }
+      std::string& part = partial_[{tag->rank, tag->stream}];
+      part.append(text.substr(tag->end, (next ? next->begin : text.size()) - tag->end));
+      if (!next) {
+        emit(tag->rank, tag->stream, part);
+        part.clear();
+      }
+      tag = next;
+    }
+  }
+
+  void emit(int rank, int stream, std::string_view text) {
+    if (!a_.log_dir.empty()) {
+      auto& log = logs_[{rank, stream}];
+      if (!log) {
+        log = std::make_unique<std::ofstream>(a_.log_dir + "/rank_" + std::to_string(rank) +
+                                              (stream == 1 ? ".stdout" : ".stderr"));
+      }
+      *log << text << '\n';
+      log->flush();
+    }
+    if (!a_.ranks_filter.empty() && !a_.ranks_filter.contains(rank)) {
+      return;
+    }
+    const bool prefix = (a_.tee & (stream == 1 ? 1 : 2)) != 0;
+    write_all(stream,
+              (prefix ? "[rank" + std::to_string(rank) + "]: " : std::string()) + std::string(text) + "\n");
+  }
+
+  const Args& a_;
+  std::string pending_[2];
+  std::map<std::pair<int, int>, std::string> partial_;
+  std::map<std::pair<int, int>, std::unique_ptr<std::ofstream>> logs_;
+};
+
+/// Runs the job as `mpirun -np N program args` (Open MPI's flags), the ranks on the MPI backend. mpirun
+/// forwards signals, stops every rank when one fails and names the first failed process; dtensor-run
+/// forwards its own signals to mpirun, turns mpirun's tagged output into its own (MpiOutput) and exits
+/// with mpirun's status.
+int run_mpirun(const Args& a) {
+  if (a.nnodes != 1) {
+    die("--backend mpi: dtensor-run starts an MPI job on one machine only (--nnodes 1); across machines "
+        "start it with mpirun (a hostfile) or srun --mpi=pmix");
+  }
+  if (a.own_launch_only) {
+    die("--backend mpi: --rank0-store and --store-bind-addr are about dtensor-run's TCP store; MPI jobs "
+        "meet through MPI (leave them out, or use --backend gloo)");
+  }
+  const std::string mpirun = find_mpirun();
+  if (mpirun.empty()) {
+    die("--backend mpi: mpirun is not found (PATH, or DTENSOR_MPIRUN); install openmpi-bin, or use "
+        "--backend gloo");
+  }
+  const bool rewrite = a.tee != 0 || !a.log_dir.empty() || !a.ranks_filter.empty();
+  std::vector<std::string> args = {mpirun, "-np", std::to_string(a.nproc_per_node), "--bind-to", "none",
+                                   // as dtensor-run: any number of ranks, whatever the cores
+                                   "--oversubscribe"};
+  if (::geteuid() == 0) {
+    args.emplace_back("--allow-run-as-root"); // Open MPI refuses root unless asked (containers)
+  }
+  if (rewrite) {
+    args.emplace_back("--tag-output");
+  }
+  args.insert(args.end(), a.cmd.begin(), a.cmd.end());
+  // The ranks meet through MPI: no torchrun variables, which would take precedence over mpirun's.
+  for (const char* v :
+       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+        "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DTENSOR_USE_AGENT_STORE"}) {
+    ::unsetenv(v);
+  }
+  ::setenv("DTENSOR_BACKEND", "mpi", 1);
+  if (a.nproc_per_node > 1) {
+    ::setenv("OMP_NUM_THREADS", "1", 0); // as torchrun: N ranks on one machine share its cores
+  }
+  if (!a.log_dir.empty()) {
+    ::mkdir(a.log_dir.c_str(), 0755);
+  }
+  std::vector<char*> argv;
+  for (auto& s : args) {
+    argv.push_back(s.data());
+  }
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  if (!rewrite) {
+    ::execv(mpirun.c_str(), argv.data());
+    die("cannot execute '" + mpirun + "': " + std::strerror(errno), 127);
+  }
+
+  install_handlers();
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    die("pipe: " + std::string(std::strerror(errno)));
+  }
+  // mpirun stops its ranks when dtensor-run dies (SIGTERM)
+  const pid_t pid = fork_exec(argv.data(), environ, out[1], err[1], false, SIGTERM,
+                              "dtensor-run: cannot execute '" + mpirun + "': ");
+  ::close(out[1]);
+  ::close(err[1]);
+  MpiOutput output(a);
+  pollfd fds[3] = {{g_signal_pipe[0], POLLIN, 0}, {out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int interrupted = 0;
+  while (fds[1].fd >= 0 || fds[2].fd >= 0) {
+    ::poll(fds, 3, -1);
+    if ((fds[0].revents & POLLIN) != 0) {
+      char sigs[64];
+      const ssize_t n = ::read(g_signal_pipe[0], sigs, sizeof(sigs));
+      for (ssize_t k = 0; k < n; ++k) {
+        const int sig = static_cast<unsigned char>(sigs[k]);
+        if (sig != SIGCHLD) {
+          interrupted = sig;
+          ::kill(pid, sig); // mpirun forwards it to the ranks
+        }
+      }
+    }
+    for (int i : {1, 2}) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) {
+        continue;
+      }
+      char buf[65536];
+      const ssize_t k = ::read(fds[i].fd, buf, sizeof(buf));
+      if (k > 0) {
+        output.feed(i, std::string_view(buf, static_cast<std::size_t>(k)));
+      } else if (k == 0 || (errno != EINTR && errno != EAGAIN)) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1; // poll ignores negative descriptors
+      }
+    }
+  }
+  output.finish();
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (interrupted != 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    std::fprintf(stderr, "dtensor-run: interrupted by %s; mpirun ended with %s\n",
+                 signal_name(interrupted).c_str(), describe_status(status).c_str());
+  }
+  return exit_code_of(status);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   Args args = parse(argc, argv);
+  if (through_mpirun(args)) {
+    if (args.backend == "auto") {
+      std::fprintf(stderr,
+                   "dtensor-run: %s links MPI: starting its %d rank(s) through mpirun, on the MPI "
+                   "backend (--backend gloo for dtensor-run's own launch on gloo)\n",
+                   args.cmd[0].c_str(), args.nproc_per_node);
+    }
+    return run_mpirun(args);
+  }
   Launcher launcher(std::move(args));
   return launcher.run();
 }

@@ -19,6 +19,7 @@
 // their ReduceOp: count(op, axes, ReduceOp::max) and bytes(...) of the same form select by it.
 
 #include "dtensor/core/reduce_op.hpp"
+#include "dtensor/core/thread_scope.hpp"
 
 #include <array>
 #include <cstdint>
@@ -31,7 +32,7 @@
 
 namespace dtensor {
 
-class CommDebugMode {
+class CommDebugMode : public detail::ThreadScope<CommDebugMode> {
 public:
   /// The ops recorded under one (op, axes): how many, their bytes, and the same split by the reduce op of
   /// those that reduce (by_reduce[static_cast<int>(ReduceOp::max)], ...).
@@ -45,10 +46,7 @@ public:
     std::array<Counts, 5> by_reduce{};
   };
 
-  CommDebugMode() : parent_(active()) { active() = this; }
-  ~CommDebugMode() { active() = parent_; }
-  CommDebugMode(const CommDebugMode&) = delete;
-  CommDebugMode& operator=(const CommDebugMode&) = delete;
+  CommDebugMode() = default;
 
   /// Number of ops called `op` (all axes, or the axes printed as `axes`, e.g. "tp" or "dp*tp").
   std::int64_t count(std::string_view op, std::string_view axes = {}) const { return sum(op, axes).count; }
@@ -97,7 +95,7 @@ public:
   /// reduce).
   static void record(std::string_view op, std::string_view axes, std::int64_t bytes,
                      std::optional<ReduceOp> reduce = std::nullopt) {
-    for (CommDebugMode* m = active(); m != nullptr; m = m->parent_) {
+    for (CommDebugMode* m = innermost(); m != nullptr; m = m->enclosing()) {
       Entry& e = m->entries_[{std::string(op), std::string(axes)}];
       ++e.count;
       e.bytes += bytes;
@@ -108,14 +106,8 @@ public:
       }
     }
   }
-  /// True when some mode is active on this thread (callers skip computing what they would record).
-  static bool any_active() noexcept { return active() != nullptr; }
 
 private:
-  static CommDebugMode*& active() noexcept {
-    thread_local CommDebugMode* mode = nullptr;
-    return mode;
-  }
   Entry::Counts sum(std::string_view op, std::string_view axes,
                     std::optional<ReduceOp> reduce = std::nullopt) const {
     Entry::Counts total;
@@ -130,7 +122,6 @@ private:
     return total;
   }
 
-  CommDebugMode* parent_;
   std::map<std::pair<std::string, std::string>, Entry> entries_;
 };
 

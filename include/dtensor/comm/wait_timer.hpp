@@ -18,6 +18,7 @@
 // measures the host's blocked time, not the stream's.
 
 #include "dtensor/backends/work.hpp"
+#include "dtensor/core/thread_scope.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -30,15 +31,18 @@
 
 namespace dtensor {
 
-class CommWaitTimer {
+class CommWaitTimer : public detail::ThreadScope<CommWaitTimer> {
 public:
-  CommWaitTimer() : parent_(active()) { active() = this; }
-  ~CommWaitTimer() { active() = parent_; }
-  CommWaitTimer(const CommWaitTimer&) = delete;
-  CommWaitTimer& operator=(const CommWaitTimer&) = delete;
+  CommWaitTimer() = default;
 
   /// Seconds this thread was blocked in communication since the timer began (or since reset()).
-  double seconds() const noexcept { return seconds_; }
+  double seconds() const noexcept {
+    double s = 0;
+    for (const auto& [key, v] : by_op_) {
+      s += v;
+    }
+    return s;
+  }
   /// The same for the ops called `op` (CommDebugMode's names: "all_gather", "permute", ...) on the groups
   /// labelled `axes` ("tp", "dp*tp"; {} for all).
   double seconds(std::string_view op, std::string_view axes = {}) const {
@@ -50,7 +54,7 @@ public:
   }
   /// Seconds per (op, axes).
   const std::map<std::pair<std::string, std::string>, double>& entries() const noexcept { return by_op_; }
-  void reset() noexcept { seconds_ = 0, by_op_.clear(); }
+  void reset() noexcept { by_op_.clear(); }
 
   /// One row per (op, axes), the most blocked first: "op  axes  ms".
   std::string to_string() const {
@@ -70,9 +74,6 @@ public:
     return s;
   }
 
-  /// True when some timer is active on this thread.
-  static bool any_active() noexcept { return active() != nullptr; }
-
   /// Runs f() and adds its wall time, under (op, axes), to every timer active on this thread, unless this
   /// thread is already inside a timed call (nested calls count once).
   template <class F>
@@ -87,8 +88,7 @@ public:
       ~Timed() {
         inside() = false;
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        for (CommWaitTimer* t = active(); t != nullptr; t = t->parent_) {
-          t->seconds_ += s;
+        for (CommWaitTimer* t = innermost(); t != nullptr; t = t->enclosing()) {
           t->by_op_[{std::string(op), std::string(axes)}] += s;
         }
       }
@@ -97,17 +97,11 @@ public:
   }
 
 private:
-  static CommWaitTimer*& active() noexcept {
-    thread_local CommWaitTimer* timer = nullptr;
-    return timer;
-  }
   static bool& inside() noexcept {
     thread_local bool in = false;
     return in;
   }
 
-  CommWaitTimer* parent_;
-  double seconds_ = 0;
   std::map<std::pair<std::string, std::string>, double> by_op_;
 };
 

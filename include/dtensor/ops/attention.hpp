@@ -47,6 +47,7 @@
 #include "dtensor/comm/p2p.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/core/fixed_string.hpp"
+#include "dtensor/core/thread_scope.hpp"
 #include "dtensor/local/attention.hpp"
 #include "dtensor/local/copy.hpp"
 #include "dtensor/local/pointwise.hpp"
@@ -538,28 +539,20 @@ struct Ring {
 /// What ring attention did, in order, on this thread while one is alive (like CommDebugMode): "post t" when
 /// step t's exchange is posted, "compute t" when its kernel starts, "wait t" when it waits for the exchange
 /// (backward steps read "backward post t" and so on). For tests and debugging of the overlap.
-class RingTrace {
+class RingTrace : public detail::ThreadScope<RingTrace> {
 public:
-  RingTrace() : parent_(active()) { active() = this; }
-  ~RingTrace() { active() = parent_; }
-  RingTrace(const RingTrace&) = delete;
-  RingTrace& operator=(const RingTrace&) = delete;
+  RingTrace() = default;
 
   const std::vector<std::string>& events() const noexcept { return events_; }
 
   /// Adds `what t` to the innermost live trace of this thread, if any.
   static void note(const char* what, int step) {
-    if (RingTrace* t = active()) {
+    if (RingTrace* t = innermost()) {
       t->events_.push_back(std::string(what) + " " + std::to_string(step));
     }
   }
 
 private:
-  static RingTrace*& active() {
-    thread_local RingTrace* current = nullptr;
-    return current;
-  }
-  RingTrace* parent_;
   std::vector<std::string> events_;
 };
 
