@@ -3,7 +3,7 @@
 # build-release/: the demo prints tokens/s; the test build is -O0), and trains the character-level GPT of
 # examples/09_gpt.cpp on the fortunes text as 4 CPU ranks (4 processes on this machine over MPI, which
 # dtensor-run starts through mpirun where the example links it, else over gloo), FSDP x tensor + sequence
-# parallel on (dp=2, cp=1, tp=2), about two minutes; then writes the loss curves as
+# parallel on (dp=2, cp=1, tp=2), about a minute of training; then writes the loss curves as
 # build-release/demo/gpt_loss.csv and gpt_loss.png (gnuplot). Arguments go to the example (e.g. --layout
 # cp_ring --steps 100). `scripts/demo.sh train` runs examples/06_train.cpp instead, `scripts/demo.sh tour`
 # the redistribution tour (examples/03_redistribution_tour.cpp).
