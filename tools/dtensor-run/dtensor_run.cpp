@@ -1254,6 +1254,7 @@ int run_mpirun(const Args& a) {
   if (interrupted != 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
     std::fprintf(stderr, "dtensor-run: interrupted by %s; mpirun ended with %s\n",
                  signal_name(interrupted).c_str(), describe_status(status).c_str());
+    return 128 + interrupted; // as the own launch: 128+signal when dtensor-run itself was interrupted
   }
   return exit_code_of(status);
 }
