@@ -1,9 +1,9 @@
 #pragma once
 // dtensor: distributed tensors for C++20. The umbrella header: includes every public header except the
 // backends' own (pulled in by comm/init.hpp when their targets are linked), testing/ and the store it uses
-// (rendezvous/in_process_store.hpp), and
-// plan/torch_reference.hpp (a model of PyTorch's planner, for comparisons), and ops/ (compute on DTensors:
-// <dtensor/ops.hpp> includes it with this header).
+// (rendezvous/in_process_store.hpp), the planning tools (plan/torch_reference.hpp: a model of PyTorch's
+// planner; plan/search.hpp: the exhaustive yardstick; plan/time_model.hpp: seconds on a cluster), and ops/
+// (compute on DTensors: <dtensor/ops.hpp> includes it with this header).
 // Each header also compiles on its own; include the ones you use to keep compile times down.
 
 #include "dtensor/core/any_tensor.hpp"

@@ -332,6 +332,9 @@ bool links_mpi(const std::string& path) {
       continue;
     }
     const Elf64_Shdr& strtab = sections[dyn.sh_link];
+    if (dyn.sh_size > (1u << 26) || strtab.sh_size > (1u << 26)) {
+      return false; // not a program's dynamic section (a damaged file): read no further
+    }
     std::vector<Elf64_Dyn> entries(dyn.sh_size / sizeof(Elf64_Dyn));
     std::string names(strtab.sh_size, '\0');
     f.seekg(static_cast<std::streamoff>(dyn.sh_offset));
