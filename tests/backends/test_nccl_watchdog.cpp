@@ -404,7 +404,8 @@ TEST_CASE("an asynchronous error reported by NCCL fails the communicator and its
   REQUIRE(eventually([&] { return g->failed(); }));
   const std::string msg = error_text(*g);
   CHECK_THAT(msg, Contains("g: NCCL reported an asynchronous error: ncclRemoteError"));
-  CHECK(e.aborts == 1);
+  // The watchdog records the failure, then aborts (CommGuard::fail): failed() may be seen in between.
+  CHECK(eventually([&] { return e.aborts == 1; }));
   CHECK_THROWS_AS(wait_for_op(*g, *op, far, "send"), Error);
   // An op whose event reports a CUDA error fails its communicator the same way.
   FakeEngine e2;
@@ -415,7 +416,7 @@ TEST_CASE("an asynchronous error reported by NCCL fails the communicator and its
   REQUIRE(eventually([&] { return g2->failed(); }));
   CHECK_THAT(error_text(*g2),
              Contains("g2: all_to_all: error while waiting: CUDA error: cudaErrorLaunchFailure"));
-  CHECK(e2.aborts == 1);
+  CHECK(eventually([&] { return e2.aborts == 1; }));
 }
 
 TEST_CASE("a host wait past the deadline fails the communicator itself when no watchdog does",
