@@ -36,6 +36,9 @@
 //                     sharded checkpoint DIR (parallel/train_state.hpp): layout-independent
 //   --resume DIR      start from the training state in DIR, saved by any layout on any number of ranks, and
 //                     train on to --steps (the batches are a function of the step, so the data goes on too)
+//   --comm-table P    every rank writes what it communicated in the training (CommDebugMode's table: op,
+//                     mesh axes, count, bytes received) to P.<rank>; a dry run (DTENSOR_BACKEND=fake RANK=r
+//                     WORLD_SIZE=n, one process alone) writes the same table as rank r of the real run
 //   --check           also train the same model on one rank in this process and compare: the loss at every
 //                     step and every final parameter (float: 1e-4 relative; --mixed against the float run:
 //                     5e-2, bfloat16 keeps 8 bits of mantissa); exits 1 on a mismatch
@@ -49,6 +52,7 @@
 // inputs shifted by one. Every layout starts from the same weights (the sharding-invariant RNG) and computes
 // the same step as one rank.
 
+#include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/parallel/fsdp.hpp>
@@ -69,6 +73,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -87,7 +92,7 @@ using RingCp =
 using UlyssesCp = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::ContextParallel<Ulysses<"cp">>>;
 
 struct Options {
-  std::string layout = "fsdp_tp", data = "/usr/share/games/fortunes", csv, save, resume;
+  std::string layout = "fsdp_tp", data = "/usr/share/games/fortunes", csv, save, resume, comm_table;
   bool mixed = false, check = false;
   int steps = 450, eval_every = 25, eval_batches = 4, sample = 240;
   Schedule schedule = Schedule::one_f_one_b;
@@ -387,7 +392,7 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
       "[--mixed] [--schedule 1f1b|gpipe|interleaved] [--chunks V] [--microbatches M] [--steps N] [--batch B] "
       "[--seq S] [--layers K] [--hidden H] [--heads N] [--kv-heads N] [--ffn F] "
       "[--lr X] [--eval-every N] [--eval-batches N] [--sample N] [--csv FILE] [--data PATH] [--save DIR] "
-      "[--resume DIR] [--check]\n",
+      "[--resume DIR] [--comm-table PREFIX] [--check]\n",
       why.c_str());
   std::exit(2);
 }
@@ -421,6 +426,8 @@ Options parse(int argc, char** argv) {
       o.resume = v;
     } else if (a == "--csv") {
       o.csv = v;
+    } else if (a == "--comm-table") {
+      o.comm_table = v;
     } else if (a == "--lr") {
       o.lr = std::atof(v.c_str());
     } else if (a == "--sample") {
@@ -568,6 +575,10 @@ int run_main(int argc, char** argv) {
     }
     return train_layout<RingCp, true>(m, text, o, p); // fsdp_tp_cp
   };
+  std::optional<CommDebugMode> comm; // --comm-table: what this rank communicates in the training
+  if (!o.comm_table.empty()) {
+    comm.emplace();
+  }
   const Run run = [&] {
     if (!pipelined) {
       return train(init_device_mesh<Mesh>(world, dp, cp, tp), o.layout, o.mixed, print);
@@ -576,6 +587,17 @@ int run_main(int argc, char** argv) {
     return o.layout == "pp" ? train_pipelined<DataParallel>(mesh, text, o, print)
                             : train_pipelined<TensorSeq>(mesh, text, o, print);
   }();
+  if (comm) {
+    const std::string path = o.comm_table + "." + std::to_string(world.rank());
+    std::ofstream out(path);
+    out << comm->to_string();
+    out.close();
+    if (!out) {
+      std::fprintf(stderr, "09_gpt: cannot write %s\n", path.c_str());
+      return 1;
+    }
+    comm.reset();
+  }
   const double tokens = double(o.batch * o.seq) * std::max(1, run.timed_steps);
   bool ok = true;
   if (print) {

@@ -9,6 +9,7 @@
 
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
+#include <dtensor/comm/init.hpp>
 #include <dtensor/local/gemm.hpp>
 #include <dtensor/local/pointwise.hpp>
 #include <dtensor/local/random.hpp>
@@ -32,6 +33,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -331,6 +333,38 @@ TEST_CASE(
   typed_case(2, 2, 1, Schedule::interleaved_one_f_one_b, 2, 4); // micro-batches of 1-3 rows over dp 2
   typed_case(2, 1, 2, Schedule::one_f_one_b, 1, 3);             // tensor + sequence parallel stages
   typed_case(2, 2, 2, Schedule::interleaved_one_f_one_b, 2, 2); // 8 ranks: pp x dp x tp
+}
+
+TEST_CASE("run_pipeline: a dry run of each stage alone (the fake backend) communicates what it does in the "
+          "real run",
+          "[pipeline][fake]") {
+  for (auto [pp, dp, tp, schedule, v] :
+       {std::tuple{2, 2, 1, Schedule::interleaved_one_f_one_b, 2},
+        std::tuple{3, 1, 1, Schedule::one_f_one_b, 1}, std::tuple{2, 1, 2, Schedule::gpipe, 1}}) {
+    const PipelineRunOptions plain{.schedule = schedule,
+                                   .shape = {.stages = pp, .microbatches = 4, .chunks = v}};
+    PipelineRunOptions o = plain;
+    o.boundary_shape = [](int mb) { return std::vector<std::int64_t>{rows_of(mb), kSeq, kWidth}; };
+    const int n = pp * dp * tp;
+    std::vector<std::string> real(static_cast<std::size_t>(n));
+    std::mutex m;
+    testing::run_ranks(n, [&](ProcessGroup& world) {
+      const auto mesh = init_device_mesh<PMesh>(world, pp, dp, tp);
+      CommDebugMode comm;
+      (void)pipelined(mesh, plain);
+      std::lock_guard lock(m);
+      real[static_cast<std::size_t>(world.rank())] = comm.to_string();
+    });
+    for (int r = 0; r < n; ++r) {
+      INFO(schedule_name(schedule) << " (pp " << pp << ", dp " << dp << ", tp " << tp << "), rank " << r);
+      const auto mesh = init_device_mesh<PMesh>(fake_world(r, n), pp, dp, tp);
+      CommDebugMode comm;
+      (void)pipelined(mesh, o);
+      CHECK(comm.to_string() == real[static_cast<std::size_t>(r)]);
+      // Without the shapes a neighbour would send, a dry run cannot start.
+      CHECK_THROWS_WITH(pipelined(mesh, plain), Catch::Contains("set PipelineRunOptions::boundary_shape"));
+    }
+  }
 }
 
 TEST_CASE(

@@ -245,17 +245,21 @@ public:
   /// ncclCommSplit: every member calls it; members with equal color >= 0 form one group, ordered by
   /// (key, rank); color < 0 gives nullptr. The members learn each other's colour and key through
   /// split_store() (backends/split.hpp).
-  std::shared_ptr<Backend> split(int color, int key) {
-    check_not_aborted("split");
-    SplitGroup g;
-    g.color = color;
-    g.key = key;
-    g.index = splits_.fetch_add(1);
-    const std::string what = describe() + ": split(color " + std::to_string(color) + ", key " +
-                             std::to_string(key) + ") #" + std::to_string(g.index);
-    const auto old = global_ranks();
-    return creating("split #" + std::to_string(g.index) + " of group " + detail::format_list(old),
-                    std::vector<int>(old.begin(), old.end()), [&] { return split_hook(g, what); });
+  std::shared_ptr<Backend> split(int color, int key) { return split_impl(color, key, {}); }
+
+  /// split(color, key) where every member knows every member's colour and key (a mesh's axis groups, pure
+  /// functions of the rank): `every[r]` is member r's, the same list on every member, so nothing is
+  /// exchanged first. The fake backend (backends/fake/backend.hpp) splits only this way.
+  std::shared_ptr<Backend> split(int color, int key, std::span<const SplitEntry> every) {
+    DTENSOR_CHECK(every.size() == static_cast<std::size_t>(size()),
+                  where("split") + ": " + std::to_string(every.size()) +
+                      " colours and keys given for a group of " + std::to_string(size()));
+    const SplitEntry& mine = every[static_cast<std::size_t>(rank())];
+    DTENSOR_CHECK(mine.color == color && mine.key == key,
+                  where("split") + ": the list gives this member colour " + std::to_string(mine.color) +
+                      " and key " + std::to_string(mine.key) + ", but it passes colour " +
+                      std::to_string(color) + " and key " + std::to_string(key));
+    return split_impl(color, key, every);
   }
 
   /// Fails every pending and future op of this communicator with `reason`, and releases peers blocked
@@ -329,7 +333,7 @@ protected:
   /// Every member's (colour, key) for split #g.index, in group rank order (a group of several members;
   /// `what` heads the messages). Default: through split_store() (backends/split.hpp); a backend that
   /// can exchange them itself (MPI: an allgather) overrides it.
-  virtual std::vector<detail::SplitEntry> exchange_split(const SplitGroup& g, const std::string& what) {
+  virtual std::vector<SplitEntry> exchange_split(const SplitGroup& g, const std::string& what) {
     Store* store = split_store();
     DTENSOR_CHECK(store != nullptr, what + ": no store to exchange the colours and keys through");
     return detail::exchange_split_colors(*store, "split" + std::to_string(g.index), rank(), size(), g.color,
@@ -422,10 +426,28 @@ private:
     return detail::report_group_creation(rank_store(), me, desc, members, std::forward<Make>(make));
   }
 
-  std::shared_ptr<Backend> split_hook(SplitGroup& g, const std::string& what) {
-    const std::vector<detail::SplitEntry> all =
-        size() > 1 ? exchange_split(g, what) : std::vector<detail::SplitEntry>{{g.color, g.key}};
-    const detail::SplitMembers members = detail::split_members(all, g.color, rank());
+  /// split's body; `every` empty: the colours and keys are exchanged (exchange_split).
+  std::shared_ptr<Backend> split_impl(int color, int key, std::span<const SplitEntry> every) {
+    check_not_aborted("split");
+    SplitGroup g;
+    g.color = color;
+    g.key = key;
+    g.index = splits_.fetch_add(1);
+    const std::string what = describe() + ": split(color " + std::to_string(color) + ", key " +
+                             std::to_string(key) + ") #" + std::to_string(g.index);
+    const auto old = global_ranks();
+    return creating("split #" + std::to_string(g.index) + " of group " + detail::format_list(old),
+                    std::vector<int>(old.begin(), old.end()), [&] { return split_hook(g, what, every); });
+  }
+
+  std::shared_ptr<Backend> split_hook(SplitGroup& g, const std::string& what,
+                                      std::span<const SplitEntry> every) {
+    std::vector<SplitEntry> exchanged;
+    if (every.empty()) {
+      exchanged = size() > 1 ? exchange_split(g, what) : std::vector<SplitEntry>{{g.color, g.key}};
+      every = exchanged;
+    }
+    const detail::SplitMembers members = detail::split_members(every, g.color, rank());
     const auto ranks = global_ranks();
     for (int r : members.ranks) {
       g.global_ranks.push_back(ranks[static_cast<std::size_t>(r)]);

@@ -40,15 +40,18 @@ struct SplitGroup {
   int rank = -1;
 };
 
+/// One member's arguments to split(): its colour and key.
+struct SplitEntry {
+  int color = 0;
+  int key = 0;
+  friend constexpr bool operator==(const SplitEntry&, const SplitEntry&) noexcept = default;
+};
+
 } // namespace dtensor
 
 namespace dtensor::detail {
 
-/// One member's arguments to split().
-struct SplitEntry {
-  int color = 0;
-  int key = 0;
-};
+using dtensor::SplitEntry;
 
 /// The members of one colour: their old-group ranks in new-group order, and this member's new rank
 /// (-1 when it is not one of them).

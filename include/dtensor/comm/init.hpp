@@ -27,6 +27,9 @@
 // store (gloo: its pair addresses; NCCL: the unique id), and all ranks meet at a store barrier before
 // init_process_group returns.
 //
+// A dry run: DTENSOR_BACKEND=fake (or InitOptions::backend "fake") makes fake_world(RANK, WORLD_SIZE), the
+// process alone playing that rank (backends/fake/backend.hpp): no store, no rendezvous, no launcher.
+//
 // Backend: InitOptions::backend, else DTENSOR_BACKEND, else "auto": a name in the backend registry
 // (backends/registry.hpp: "gloo", "nccl" and "mpi" when this program includes them, as this header does
 // when dtensor was built with them), made with make_backend; "auto" picks NCCL when a CUDA device is
@@ -36,6 +39,7 @@
 // InitOptions::timeout, else DTENSOR_TIMEOUT (seconds), else kDefaultOpTimeout (10 minutes: the policy in
 // core/timeout.hpp).
 
+#include "dtensor/backends/fake/backend.hpp"
 #include "dtensor/backends/registry.hpp"
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/env.hpp"
@@ -62,9 +66,11 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dtensor {
 
@@ -312,12 +318,29 @@ inline std::shared_ptr<TcpStore> connect_store(const DistEnv& env, std::chrono::
   return std::make_shared<TcpStore>(env.master_addr, env.master_port, so);
 }
 
+/// Rank `rank` of a world of `size` on the fake backend (backends/fake/backend.hpp): this process alone
+/// plays that rank, every op completes at once, nothing is exchanged. For dry runs.
+inline ProcessGroup fake_world(int rank, int size, std::chrono::milliseconds timeout = kDefaultOpTimeout) {
+  DTENSOR_CHECK(size >= 1 && rank >= 0 && rank < size,
+                "fake_world: rank " + std::to_string(rank) + " of a world of " + std::to_string(size));
+  std::vector<int> global(static_cast<std::size_t>(size));
+  std::iota(global.begin(), global.end(), 0);
+  return ProcessGroup(std::make_shared<FakeBackend>(std::move(global), rank, timeout));
+}
+
 /// The world group of this job (see the top of this file). Collective over every rank of the job.
 /// Throws TimeoutError when the store or a rank does not answer within the timeout, Error otherwise.
 inline ProcessGroup init_process_group(InitOptions options = {}) {
-  const DistEnv env = options.env ? *options.env : read_dist_env();
   const std::chrono::milliseconds timeout = detail::init_timeout(options.timeout);
   const std::string backend = detail::resolve_backend(options.backend);
+  if (backend == "fake") { // a dry run: this process plays rank RANK of WORLD_SIZE alone, meeting nobody
+    const DistEnv env = options.env ? *options.env : read_dist_env([](const char* name) {
+      auto v = detail::system_env(name);
+      return v || std::string_view(name) != "MASTER_ADDR" ? v : std::optional<std::string>("127.0.0.1");
+    });
+    return fake_world(env.rank, env.world_size, timeout);
+  }
+  const DistEnv env = options.env ? *options.env : read_dist_env();
 
   std::shared_ptr<Store> store = options.store;
   std::shared_ptr<TcpStore> own_store;

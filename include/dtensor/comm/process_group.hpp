@@ -15,6 +15,7 @@
 // any communication and returns the op's completion.
 
 #include "dtensor/backends/backend.hpp"
+#include "dtensor/backends/split.hpp"
 #include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/comm/stream.hpp"
 #include "dtensor/comm/wait_timer.hpp"
@@ -93,6 +94,11 @@ public:
   /// ncclCommSplit: every member calls it; members with the same color >= 0 form one group, ordered by
   /// (key, rank); color < 0 gives a non-member handle.
   ProcessGroup split(int color, int key) const { return ProcessGroup(impl("split").split(color, key)); }
+  /// split(color, key) where every member passes every member's (colour, key), `every[r]` member r's (a
+  /// mesh's axis groups, which each rank computes): nothing is exchanged first.
+  ProcessGroup split(int color, int key, std::span<const SplitEntry> every) const {
+    return ProcessGroup(impl("split").split(color, key, every));
+  }
 
   /// Fails every pending and future op of this group and releases peers blocked on this rank.
   void abort(std::string_view reason) const { impl("abort").abort(reason); }

@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dtensor/backends/split.hpp"
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/error.hpp"
@@ -336,7 +337,13 @@ DeviceMesh<Shape> init_device_mesh(const ProcessGroup& world, Sizes... dynamic_s
   std::array<ProcessGroup, Shape::rank> groups;
   for (int a = 0; a < Shape::rank; ++a) {
     axes[a].push_back(a);
-    groups[a] = world.split(axis_color(world.rank(), a, root->sizes), axis_key(world.rank(), a, root->sizes));
+    // Every member's colour and key are functions of its rank, so each computes them all: no exchange.
+    std::vector<SplitEntry> every(static_cast<std::size_t>(world.size()));
+    for (int r = 0; r < world.size(); ++r) {
+      every[static_cast<std::size_t>(r)] = {axis_color(r, a, root->sizes), axis_key(r, a, root->sizes)};
+    }
+    const SplitEntry& mine = every[static_cast<std::size_t>(world.rank())];
+    groups[a] = world.split(mine.color, mine.key, every);
   }
   return DeviceMesh<Shape>(std::move(root), axes, std::move(groups));
 }

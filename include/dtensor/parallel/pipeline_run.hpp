@@ -40,6 +40,11 @@
 // one small message per link a step, and a rank's run ends when its neighbours have checked what it sent.
 // On CUDA (NCCL), where receives are not posted ahead, the receiving stage reports a mismatch alone.
 //
+// A dry run (a pp group on the fake backend, backends/fake/backend.hpp: this process plays one stage alone)
+// has no neighbour to send headers: a header receive there is left as it was, so each is filled first with
+// what this rank expects, its global shape from PipelineRunOptions::boundary_shape (nn::PipelineTrainer
+// gives (micro-batch, sequence, hidden)). The shards it receives are zeros.
+//
 // FSDP inside a stage (nn::PipelineTrainer, parallel/layers/pipeline_trainer.hpp): each chunk's
 // FlatParamGroups are gathered once per step and kept for all its micro-batches; the gradients of the first m
 // - 1 backwards accumulate unsharded (accumulate_gradients) and the chunk's last backward reduce_scatters the
@@ -47,6 +52,7 @@
 // reduce_scatter m times a step for the memory of one chunk's unsharded parameters, which a pipeline stage
 // (a fraction of the model) can hold; torchtitan makes the same choice for pipelined FSDP.
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -86,6 +92,9 @@ struct PipelineRunOptions {
   /// Forwards only (evaluation): micro-batch by micro-batch, each rank's chunks in order; backward is
   /// never called and may be empty.
   bool forward_only = false;
+  /// The global shape of what crosses a boundary in micro-batch `mb` (activation and gradient alike). Used
+  /// only in a dry run (a pp group on the fake backend), where no neighbour sends it; required there.
+  std::function<std::vector<std::int64_t>(int mb)> boundary_shape{};
 };
 
 /// What a run did on this rank: the steps in the order run, the time in them and in total.
@@ -110,11 +119,16 @@ public:
   TypedPipelineRun(const ProcessGroup& pp, const typename Act::mesh_type& stage_mesh,
                    PipelineChunks<Act>& chunks, const PipelineRunOptions& o)
       : pp_(pp), mesh_(stage_mesh), chunks_(chunks), o_(o), s_(pp.rank()), p_(pp.size()),
-        stages_(o.shape.stages * o.shape.chunks), guarded_(o.device.is_cpu()) {
+        stages_(o.shape.stages * o.shape.chunks), guarded_(o.device.is_cpu()),
+        dry_(pp.backend_name() == "fake") {
     DTENSOR_CHECK(o.shape.stages == p_, "run_pipeline: the shape names " + std::to_string(o.shape.stages) +
                                             " stages, the pp group has " + std::to_string(p_) + " ranks");
     DTENSOR_CHECK(chunks.forward && (chunks.backward || o.forward_only),
                   "run_pipeline: PipelineChunks needs forward and backward");
+    DTENSOR_CHECK(
+        !dry_ || o.boundary_shape,
+        "run_pipeline: a dry run (the pp group is on the fake backend) has no neighbour to send the "
+        "shapes that cross a boundary: set PipelineRunOptions::boundary_shape");
   }
 
   PipelineRunStats run() {
@@ -355,6 +369,20 @@ private:
     return header;
   }
 
+  /// A dry run's header of `kind` for micro-batch `mb` from model stage `from`, as the neighbour would send
+  /// it: the global shape from PipelineRunOptions::boundary_shape, the shard this coordinate gets of it.
+  Tensor<std::int64_t, 1> expected_header(int kind, int mb, int from) const {
+    const std::vector<std::int64_t> shape = o_.boundary_shape(mb);
+    DTENSOR_CHECK(shape.size() == std::size_t(R), "run_pipeline: boundary_shape(" + std::to_string(mb) +
+                                                      ") has " + std::to_string(shape.size()) +
+                                                      " dims; what crosses a boundary has " +
+                                                      std::to_string(R));
+    std::array<std::int64_t, R> global{};
+    std::copy(shape.begin(), shape.end(), global.begin());
+    const Block mine = spec_block(detail::to_extents(global), Act::spec, mesh_.sizes(), mesh_.coordinate());
+    return header_of(kind, mb, from, {global, detail::to_array<R>(mine.shape)});
+  }
+
   static double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -373,13 +401,14 @@ private:
         continue;
       }
       const int kind = forward ? kForward : kBackward;
-      Tensor<std::int64_t, 1> header({kHeader});
+      Tensor<std::int64_t, 1> header =
+          dry_ ? expected_header(kind, a.microbatch, from) : Tensor<std::int64_t, 1>({kHeader});
       Work w = irecv(header, rank_of(from), pp_, tag(kind, 0));
       headers_.emplace(std::tuple{kind, a.microbatch, g}, std::pair{header, std::move(w)});
     }
     links(order);
     for (const auto& link : recv_links_) { // each link's last header: done, or why the peer stopped
-      Tensor<std::int64_t, 1> header({kHeader});
+      Tensor<std::int64_t, 1> header = dry_ ? header_of(kDone, 0, 0) : Tensor<std::int64_t, 1>({kHeader});
       Work w = irecv(header, link.first, pp_, tag(link.second, 0));
       done_.emplace(link, std::pair{header, std::move(w)});
     }
@@ -469,6 +498,9 @@ private:
                   " (the stages' sub-meshes or placements differ)");
     }
     typename Act::local_type local(local_shape, dev);
+    if (dry_) {
+      local.fill({}); // what the fake leaves in a receive with no sender
+    }
     recv(local, peer, pp_, tag(kind, 1));
     count_message(peer);
     return Act(mesh_, std::move(local), global);
@@ -481,6 +513,7 @@ private:
   int s_, p_, stages_;
   std::vector<Work> pending_;
   bool guarded_; ///< host tensors: headers received ahead, done and abort headers on every link
+  bool dry_;     ///< a dry run: the pp group is on the fake backend (see the top of this file)
   bool notified_ = false;
   std::optional<Abort> abort_;
   std::set<std::pair<int, int>> send_links_, recv_links_; ///< (peer, kind)

@@ -96,7 +96,8 @@ public:
 
   PipelineTrainer(const ProcessGroup& pp, const DeviceMesh<Mesh>& stage_mesh, Model model,
                   PipelineTrainerOptions options = {})
-      : pp_(pp), mesh_(stage_mesh), options_(options), model_(std::move(model)) {
+      : pp_(pp), mesh_(stage_mesh), options_(options), model_(std::move(model)),
+        hidden_(model_.embedding.weight.global_shape()[1]) {
     DTENSOR_CHECK(options.chunks >= 1 &&
                       (options.chunks == 1 || options.schedule == Schedule::interleaved_one_f_one_b),
                   "nn::PipelineTrainer: " + std::to_string(options.chunks) + " chunks per pp rank under " +
@@ -166,10 +167,12 @@ public:
       ++chunks_[std::size_t(c)].backwards;
       return din;
     };
-    last_run_ = run_pipeline(pp_, mesh_, fns,
-                             {.schedule = options_.schedule,
-                              .shape = {.stages = pp_.size(), .microbatches = m, .chunks = options_.chunks},
-                              .device = device()});
+    last_run_ = run_pipeline(
+        pp_, mesh_, fns,
+        {.schedule = options_.schedule,
+         .shape = {.stages = pp_.size(), .microbatches = m, .chunks = options_.chunks},
+         .device = device(),
+         .boundary_shape = [&](int mb) { return boundary_shape(micro[std::size_t(mb)].first); }});
     for (Chunk& k : chunks_) {
       DTENSOR_CHECK(k.backwards == m, "nn::PipelineTrainer::step: model stage " + std::to_string(k.stage) +
                                           " ran " + std::to_string(k.backwards) + " backwards of " +
@@ -240,7 +243,8 @@ public:
     (void)run_pipeline(pp_, mesh_, fns,
                        {.shape = {.stages = pp_.size(), .microbatches = 1, .chunks = options_.chunks},
                         .device = device(),
-                        .forward_only = true});
+                        .forward_only = true,
+                        .boundary_shape = [&](int) { return boundary_shape(ids); }});
     for_each_group([](auto& g) { g.reshard(); });
     Tensor<double, 1> sum = Tensor<double, 1>::full({1}, loss, device());
     all_reduce(sum, ReduceOp::sum, pp_);
@@ -274,6 +278,11 @@ public:
   }
 
 private:
+  /// What crosses a stage boundary for a micro-batch of `ids` (batch, sequence): (batch, sequence, hidden).
+  std::vector<std::int64_t> boundary_shape(const ids_type& ids) const {
+    return {ids.global_shape()[0], ids.global_shape()[1], hidden_};
+  }
+
   /// The parameters' device (every model stage holds a block: pipeline_layers gives each at least one).
   Device device() const { return chunks_.front().blocks.front().local_param().device(); }
 
@@ -382,6 +391,7 @@ private:
   DeviceMesh<Mesh> mesh_;
   PipelineTrainerOptions options_;
   Model model_;
+  std::int64_t hidden_; ///< the model's hidden size: the last dim of what crosses a stage boundary
   std::vector<Chunk> chunks_;
   PipelineRunStats last_run_;
 };

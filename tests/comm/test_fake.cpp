@@ -1,0 +1,377 @@
+// The fake backend (backends/fake/backend.hpp): one process plays one rank of a group of any size.
+//
+// The reference is a real group (in-process gloo ranks) whose members hold what the fake's premise says
+// they hold: the same data on every member (all_reduce ... gather), symmetric traffic (all_to_all), a
+// shift of equal blocks (send / recv). Every rank of the real group must end with exactly what
+// fake_world(rank, n) gives that rank, at 1 to 4 ranks; outputs are poisoned first. What a rank of a real
+// mesh communicates in a redistribution (CommDebugMode's table: ops, axes, bytes) must equal what the
+// same rank of a fake world records, over every source and target placement, with uneven and empty
+// shards. Then the scale the fake exists for: a mesh of 16,384 ranks built in one process.
+
+#include "common.hpp"
+#include "dtensor/backends/fake/backend.hpp"
+#include "dtensor/comm/comm_debug.hpp"
+#include "dtensor/comm/init.hpp"
+#include "dtensor/layout/shard_spec.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/tensor/dtensor.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace comm_test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+/// One rank's outputs of the op sequence below, in order, as doubles.
+using Outputs = std::vector<std::vector<double>>;
+
+template <class T, int Rank>
+std::vector<double> values_of(const Tensor<T, Rank>& t) {
+  std::vector<double> v;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    v.push_back(as_double(t.data()[i]));
+  }
+  return v;
+}
+
+template <class T>
+Tensor<T, 1> poisoned(std::int64_t n) {
+  return Tensor<T, 1>::full({n}, poison<T>());
+}
+
+/// Every op on `group`, with data that satisfies the fake's premise; returns this rank's outputs.
+template <class T>
+Outputs run_ops(const ProcessGroup& group) {
+  const int n = group.size(), r = group.rank();
+  Outputs out;
+  // The same data on every member: 1 2 3 4 5 (small enough for a product over 4 ranks).
+  auto same = [] {
+    Tensor<T, 1> t({5});
+    for (int i = 0; i < 5; ++i) {
+      t(i) = from_int<T>(i + 1);
+    }
+    return t;
+  };
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::product}) {
+    auto t = same();
+    all_reduce(t, op, group);
+    out.push_back(values_of(t));
+  }
+  for (int root : {0, n - 1}) {
+    auto t = same();
+    reduce(t, root, ReduceOp::sum, group);
+    out.push_back(values_of(t));
+    auto b = same();
+    broadcast(b, root, group);
+    out.push_back(values_of(b));
+  }
+  {
+    auto g = poisoned<T>(5 * n);
+    all_gather_into_tensor(g, same(), group);
+    out.push_back(values_of(g));
+  }
+  {
+    // reduce_scatter of [n*2]: every member's input is 1..2n.
+    Tensor<T, 1> in({2 * n});
+    for (int i = 0; i < 2 * n; ++i) {
+      in(i) = from_int<T>(i + 1);
+    }
+    auto o = poisoned<T>(2);
+    reduce_scatter_tensor(o, in, ReduceOp::sum, group);
+    out.push_back(values_of(o));
+  }
+  {
+    // all_to_all with splits: member r sends member j (r + j) % 3 rows (none for some pairs) of values
+    // 10 * (r + j) + min(r, j) + k, symmetric in (r, j): what j sends r is what r sends j.
+    std::vector<std::int64_t> send(n), recv(n);
+    std::int64_t total = 0;
+    for (int j = 0; j < n; ++j) {
+      send[j] = recv[j] = (r + j) % 3;
+      total += send[j];
+    }
+    Tensor<T, 1> in({total});
+    std::int64_t at = 0;
+    for (int j = 0; j < n; ++j) {
+      for (std::int64_t k = 0; k < send[j]; ++k) {
+        in(at++) = from_int<T>(10 * (r + j) + std::min(r, j) + k);
+      }
+    }
+    auto o = poisoned<T>(total);
+    all_to_all_single(o, in, recv, send, group);
+    out.push_back(values_of(o));
+  }
+  for (int root : {0, n - 1}) {
+    std::vector<Tensor<T, 1>> blocks;
+    for (int i = 0; i < n && r == root; ++i) {
+      blocks.push_back(poisoned<T>(5));
+    }
+    gather(same(), r == root ? &blocks : nullptr, root, group);
+    for (const auto& b : blocks) {
+      out.push_back(values_of(b));
+    }
+  }
+  {
+    // scatter: the root's own block is compared; the other members' blocks are the root's, not here.
+    std::vector<Tensor<T, 1>> list;
+    for (int i = 0; i < n && r == 0; ++i) {
+      list.push_back(Tensor<T, 1>::full({3}, from_int<T>(i + 7)));
+    }
+    auto o = poisoned<T>(3);
+    scatter(o, list, 0, group);
+    if (r == 0) {
+      out.push_back(values_of(o));
+    }
+  }
+  if (n > 1) {
+    // A shift: every member sends its next the same block and receives its previous one's.
+    auto o = poisoned<T>(4);
+    const auto mine = same().narrow(0, 1, 4).contiguous();
+    const std::vector<P2POp> ops{{P2POp::isend, mine, (r + 1) % n, group},
+                                 {P2POp::irecv, o, (r + n - 1) % n, group}};
+    for (auto& w : batch_isend_irecv(ops)) {
+      w.wait();
+    }
+    out.push_back(values_of(o));
+  }
+  barrier(group);
+  return out;
+}
+
+/// Every placement pair on a (dp, tp) mesh, as one rank's CommDebugMode table per pair.
+using Mesh2 = MeshShape<Axis<"dp">, Axis<"tp">>;
+
+template <class... Ts>
+struct List {};
+template <class... Ts, class F>
+void for_each_type(List<Ts...>, F&& f) {
+  (f.template operator()<Ts>(), ...);
+}
+
+std::vector<std::string> redistribution_tables(const ProcessGroup& world, int dp, int tp) {
+  auto mesh = init_device_mesh<Mesh2>(world, dp, tp);
+  using Sources = List<Replicate, Shard<0>, Shard<1>, Partial<>>;
+  using Targets = List<Replicate, Shard<0>, Shard<1>>;
+  std::vector<std::string> tables;
+  // (7, 5): uneven shards; (2, 3) on 3 or 4 ranks of an axis: empty ones.
+  for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{7, 5}, {2, 3}}) {
+    for_each_type(Sources{}, [&]<class A0>() {
+      for_each_type(Sources{}, [&]<class A1>() {
+        for_each_type(Targets{}, [&]<class B0>() {
+          for_each_type(Targets{}, [&]<class B1>() {
+            using DT = DTensor<float, 2, Mesh2, A0, A1>;
+            const Block b = spec_block(Extents{rows, cols}, DT::spec, mesh.sizes(), mesh.coordinate());
+            auto x = DT::from_local(mesh, Tensor<float, 2>::full({b.shape[0], b.shape[1]}, 1.0f),
+                                    std::array<std::int64_t, 2>{rows, cols});
+            CommDebugMode comm;
+            auto y = x.template redistribute<B0, B1>();
+            (void)y.full_tensor();
+            tables.push_back(x.template plan_for<B0, B1>().to_string() + "\n" + comm.to_string());
+          });
+        });
+      });
+    });
+  }
+  return tables;
+}
+
+} // namespace
+
+TEMPLATE_TEST_CASE("fake: every op leaves what a real group gives when the members hold alike",
+                   "[comm][fake]", float, std::int32_t, bfloat16) {
+  for (int n = 1; n <= 4; ++n) {
+    std::vector<Outputs> real(static_cast<std::size_t>(n));
+    std::mutex m;
+    testing::run_ranks(n, [&](ProcessGroup& world) {
+      Outputs o = run_ops<TestType>(world);
+      std::lock_guard lock(m);
+      real[static_cast<std::size_t>(world.rank())] = std::move(o);
+    });
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r << " of " << n);
+      const Outputs fake = run_ops<TestType>(fake_world(r, n));
+      REQUIRE(fake.size() == real[static_cast<std::size_t>(r)].size());
+      for (std::size_t i = 0; i < fake.size(); ++i) {
+        INFO("output " << i);
+        CHECK(fake[i] == real[static_cast<std::size_t>(r)][i]);
+      }
+    }
+  }
+}
+
+TEST_CASE("fake: blocks of other sizes repeat or cut this member's, and off-root outputs stay",
+          "[comm][fake]") {
+  const ProcessGroup g = fake_world(1, 4);
+  // all_gather with blocks of other sizes than this member's 2: x repeated or cut.
+  {
+    std::vector<Tensor<int, 1>> outs{poisoned<int>(3), poisoned<int>(2), poisoned<int>(5), poisoned<int>(1)};
+    Tensor<int, 1> in({2});
+    in(0) = 4;
+    in(1) = 9;
+    all_gather(outs, in, g);
+    CHECK(values_of(outs[0]) == std::vector<double>{4, 9, 4});
+    CHECK(values_of(outs[1]) == std::vector<double>{4, 9});
+    CHECK(values_of(outs[2]) == std::vector<double>{4, 9, 4, 9, 4});
+    CHECK(values_of(outs[3]) == std::vector<double>{4});
+  }
+  {
+    // An empty block of this member: the others' blocks are zeros, not left poisoned.
+    std::vector<Tensor<int, 1>> outs{poisoned<int>(2), poisoned<int>(0), poisoned<int>(1), poisoned<int>(0)};
+    all_gather(outs, poisoned<int>(0), g);
+    CHECK(values_of(outs[0]) == std::vector<double>{0, 0});
+    CHECK(values_of(outs[2]) == std::vector<double>{0});
+  }
+  {
+    // Off the root, reduce, gather and scatter leave this member's buffers as they were.
+    auto t = Tensor<int, 1>::full({3}, 5);
+    reduce(t, 0, ReduceOp::sum, g);
+    CHECK(values_of(t) == std::vector<double>{5, 5, 5});
+    auto o = poisoned<int>(2);
+    scatter(o, {}, 0, g);
+    CHECK(values_of(o) == std::vector<double>{-77, -77});
+  }
+  {
+    // A recv with no send of its size in the batch is left as it was.
+    auto o = poisoned<int>(3);
+    recv(o, 0, g);
+    CHECK(values_of(o) == std::vector<double>{-77, -77, -77});
+  }
+}
+
+TEST_CASE("fake: a rank of 16,384 reduces by doubling and builds its mesh alone", "[comm][fake]") {
+  const int n = 16384;
+  for (int rank : {0, 5, 9000, n - 1}) {
+    INFO("rank " << rank);
+    const ProcessGroup world = fake_world(rank, n);
+    CHECK(world.size() == n);
+    CHECK(world.rank() == rank);
+    CHECK(world.backend_name() == "fake");
+    auto t = Tensor<std::int64_t, 1>::full({3}, 3);
+    all_reduce(t, ReduceOp::sum, world);
+    CHECK(values_of(t) == std::vector<double>{3.0 * n, 3.0 * n, 3.0 * n});
+    auto f = Tensor<float, 1>::full({2}, 0.5f);
+    all_reduce(f, ReduceOp::avg, world);
+    CHECK(values_of(f) == std::vector<double>{0.5, 0.5});
+    auto p = Tensor<std::int32_t, 1>::full({1}, -1);
+    all_reduce(p, ReduceOp::product, world); // (-1)^16384
+    CHECK(values_of(p) == std::vector<double>{1});
+
+    // (pp 16, dp 128, tp 8): the axis groups are what the coordinates say; nothing was exchanged.
+    using Mesh3 = MeshShape<Axis<"pp">, Axis<"dp">, Axis<"tp">>;
+    CommDebugMode comm;
+    auto mesh = init_device_mesh<Mesh3>(world, 16, 128, 8);
+    const int pp = rank / 1024, dp = rank / 8 % 128, tp = rank % 8;
+    CHECK(mesh.local_rank<"pp">() == pp);
+    CHECK(mesh.local_rank<"dp">() == dp);
+    CHECK(mesh.local_rank<"tp">() == tp);
+    const auto tp_ranks = mesh.group<"tp">().ranks();
+    REQUIRE(tp_ranks.size() == 8);
+    for (int i = 0; i < 8; ++i) {
+      CHECK(tp_ranks[i] == rank - tp + i);
+    }
+    const auto dp_ranks = mesh.group<"dp">().ranks();
+    REQUIRE(dp_ranks.size() == 128);
+    CHECK(dp_ranks[127] == pp * 1024 + 127 * 8 + tp);
+    const auto pp_ranks = mesh.group<"pp">().ranks();
+    REQUIRE(pp_ranks.size() == 16);
+    CHECK(pp_ranks[15] == 15 * 1024 + dp * 8 + tp);
+    const ProcessGroup& dp_tp = mesh.group_over(axis_bit(1) | axis_bit(2));
+    CHECK(dp_tp.size() == 1024);
+    CHECK(dp_tp.rank() == dp * 8 + tp);
+    CHECK(comm.total_count() == 0);
+
+    // CommDebugMode sees the fake's ops with their axis and bytes, as it sees a real group's.
+    auto x = Tensor<float, 1>::full({1024}, 1.0f);
+    all_reduce(x, ReduceOp::sum, mesh.group<"tp">());
+    CHECK(comm.count("all_reduce", "tp") == 1);
+    CHECK(comm.bytes("all_reduce", "tp") == 2 * 7 * 1024 * 4 / 8);
+  }
+}
+
+TEST_CASE("fake: a rank's redistributions communicate what the same rank of a real mesh does",
+          "[comm][fake]") {
+  for (auto [dp, tp] : {std::pair{1, 1}, {1, 2}, {2, 1}, {1, 3}, {3, 1}, {2, 2}, {1, 4}, {4, 1}}) {
+    const int n = dp * tp;
+    std::vector<std::vector<std::string>> real(static_cast<std::size_t>(n));
+    std::mutex m;
+    testing::run_ranks(n, [&](ProcessGroup& world) {
+      auto t = redistribution_tables(world, dp, tp);
+      std::lock_guard lock(m);
+      real[static_cast<std::size_t>(world.rank())] = std::move(t);
+    });
+    for (int r = 0; r < n; ++r) {
+      const auto fake = redistribution_tables(fake_world(r, n), dp, tp);
+      REQUIRE(fake.size() == real[static_cast<std::size_t>(r)].size());
+      for (std::size_t i = 0; i < fake.size(); ++i) {
+        INFO("rank " << r << " of (dp " << dp << ", tp " << tp << ")");
+        CHECK(fake[i] == real[static_cast<std::size_t>(r)][i]);
+      }
+    }
+  }
+}
+
+TEST_CASE("fake: what it cannot do is an error naming the rank, group and op", "[comm][fake]") {
+  const ProcessGroup g = fake_world(2, 3);
+  // The exchanging split: the other members are not here to say their colours.
+  CHECK_THROWS_WITH(g.split(0, 2),
+                    Contains("rank 2 (global 2) of fake group [0,1,2]: split(color 0, key 2)") &&
+                        Contains("call split(color, key, every)"));
+  const std::vector<SplitEntry> every{{0, 0}, {1, 1}, {0, 2}};
+  const ProcessGroup even = g.split(0, 2, every);
+  CHECK(even.size() == 2);
+  CHECK(even.rank() == 1);
+  CHECK(std::vector<int>(even.ranks().begin(), even.ranks().end()) == std::vector<int>{0, 2});
+  CHECK_THROWS_WITH(g.split(0, 2, std::vector<SplitEntry>{{0, 0}}),
+                    Contains("split: 1 colours and keys given for a group of 3"));
+  CHECK_THROWS_WITH(g.split(1, 2, every),
+                    Contains("the list gives this member colour 0 and key 2, but it passes "
+                             "colour 1 and key 2"));
+  // Device memory: the fake copies on the host.
+  int dummy[2] = {};
+  CHECK_THROWS_WITH(g.backend().all_reduce({dummy, 2, DType::int32, Device::cuda(0)}, ReduceOp::sum, {}),
+                    Contains("fake group [0,1,2]: all_reduce: the tensor is on cuda:0") &&
+                        Contains("pass host memory"));
+  CHECK_THROWS_WITH(fake_world(3, 3), Contains("fake_world: rank 3 of a world of 3"));
+  // Large groups are named by their ends.
+  CHECK_THAT(fake_world(7, 100).to_string(),
+             Contains("rank 7 (global 7) of fake group [0,...,99] (100 ranks)"));
+}
+
+TEST_CASE("fake: DTENSOR_BACKEND=fake makes init_process_group play one rank alone", "[comm][fake]") {
+  InitOptions o;
+  o.backend = "fake";
+  DistEnv env;
+  env.rank = 5;
+  env.world_size = 8;
+  env.source = "torchrun";
+  o.env = env;
+  const ProcessGroup world = init_process_group(o);
+  CHECK(world.rank() == 5);
+  CHECK(world.size() == 8);
+  CHECK(world.backend_name() == "fake");
+  auto t = Tensor<int, 1>::full({2}, 2);
+  all_reduce(t, ReduceOp::sum, world);
+  CHECK(values_of(t) == std::vector<double>{16, 16});
+  // "auto" never picks it.
+  CHECK(resolve_backend_name("auto") != "fake");
+
+  // From the environment alone, as a program is dry-run: no MASTER_ADDR, no store, no launcher.
+  ::setenv("DTENSOR_BACKEND", "fake", 1);
+  ::setenv("RANK", "3", 1);
+  ::setenv("WORLD_SIZE", "4", 1);
+  const ProcessGroup from_env = init_process_group();
+  ::unsetenv("DTENSOR_BACKEND");
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  CHECK(from_env.rank() == 3);
+  CHECK(from_env.size() == 4);
+  CHECK(from_env.backend_name() == "fake");
+}
