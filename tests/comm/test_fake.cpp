@@ -298,7 +298,7 @@ TEST_CASE("fake: a rank of 16,384 reduces by doubling and builds its mesh alone"
 
 TEST_CASE("fake: a rank's redistributions communicate what the same rank of a real mesh does",
           "[comm][fake]") {
-  for (auto [dp, tp] : {std::pair{1, 1}, {1, 2}, {2, 1}, {1, 3}, {3, 1}, {2, 2}, {1, 4}, {4, 1}}) {
+  for (auto [dp, tp] : {std::pair{1, 1}, {2, 1}, {1, 3}, {2, 2}}) { // 1 to 4 ranks
     const int n = dp * tp;
     std::vector<std::vector<std::string>> real(static_cast<std::size_t>(n));
     std::mutex m;
