@@ -143,6 +143,7 @@ Outputs run_ops(const ProcessGroup& group) {
     out.push_back(values_of(o));
   }
   barrier(group);
+  monitored_barrier(group);
   return out;
 }
 

@@ -201,8 +201,7 @@ public:
     check_not_aborted("monitored_barrier");
     const std::int64_t n = monitored_.fetch_add(1);
     if (size() > 1) {
-      detail::monitored_barrier(split_store(), n, rank(), global_ranks(),
-                                timeout.count() > 0 ? timeout : this->timeout(), where("monitored_barrier"));
+      do_monitored_barrier(n, timeout.count() > 0 ? timeout : this->timeout());
     }
   }
 
@@ -338,6 +337,11 @@ protected:
     DTENSOR_CHECK(store != nullptr, what + ": no store to exchange the colours and keys through");
     return detail::exchange_split_colors(*store, "split" + std::to_string(g.index), rank(), size(), g.color,
                                          g.key, timeout(), what);
+  }
+  /// monitored_barrier #n on a group of several members, waiting at most `limit`. Default: through
+  /// split_store() (backends/monitored_barrier.hpp); the fake backend, whose members never wait, returns.
+  virtual void do_monitored_barrier(std::int64_t n, std::chrono::milliseconds limit) {
+    detail::monitored_barrier(split_store(), n, rank(), global_ranks(), limit, where("monitored_barrier"));
   }
   /// The communication side of abort(); the front already fails later ops. Default: nothing more.
   virtual void do_abort(std::string_view /*reason*/) {}

@@ -23,7 +23,7 @@
 //   gather          on the root every block from x; scatter: the root's own block, elsewhere unchanged
 //   send / recv     a recv takes the data of the batch's next unused send of the same size (a shift
 //                   exchange: what this rank sends on, it receives), else is left unchanged
-//   barrier         nothing
+//   barrier         nothing (monitored_barrier too: every member arrives)
 // new_group makes its group here. split needs every member's colour and key, which the other members are
 // not here to tell: Backend::split(color, key, every), as init_device_mesh calls it; the exchanging form
 // throws. Buffers are host memory (the data is copied on the host).
@@ -196,6 +196,7 @@ protected:
     return done();
   }
   WorkPtr do_barrier(const CommOptions&) override { return done(); }
+  void do_monitored_barrier(std::int64_t, std::chrono::milliseconds) override {} // every member is here
   WorkPtr do_p2p(std::span<const P2PRequest> requests, const CommOptions&) override {
     std::vector<bool> used(requests.size(), false);
     for (const P2PRequest& r : requests) {
