@@ -39,9 +39,14 @@
 //   --comm-table P    every rank writes what it communicated in the training (CommDebugMode's table: op,
 //                     mesh axes, count, bytes received) to P.<rank>; a dry run (DTENSOR_BACKEND=fake RANK=r
 //                     WORLD_SIZE=n, one process alone) writes the same table as rank r of the real run
+//   --memory-table P  every rank writes the host memory of the training to P.<rank>: the peak of its
+//                     tensors (MemoryTracker, core/memory_tracker.hpp), by category (parameters, gradients,
+//                     optimizer state, activations, communication buffers), and the peak of the whole heap
+//                     as this program measures it (every operator new, on every thread), both from the
+//                     start of the training on
 //   --check           also train the same model on one rank in this process and compare: the loss at every
 //                     step and every final parameter (float: 1e-4 relative; --mixed against the float run:
-//                     5e-2, bfloat16 keeps 8 bits of mantissa); exits 1 on a mismatch
+//                     5e-2, bfloat16 keeps 8 bits of mantissa); exits 1 on a mismatch. Skipped in a dry run
 //
 // Rank 0 prints tokens/s and the part of a step spent waiting on the data-parallel communication: FSDP's
 // all_gathers and reduce_scatters (FsdpSchedule::stats), or DDP's bucket waits and the reductions over the
@@ -54,6 +59,7 @@
 
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
+#include <dtensor/core/memory_tracker.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/parallel/fsdp.hpp>
 #include <dtensor/parallel/layers/block.hpp>
@@ -79,6 +85,15 @@
 #include <type_traits>
 #include <vector>
 
+// The measured heap (--memory-table): every operator new of the process, on every thread (the backend's
+// included). Not under a sanitizer, whose allocator is in charge, nor without glibc.
+#if defined(__GLIBC__) && !DTENSOR_DETAIL_SANITIZED_ALLOCATOR
+#define GPT_HEAP_COUNTED 1
+#include <dtensor/testing/heap_counter.hpp>
+#else
+#define GPT_HEAP_COUNTED 0
+#endif
+
 using namespace dtensor;
 
 namespace {
@@ -92,7 +107,8 @@ using RingCp =
 using UlyssesCp = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::ContextParallel<Ulysses<"cp">>>;
 
 struct Options {
-  std::string layout = "fsdp_tp", data = "/usr/share/games/fortunes", csv, save, resume, comm_table;
+  std::string layout = "fsdp_tp", data = "/usr/share/games/fortunes", csv, save, resume, comm_table,
+              memory_table;
   bool mixed = false, check = false;
   int steps = 450, eval_every = 25, eval_batches = 4, sample = 240;
   Schedule schedule = Schedule::one_f_one_b;
@@ -332,7 +348,9 @@ Run train_layout(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& 
         trainer->state());
   }
   trainer->with_gathered([&](auto& m) {
-    run.params = full_values(m);
+    if (o.check) { // the final parameters, for the comparison with one rank
+      run.params = full_values(m);
+    }
     run.sample = o.sample > 0 ? generate(m, mesh, text, "Q: ", o.sample, o.seq) : "";
   });
   return run;
@@ -374,7 +392,10 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
     opt.set_lr(lr_at(o, s));
     record_step<L>(run, trainer->step(std::span(micro), opt), t0, s, mesh, text, o, *trainer, print);
   }
-  run.params.resize(count);
+  if (!o.check) {
+    return run;
+  }
+  run.params.resize(count); // the final parameters, for the comparison with one rank
   trainer->for_each_parameter([&](int i, const auto& w) {
     const auto full = w.full_tensor();
     std::vector<float>& v = run.params[std::size_t(i)];
@@ -392,7 +413,7 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
       "[--mixed] [--schedule 1f1b|gpipe|interleaved] [--chunks V] [--microbatches M] [--steps N] [--batch B] "
       "[--seq S] [--layers K] [--hidden H] [--heads N] [--kv-heads N] [--ffn F] "
       "[--lr X] [--eval-every N] [--eval-batches N] [--sample N] [--csv FILE] [--data PATH] [--save DIR] "
-      "[--resume DIR] [--comm-table PREFIX] [--check]\n",
+      "[--resume DIR] [--comm-table PREFIX] [--memory-table PREFIX] [--check]\n",
       why.c_str());
   std::exit(2);
 }
@@ -428,6 +449,8 @@ Options parse(int argc, char** argv) {
       o.csv = v;
     } else if (a == "--comm-table") {
       o.comm_table = v;
+    } else if (a == "--memory-table") {
+      o.memory_table = v;
     } else if (a == "--lr") {
       o.lr = std::atof(v.c_str());
     } else if (a == "--sample") {
@@ -579,6 +602,15 @@ int run_main(int argc, char** argv) {
   if (!o.comm_table.empty()) {
     comm.emplace();
   }
+  std::optional<MemoryTracker> memory; // --memory-table: this rank's tensors, and the heap, from here on
+  std::int64_t heap_at_start = 0;
+  if (!o.memory_table.empty()) {
+#if GPT_HEAP_COUNTED
+    heap_at_start = testing::heap::live();
+    testing::heap::reset_peak();
+#endif
+    memory.emplace();
+  }
   const Run run = [&] {
     if (!pipelined) {
       return train(init_device_mesh<Mesh>(world, dp, cp, tp), o.layout, o.mixed, print);
@@ -598,6 +630,24 @@ int run_main(int argc, char** argv) {
     }
     comm.reset();
   }
+  if (memory) {
+    const MemoryStats m = memory->stats();
+    const std::string path = o.memory_table + "." + std::to_string(world.rank());
+    std::ofstream out(path);
+    out << "tensor_peak " << m.peak_total << "\n";
+#if GPT_HEAP_COUNTED
+    out << "heap_peak " << testing::heap::peak() - heap_at_start << "\n";
+#else
+    (void)heap_at_start;
+#endif
+    out << m.to_string();
+    out.close();
+    if (!out) {
+      std::fprintf(stderr, "09_gpt: cannot write %s\n", path.c_str());
+      return 1;
+    }
+    memory.reset();
+  }
   const double tokens = double(o.batch * o.seq) * std::max(1, run.timed_steps);
   bool ok = true;
   if (print) {
@@ -612,7 +662,11 @@ int run_main(int argc, char** argv) {
       std::printf("sample:\n%s\n", run.sample.c_str());
     }
   }
-  if (o.check) {
+  if (o.check && world.dry_run()) {
+    if (print) {
+      std::printf("--check: skipped in a dry run (the fake backend's data is not the training's)\n");
+    }
+  } else if (o.check) {
     // The same training on one rank: a group of this rank alone, a (1, 1, 1) mesh, replicated float
     // parameters, no sample.
     const ProcessGroup one = world.new_group({world.rank()});

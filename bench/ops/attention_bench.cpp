@@ -1,7 +1,7 @@
 // The local attention kernel (local/attention.hpp: blockwise, online softmax) next to the materialised form
 // torch 1.13 computes on CPUs, softmax(q k^T * scale) v with the whole (seq x seq) score matrix per head (two
 // cblas_sgemm calls per head and a row softmax between them), in the same run, samples interleaved
-// (bench::compare): time and peak heap of each (bench/common/alloc_counter.hpp), forward only and forward
+// (bench::compare): time and peak heap of each (dtensor/testing/heap_counter.hpp), forward only and forward
 // + backward, float, batch 1, 8 heads, head_dim 64, seq 512, 2048, 8192, causal and not. The goal
 // (issue 27): time <= 1.0x the materialised form's, memory O(seq) where its is O(seq^2). Threads:
 // OPENBLAS_NUM_THREADS (scripts/bench.sh runs it with 1). The materialised backward is not timed: its
@@ -18,8 +18,8 @@
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/local/attention.hpp"
 
-#include "../common/alloc_counter.hpp"
 #include "../common/harness.hpp"
+#include <dtensor/testing/heap_counter.hpp>
 
 namespace {
 
@@ -86,14 +86,14 @@ int main(int argc, char** argv) {
       dtensor::local::AttentionParams params;
       params.causal = causal;
       // peak heap of one call of each (inputs excluded)
-      bench::alloc::reset_peak();
-      std::int64_t before = bench::alloc::live();
+      dtensor::testing::heap::reset_peak();
+      std::int64_t before = dtensor::testing::heap::live();
       auto [o, lse] = dtensor::local::attention_forward(q, k, v, params);
-      const double ours_peak = static_cast<double>(bench::alloc::peak() - before) / (1 << 20);
-      bench::alloc::reset_peak();
-      before = bench::alloc::live();
+      const double ours_peak = static_cast<double>(dtensor::testing::heap::peak() - before) / (1 << 20);
+      dtensor::testing::heap::reset_peak();
+      before = dtensor::testing::heap::live();
       materialised(q, k, v, o_ref, causal);
-      const double ref_peak = static_cast<double>(bench::alloc::peak() - before) / (1 << 20);
+      const double ref_peak = static_cast<double>(dtensor::testing::heap::peak() - before) / (1 << 20);
       double max_diff = 0;
       for (std::int64_t i = 0; i < o.numel(); ++i) {
         max_diff = std::max(max_diff, static_cast<double>(std::abs(o.data()[i] - o_ref.data()[i])));

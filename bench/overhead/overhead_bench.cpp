@@ -16,8 +16,8 @@
 // Writes bench/results/overhead.json.
 
 #include "../../tests/support/exchange_reference.hpp"
-#include "../common/alloc_counter.hpp"
 #include "../common/harness.hpp"
+#include <dtensor/testing/heap_counter.hpp>
 
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/init.hpp>
@@ -54,12 +54,12 @@ void row(Ctx& c, const std::string& suite_name, const std::string& name, F&& f) 
   p.samples = bench::scaled(c.opt, c.samples);
   p.batch = c.opt.smoke ? 1 : c.calls;
   bench::Stats s = bench::measure(p, f);
-  const std::int64_t a0 = bench::alloc::count();
+  const std::int64_t a0 = dtensor::testing::heap::count();
   const int n = c.opt.smoke ? 1 : 100;
   for (int i = 0; i < n; ++i) {
     f();
   }
-  const double allocs = double(bench::alloc::count() - a0) / n;
+  const double allocs = double(dtensor::testing::heap::count() - a0) / n;
   bench::Stats ns{s.median * 1e3, s.min * 1e3, s.max * 1e3, s.samples};
   bench::Record r{"overhead", name, "gloo", 1, 64, s, "", {}, {}};
   r.add_str("kind", suite_name)

@@ -44,8 +44,8 @@
 // redistribution_mpi_n<ranks>.json); device mode: redistribution_cuda_n<ranks>.json with backend "nccl" and
 // the host-time fields host_us, host_min_us, host_max_us.
 
-#include "../common/alloc_counter.hpp"
 #include "../common/harness.hpp"
+#include <dtensor/testing/heap_counter.hpp>
 
 #include <dtensor/backward/duality.hpp>
 #include <dtensor/comm/collectives.hpp>
@@ -200,7 +200,7 @@ struct MemProbe {
   const Ctx& c;
   explicit MemProbe(const Ctx& ctx) : c(ctx) {
     if (!c.cuda()) {
-      bench::alloc::reset_peak();
+      dtensor::testing::heap::reset_peak();
       return;
     }
 #if BENCH_HAS_DEVICE
@@ -212,7 +212,7 @@ struct MemProbe {
   /// Bytes live at the peak beyond what is live now.
   std::int64_t extra() const {
     if (!c.cuda()) {
-      return bench::alloc::peak() - bench::alloc::live();
+      return dtensor::testing::heap::peak() - dtensor::testing::heap::live();
     }
 #if BENCH_HAS_DEVICE
     device_sync(c);
@@ -404,9 +404,9 @@ struct Runner<Shape, Placements<Ps...>, Placements<Qs...>> {
     std::int64_t allocs = 0;
     {
       const MemProbe mem(c);
-      const std::int64_t n0 = bench::alloc::count();
+      const std::int64_t n0 = dtensor::testing::heap::count();
       auto y = x.template redistribute<Qs...>();
-      allocs = bench::alloc::count() - n0;
+      allocs = dtensor::testing::heap::count() - n0;
       extra = mem.extra();
       out_b = static_cast<std::int64_t>(y.local().nbytes());
     }

@@ -1,6 +1,6 @@
 // bench_train: the training step of the library (an nn::LanguageModel trained by nn::DdpTrainer or
-// nn::FsdpTrainer) per layout, timed, with every operator new counted (bench/common/alloc_counter.hpp), so it
-// also reports the heap per rank: live before training, the peak over the steps after the first (AdamW's
+// nn::FsdpTrainer) per layout, timed, with every operator new counted (dtensor/testing/heap_counter.hpp), so
+// it also reports the heap per rank: live before training, the peak over the steps after the first (AdamW's
 // state exists by then), live after. Two models: --model mlp (default), the model of examples/06_train.cpp
 // (3 nn::MlpBlocks), and --model gpt, the GPT of examples/09_gpt.cpp (3 nn::TransformerBlocks: causal
 // attention with grouped-query heads and RoPE, a SwiGLU MLP). bench/train/train_vs_torch.sh runs the mlp
@@ -30,7 +30,7 @@
 // it) the same model trains in float on one rank in this process and the losses of every step must agree
 // within 1e-4 (relative; 5e-2 with --mixed, bfloat16 keeps 8 bits of mantissa): exit 1 otherwise.
 #include "train_bench.hpp"
-#include "../common/alloc_counter.hpp"
+#include <dtensor/testing/heap_counter.hpp>
 
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/init.hpp>

@@ -2,7 +2,7 @@
 // bench_train's harness (bench/train/train_bench.cpp has the whole description): the mesh and layout, the
 // options, the tokens of a step, and train_layout<Block>, which trains an nn::LanguageModel of Block in one
 // layout and measures it. Each model is instantiated in its own translation unit.
-#include "../common/alloc_counter_api.hpp"
+#include <dtensor/testing/heap_counter_api.hpp>
 
 #include <dtensor/comm/wait_timer.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
@@ -76,7 +76,7 @@ template <class Trainer>
 Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
   optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
   Measured m;
-  m.heap_start = bench::alloc::live();
+  m.heap_start = dtensor::testing::heap::live();
   m.state_bytes = param_elements * std::int64_t(sizeof(float)) * 4; // parameter, gradient, 2 moments
   int overlapped = 0, serial = 0;
   for (int s = 0; s < o.steps; ++s) {
@@ -84,7 +84,7 @@ Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
     trainer.options().ddp.overlap = trainer.options().schedule.overlap = !serial_step;
     const auto ids = tokens(trainer.mesh(), o, s, false), targets = tokens(trainer.mesh(), o, s, true);
     if (s == 1) {
-      bench::alloc::reset_peak();
+      dtensor::testing::heap::reset_peak();
     }
     const double f0 = minor_faults();
     CommWaitTimer blocked;
@@ -105,8 +105,8 @@ Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
       m.faults += minor_faults() - f0, ++overlapped;
     }
   }
-  m.heap_peak = o.steps > 1 ? bench::alloc::peak() : 0;
-  m.heap_end = bench::alloc::live();
+  m.heap_peak = o.steps > 1 ? dtensor::testing::heap::peak() : 0;
+  m.heap_end = dtensor::testing::heap::live();
   const double a = std::max(1, overlapped), b = std::max(1, serial);
   for (auto& [key, s] : m.blocked_by_op) {
     s /= a;

@@ -340,7 +340,7 @@ TEST_CASE("fake: what it cannot do is an error naming the rank, group and op", "
   CHECK_THROWS_WITH(g.backend().all_reduce({dummy, 2, DType::int32, Device::cuda(0)}, ReduceOp::sum, {}),
                     Contains("fake group [0,1,2]: all_reduce: the tensor is on cuda:0") &&
                         Contains("pass host memory"));
-  CHECK_THROWS_WITH(fake_world(3, 3), Contains("fake_world: rank 3 of a world of 3"));
+  CHECK_THROWS_WITH(fake_world(3, 3), Contains("fake backend: rank 3 of a world of 3"));
   // Large groups are named by their ends.
   CHECK_THAT(fake_world(7, 100).to_string(),
              Contains("rank 7 (global 7) of fake group [0,...,99] (100 ranks)"));
@@ -358,6 +358,9 @@ TEST_CASE("fake: DTENSOR_BACKEND=fake makes init_process_group play one rank alo
   CHECK(world.rank() == 5);
   CHECK(world.size() == 8);
   CHECK(world.backend_name() == "fake");
+  CHECK(world.dry_run());
+  CHECK_FALSE(backend_traits("fake").meets_peers);
+  CHECK(backend_traits("gloo").meets_peers);
   auto t = Tensor<int, 1>::full({2}, 2);
   all_reduce(t, ReduceOp::sum, world);
   CHECK(values_of(t) == std::vector<double>{16, 16});

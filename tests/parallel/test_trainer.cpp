@@ -20,6 +20,7 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/comm_debug.hpp>
+#include <dtensor/core/memory_tracker.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/parallel/fsdp.hpp>
 #include <dtensor/parallel/layers/mlp_block.hpp>
@@ -302,7 +303,80 @@ void check_accumulation(bool sharded, int dp, int tp) {
   });
 }
 
+/// Two steps under a MemoryTracker; what it counts after them, by category, against what the trainer
+/// holds: its parameters (P bytes: DDP's local blocks, FSDP's shards), AdamW's two moments (2P), DDP's
+/// gradient slots and buckets (P each); FSDP frees its gradients after the step and its gathered buffers
+/// after each use. Nothing else stays.
+void check_memory(Layout layout, int dp, int tp) {
+  const std::string name = std::string(layout == Layout::fsdp ? "fsdp" : "ddp") + " on (1, " +
+                           std::to_string(dp) + ", " + std::to_string(tp) + ")";
+  INFO(name);
+  testing::run_ranks(dp * tp, [&](ProcessGroup& world) {
+    const auto mesh = init_device_mesh<Mesh>(world, 1, dp, tp);
+    MemoryTracker memory;
+    init::InitKeys keys(7);
+    Model model(mesh, config, kBlocks, keys);
+    optim::AdamW opt({.lr = 2e-2});
+    std::int64_t p = 0;
+    MemoryStats got;
+    auto two_steps = [&](auto& trainer) {
+      for (int s = 0; s < 2; ++s) {
+        (void)trainer.step(tokens(mesh, s, 0), tokens(mesh, s, 1), opt);
+      }
+      got = memory.stats();
+    };
+    auto at = [&](MemoryCategory c) { return got.live[std::size_t(c)]; };
+    if (layout == Layout::fsdp) {
+      nn::FsdpTrainer<Model, Fsdp<"dp">> trainer(mesh, std::move(model));
+      std::apply(
+          [&](auto& emb, auto& blocks, auto& head) {
+            p = (emb.local_param().numel() + head.local_param().numel()) * 8;
+            for (auto& b : blocks) {
+              p += b.local_param().numel() * 8;
+            }
+          },
+          trainer.state());
+      two_steps(trainer);
+      expect(at(MemoryCategory::gradients) == 0 && at(MemoryCategory::communication) == 0,
+             name + ": FSDP keeps no gradient or gathered buffer after a step:\n" + got.to_string());
+      expect(got.peak[std::size_t(MemoryCategory::gradients)] == p,
+             name + ": the gradient shards at their peak, " + std::to_string(p) + " bytes:\n" +
+                 got.to_string());
+      expect(got.peak[std::size_t(MemoryCategory::communication)] > 0,
+             name + ": the gathered buffers are communication:\n" + got.to_string());
+    } else {
+      nn::for_each_tensor(model.parameters(), [&](const auto& w) { p += w.local().numel() * 8; });
+      nn::DdpTrainer<Model, "dp"> trainer(mesh, std::move(model));
+      two_steps(trainer);
+      expect(at(MemoryCategory::gradients) == p && at(MemoryCategory::communication) == p,
+             name + ": DDP keeps a gradient per parameter and the buckets, " + std::to_string(p) +
+                 " bytes each:\n" + got.to_string());
+    }
+    expect(at(MemoryCategory::parameters) == p && at(MemoryCategory::optimizer_state) == 2 * p,
+           name + ": the parameters, " + std::to_string(p) + " bytes, and AdamW's moments:\n" +
+               got.to_string());
+    expect(at(MemoryCategory::activations) == 0 && at(MemoryCategory::other) == 0,
+           name + ": no activation or other block outlives the step:\n" + got.to_string());
+    std::int64_t at_peak = 0;
+    for (const std::int64_t b : got.at_peak) {
+      at_peak += b;
+    }
+    expect(at_peak == got.peak_total && got.peak_total > got.live_total,
+           name + ": the peak, in the step, is the sum of its categories:\n" + got.to_string());
+  });
+}
+
 } // namespace
+
+TEST_CASE("nn::DdpTrainer and nn::FsdpTrainer: what a step holds, by memory category",
+          "[parallel][trainer]") {
+  for (int n = 1; n <= 4; ++n) {
+    check_memory(Layout::ddp, n, 1);
+    check_memory(Layout::fsdp, n, 1);
+  }
+  check_memory(Layout::ddp, 1, 2);
+  check_memory(Layout::fsdp, 2, 2);
+}
 
 TEST_CASE("nn::DdpTrainer and nn::FsdpTrainer: K micro-batches equal one batch K times larger, reduced once",
           "[parallel][trainer]") {

@@ -83,6 +83,10 @@ public:
   virtual std::span<const int> global_ranks() const noexcept = 0;
   /// Human-readable name for messages, e.g. "rank 1 (global 2) of gloo group [0,2]".
   virtual std::string describe() const = 0;
+  /// Whether this member plays its group alone, the others not running (a dry run, backends/fake): every
+  /// op completes at once and nothing arrives from a peer, so a protocol that waits for a peer's message
+  /// must supply what it expects itself.
+  virtual bool dry_run() const noexcept { return false; }
 
   /// Default limit of every op (and of groups created from this one).
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load()); }

@@ -59,6 +59,9 @@ struct BackendTraits {
   std::function<bool()> usable;
   /// "auto" picks the usable backend of highest priority.
   int priority = 0;
+  /// false: each process plays its rank alone and meets no peer (the fake backend): init_process_group
+  /// makes no store and needs no MASTER_ADDR, and the factory is given a null store.
+  bool meets_peers = true;
 };
 
 namespace detail {
@@ -186,6 +189,14 @@ inline std::string resolve_backend_name(std::string_view name) {
   }
   throw Error("unknown backend '" + key + "' (registered: " + detail::join_names(names) +
               "; DTENSOR_BACKEND must name a registered backend or auto)");
+}
+
+/// The traits the backend `name` stands for (see resolve_backend_name) was registered with.
+inline BackendTraits backend_traits(std::string_view name) {
+  const std::string key = resolve_backend_name(name);
+  auto entry = detail::BackendRegistry::instance().find(key);
+  DTENSOR_CHECK(entry.has_value(), "backend_traits: backend '" + key + "' is not registered");
+  return entry->traits;
 }
 
 /// A backend of the registered kind `name` (see resolve_backend_name): rank `rank` of a world of `size`

@@ -27,8 +27,9 @@
 // store (gloo: its pair addresses; NCCL: the unique id), and all ranks meet at a store barrier before
 // init_process_group returns.
 //
-// A dry run: DTENSOR_BACKEND=fake (or InitOptions::backend "fake") makes fake_world(RANK, WORLD_SIZE), the
-// process alone playing that rank (backends/fake/backend.hpp): no store, no rendezvous, no launcher.
+// A dry run: DTENSOR_BACKEND=fake (or InitOptions::backend "fake") makes the process play rank RANK of
+// WORLD_SIZE alone (backends/fake/backend.hpp): a backend registered as meeting no peers
+// (BackendTraits::meets_peers) gets no store, no rendezvous and needs no launcher.
 //
 // Backend: InitOptions::backend, else DTENSOR_BACKEND, else "auto": a name in the backend registry
 // (backends/registry.hpp: "gloo", "nccl" and "mpi" when this program includes them, as this header does
@@ -66,7 +67,6 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -155,8 +155,9 @@ inline std::string first_slurm_host(std::string_view list) {
 } // namespace detail
 
 /// Reads the job layout from the environment (see the top of this file). Throws Error naming the variable
-/// when one is malformed or out of range, and when MASTER_ADDR is needed but unset.
-inline DistEnv read_dist_env(const EnvLookup& env = detail::system_env) {
+/// when one is malformed or out of range, and when MASTER_ADDR is needed but unset. `meets_peers` false
+/// (a backend whose process plays its rank alone, BackendTraits::meets_peers): no address is needed.
+inline DistEnv read_dist_env(const EnvLookup& env = detail::system_env, bool meets_peers = true) {
   DistEnv e;
   // A launcher sets a rank and a world size together: the first family (in the order below) with either
   // set must have both; one without the other is a broken launch, not a job of one process. (Slurm's
@@ -216,7 +217,7 @@ inline DistEnv read_dist_env(const EnvLookup& env = detail::system_env) {
              e.local_world_size != e.world_size) {
     e.master_addr.clear(); // several machines: they meet through MPI (init_process_group), or need it set
   } else {
-    DTENSOR_CHECK(e.world_size == 1 || e.local_world_size == e.world_size,
+    DTENSOR_CHECK(!meets_peers || e.world_size == 1 || e.local_world_size == e.world_size,
                   "init_process_group: MASTER_ADDR is not set (rank " + std::to_string(e.rank) + " of " +
                       std::to_string(e.world_size) + ", from the " + e.source +
                       " environment variables); set it to the address of the machine running rank 0, "
@@ -321,11 +322,7 @@ inline std::shared_ptr<TcpStore> connect_store(const DistEnv& env, std::chrono::
 /// Rank `rank` of a world of `size` on the fake backend (backends/fake/backend.hpp): this process alone
 /// plays that rank, every op completes at once, nothing is exchanged. For dry runs.
 inline ProcessGroup fake_world(int rank, int size, std::chrono::milliseconds timeout = kDefaultOpTimeout) {
-  DTENSOR_CHECK(size >= 1 && rank >= 0 && rank < size,
-                "fake_world: rank " + std::to_string(rank) + " of a world of " + std::to_string(size));
-  std::vector<int> global(static_cast<std::size_t>(size));
-  std::iota(global.begin(), global.end(), 0);
-  return ProcessGroup(std::make_shared<FakeBackend>(std::move(global), rank, timeout));
+  return ProcessGroup(detail::make_fake_backend(rank, size, timeout));
 }
 
 /// The world group of this job (see the top of this file). Collective over every rank of the job.
@@ -333,14 +330,16 @@ inline ProcessGroup fake_world(int rank, int size, std::chrono::milliseconds tim
 inline ProcessGroup init_process_group(InitOptions options = {}) {
   const std::chrono::milliseconds timeout = detail::init_timeout(options.timeout);
   const std::string backend = detail::resolve_backend(options.backend);
-  if (backend == "fake") { // a dry run: this process plays rank RANK of WORLD_SIZE alone, meeting nobody
-    const DistEnv env = options.env ? *options.env : read_dist_env([](const char* name) {
-      auto v = detail::system_env(name);
-      return v || std::string_view(name) != "MASTER_ADDR" ? v : std::optional<std::string>("127.0.0.1");
-    });
-    return fake_world(env.rank, env.world_size, timeout);
+  const bool meets_peers = backend_traits(backend).meets_peers;
+  const DistEnv env = options.env ? *options.env : read_dist_env(detail::system_env, meets_peers);
+  BackendOptions bo;
+  bo.timeout = timeout;
+  bo.device = options.device >= 0 ? options.device : env.local_rank;
+  bo.master_addr = env.master_addr;
+  bo.master_port = env.master_port;
+  if (!meets_peers) { // e.g. a dry run: this process plays rank RANK of WORLD_SIZE alone
+    return ProcessGroup(make_backend(backend, nullptr, env.rank, env.world_size, bo));
   }
-  const DistEnv env = options.env ? *options.env : read_dist_env();
 
   std::shared_ptr<Store> store = options.store;
   std::shared_ptr<TcpStore> own_store;
@@ -357,12 +356,7 @@ inline ProcessGroup init_process_group(InitOptions options = {}) {
   const std::int64_t generation = store->add("dtensor/init_count/" + std::to_string(env.rank), 1);
   const std::string prefix = "dtensor/init" + std::to_string(generation);
 
-  BackendOptions bo;
-  bo.timeout = timeout;
   bo.prefix = prefix + "/" + backend;
-  bo.device = options.device >= 0 ? options.device : env.local_rank;
-  bo.master_addr = env.master_addr;
-  bo.master_port = env.master_port;
   std::shared_ptr<Backend> impl = make_backend(backend, store, env.rank, env.world_size, bo);
   // Nobody leaves (and a store-hosting rank 0 cannot exit) before every rank finished its rendezvous. A
   // store passed in may be hosted by any rank: then every rank waits until all were released.

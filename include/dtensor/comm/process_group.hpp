@@ -58,6 +58,8 @@ public:
   int size() const noexcept { return backend_ ? backend_->size() : -1; }
   /// The registered name of the backend, e.g. "gloo" or "nccl" ("" when not a member).
   std::string_view backend_name() const noexcept { return backend_ ? backend_->name() : std::string_view{}; }
+  /// Whether this member plays the group alone (Backend::dry_run).
+  bool dry_run() const noexcept { return backend_ && backend_->dry_run(); }
   /// The backend (torch's ProcessGroup._get_backend); throws when not a member.
   Backend& backend() const { return impl("backend"); }
   /// Global (world) rank of each member, indexed by group rank. For a non-member handle from new_group,

@@ -4,6 +4,8 @@
 //
 //   auto block = dtensor::detail::allocate_host(bytes);   // shared ownership, freed with the last owner
 //
+// A MemoryTracker live on the allocating thread counts the block until it is freed (core/memory_tracker.hpp).
+//
 // Why the malloc settings. Every op allocates its output, so a training step frees and allocates the same
 // sizes again and again. With glibc's defaults a freed block above the mmap threshold (128 KiB, raised
 // dynamically to the largest block freed so far) is unmapped, and free memory at the top of the heap above
@@ -29,8 +31,10 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <utility>
 
 #include "dtensor/core/env.hpp"
+#include "dtensor/core/memory_tracker.hpp"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -88,12 +92,20 @@ inline bool host_malloc_tuned() {
 /// a plain operator new block of 63 more bytes rather than with the aligned operator new, so that glibc
 /// reuses a freed block for the next request of the same size (it does not for aligned requests, and a
 /// fresh block pays first-touch page faults on all of its memory).
+/// Counted by this thread's innermost MemoryTracker, if any (core/memory_tracker.hpp).
 inline std::shared_ptr<void> allocate_host(std::size_t nbytes) {
   (void)host_malloc_tuned();
   constexpr std::size_t align = 64;
-  void* raw = ::operator new(nbytes + align - 1);
-  void* p = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(raw) + align - 1) & ~(align - 1));
-  return std::shared_ptr<void>(p, [raw](void*) { ::operator delete(raw); });
+  HostBlockDeleter d;
+  d.raw = ::operator new(nbytes + align - 1);
+  void* p = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(d.raw) + align - 1) & ~(align - 1));
+  if (MemoryTracker::any_active()) {
+    d.ledger = MemoryTracker::current_ledger();
+    d.bytes = static_cast<std::int64_t>(nbytes);
+    d.category = MemoryCategoryScope::current();
+    d.ledger->add(d.category, d.bytes);
+  }
+  return std::shared_ptr<void>(p, std::move(d));
 }
 
 } // namespace dtensor::detail

@@ -46,6 +46,7 @@
 #include "dtensor/comm/work.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/fixed_string.hpp"
+#include "dtensor/core/memory_tracker.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/layout/placement.hpp"
 #include "dtensor/local/copy.hpp"
@@ -127,6 +128,7 @@ public:
     const auto i = check_gradient("DDPReducer::ready", index, grad);
     Bucket& b = buckets_[static_cast<std::size_t>(bucket_of_[i])];
     if (!b.buffer.defined() || b.buffer.device() != grad.device()) {
+      const MemoryCategoryScope category(MemoryCategory::communication);
 #if DTENSOR_HAS_CUDA
       b.buffer = Tensor<T, 1>({b.numel}, grad.device(), grad.stream());
 #else
@@ -142,6 +144,7 @@ public:
         local::map_into(region, local::Scale{scale}, grad);
       }
     }
+    set_memory_category(grad, MemoryCategory::gradients); // kept until finish() writes the result into it
     grads_[i] = grad;
     done_[i] = true;
     --b.pending;
@@ -168,6 +171,7 @@ public:
     const auto i = check_gradient("DDPReducer::accumulate", index, grad);
     Bucket& b = buckets_[static_cast<std::size_t>(bucket_of_[i])];
     if (!b.unsynced.defined() || b.unsynced.device() != grad.device()) {
+      const MemoryCategoryScope category(MemoryCategory::gradients);
       b.unsynced = Tensor<T, 1>::zeros({b.numel}, grad.device());
     }
     if (grad.numel() > 0) {

@@ -84,6 +84,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/core/fixed_string.hpp"
+#include "dtensor/core/memory_tracker.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/layout/placement.hpp"
@@ -342,6 +343,7 @@ public:
                   "FlatParamGroup: the parameters of one group must be on one device");
     const int n = mesh_.size(Axes::shard);
     const int i = mesh_.coordinate()[Axes::shard];
+    const MemoryCategoryScope category(MemoryCategory::parameters);
     Tensor<T, 1> shard({layout_.shard_numel(n, i)}, device);
     const std::vector<FlatPiece> pieces = layout_.pieces(n, i);
     int k = 0;
@@ -372,6 +374,7 @@ public:
   /// Gathers the flat buffer (one all_gather over the shard axis), unless it is gathered or in flight (then
   /// this waits for it).
   void unshard() {
+    const MemoryCategoryScope category(MemoryCategory::communication);
     if (!state_->gathered && !state_->pending_unshard) {
       state_->gathered = detail::distribute_as<gathered_type>::run(compute_shard());
     }
@@ -380,6 +383,7 @@ public:
   /// Starts the all_gather and returns at once (nothing is issued when the buffer is gathered or in
   /// flight). params() and wait() on the handle wait for it.
   FsdpWork unshard(AsyncOp) {
+    const MemoryCategoryScope category(MemoryCategory::communication);
     if (!state_->gathered && !state_->pending_unshard) {
       state_->pending_unshard.emplace(detail::distribute_as<gathered_type>::start(compute_shard()));
     }
@@ -421,6 +425,7 @@ public:
     static_assert(sizeof...(G) == N, "FlatParamGroup::reduce_gradients: pass one gradient per parameter, "
                                      "in the group's order");
     state_->wait_gradients();
+    const MemoryCategoryScope category(MemoryCategory::communication);
     Tensor<ReduceT, 1> flat({layout_.total()}, state_->shard->local().device());
     pack_gradients(flat, std::make_index_sequence<N>{}, grads...);
     if (state_->unsynced) { // the micro-batches accumulated without synchronisation
@@ -445,6 +450,7 @@ public:
   void accumulate_gradients(const G&... grads) {
     static_assert(sizeof...(G) == N, "FlatParamGroup::accumulate_gradients: pass one gradient per parameter, "
                                      "in the group's order");
+    const MemoryCategoryScope category(MemoryCategory::gradients);
     Tensor<ReduceT, 1> flat({layout_.total()}, state_->shard->local().device());
     pack_gradients(flat, std::make_index_sequence<N>{}, grads...);
     if (!state_->unsynced) {
@@ -477,6 +483,7 @@ public:
   const grad_shard_type& grad() const {
     state_->wait_gradients();
     if (!state_->grad) {
+      const MemoryCategoryScope category(MemoryCategory::gradients);
       state_->grad = grad_shard_type(
           Axes::flat_mesh(mesh_), Tensor<ReduceT, 1>::zeros({local_param().numel()}, local_param().device()),
           {layout_.total()});
@@ -615,6 +622,7 @@ private:
         local::scale(g.local(), grad_scale);
       }
       if (!grad) {
+        set_memory_category(g, MemoryCategory::gradients); // the reduce_scatter's output, kept
         grad.emplace(std::move(g));
       } else {
         local::map_into(grad->local(), local::Add{}, grad->local(), g.local());

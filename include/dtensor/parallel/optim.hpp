@@ -35,6 +35,7 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
+#include "dtensor/core/memory_tracker.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/local/copy.hpp"
 #include "dtensor/local/pointwise.hpp"
@@ -132,6 +133,7 @@ Tensor<T, 1> as_flat_1d(const Tensor<T, R>& t) {
 /// A zero (or uninitialised) state tensor of `shape` on `like`'s device and stream.
 template <class S, class T>
 AnyTensor new_state(const Extents& shape, const Tensor<T, 1>& like, bool zero) {
+  const MemoryCategoryScope category(MemoryCategory::optimizer_state);
   AnyTensor s = AnyTensor::empty(dtype_v<S>, shape, like.device(), like.stream_handle());
   if (zero) {
     local::fill(s.view(Extents{s.numel()}).as<S, 1>(), S(0));
@@ -483,6 +485,10 @@ public:
     DTENSOR_CHECK(index >= 0 && state.step >= 0, std::string(Derived::name) + "::load_state: parameter " +
                                                      std::to_string(index) + ", step " +
                                                      std::to_string(state.step));
+    for (const AnyTensor* t :
+         {&state.momentum_buffer, &state.exp_avg, &state.exp_avg_sq, &state.max_exp_avg_sq, &state.master}) {
+      set_memory_category(*t, MemoryCategory::optimizer_state);
+    }
     state_for(index) = std::move(state);
   }
 

@@ -119,8 +119,7 @@ public:
   TypedPipelineRun(const ProcessGroup& pp, const typename Act::mesh_type& stage_mesh,
                    PipelineChunks<Act>& chunks, const PipelineRunOptions& o)
       : pp_(pp), mesh_(stage_mesh), chunks_(chunks), o_(o), s_(pp.rank()), p_(pp.size()),
-        stages_(o.shape.stages * o.shape.chunks), guarded_(o.device.is_cpu()),
-        dry_(pp.backend_name() == "fake") {
+        stages_(o.shape.stages * o.shape.chunks), guarded_(o.device.is_cpu()), dry_(pp.dry_run()) {
     DTENSOR_CHECK(o.shape.stages == p_, "run_pipeline: the shape names " + std::to_string(o.shape.stages) +
                                             " stages, the pp group has " + std::to_string(p_) + " ranks");
     DTENSOR_CHECK(chunks.forward && (chunks.backward || o.forward_only),

@@ -122,6 +122,7 @@ public:
   }
 
   std::string_view name() const noexcept override { return "fake"; }
+  bool dry_run() const noexcept override { return true; }
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return static_cast<int>(global_.size()); }
   std::span<const int> global_ranks() const noexcept override { return global_; }
@@ -239,16 +240,23 @@ private:
 
 namespace detail {
 
-/// Registered so that DTENSOR_BACKEND=fake names it; "auto" never picks it. The store is not used.
+/// Rank `rank` of the group of world ranks 0..size-1, played alone.
+inline std::shared_ptr<FakeBackend> make_fake_backend(int rank, int size, std::chrono::milliseconds timeout) {
+  DTENSOR_CHECK(size >= 1 && rank >= 0 && rank < size,
+                "fake backend: rank " + std::to_string(rank) + " of a world of " + std::to_string(size));
+  std::vector<int> global(static_cast<std::size_t>(size));
+  std::iota(global.begin(), global.end(), 0);
+  return std::make_shared<FakeBackend>(std::move(global), rank, timeout);
+}
+
+/// Registered so that DTENSOR_BACKEND=fake names it; "auto" never picks it, and it needs no store.
 inline const bool fake_backend_registered = [] {
   register_backend(
       "fake",
       [](std::shared_ptr<Store>, int rank, int size, const BackendOptions& o) -> std::shared_ptr<Backend> {
-        std::vector<int> global(static_cast<std::size_t>(size));
-        std::iota(global.begin(), global.end(), 0);
-        return std::make_shared<FakeBackend>(std::move(global), rank, o.timeout);
+        return make_fake_backend(rank, size, o.timeout);
       },
-      BackendTraits{[] { return false; }, -1});
+      BackendTraits{.usable = [] { return false; }, .priority = -1, .meets_peers = false});
   return true;
 }();
 

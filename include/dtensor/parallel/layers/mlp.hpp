@@ -47,12 +47,13 @@ public:
   Mlp(const DeviceMesh<typename L::mesh_shape>& mesh, std::int64_t hidden, std::int64_t ffn,
       init::InitKeys& keys, double std = 0.02, Device device = Device::cpu())
       : w1(detail::normal_weight<up_type>(mesh, {ffn, hidden}, std, keys.next(), device)),
-        w3(swiglu ? detail::normal_weight<up_type>(mesh, {ffn, hidden}, std, keys.next(), device) : w1),
+        w3(swiglu ? detail::normal_weight<up_type>(mesh, {ffn, hidden}, std, keys.next(), device)
+                  : up_type(mesh, {}, {ffn, hidden})),
         w2(detail::normal_weight<down_type>(mesh, {hidden, ffn}, std, keys.next(), device)) {}
   Mlp(up_type w1, up_type w3, down_type w2) : w1(std::move(w1)), w3(std::move(w3)), w2(std::move(w2)) {}
 
   up_type w1; ///< gate (SwiGlu) or up (Gelu)
-  up_type w3; ///< up (SwiGlu); unused with Gelu (a handle of w1)
+  up_type w3; ///< up (SwiGlu); unused and empty with Gelu
   down_type w2;
 
   auto parameters() {
@@ -72,7 +73,9 @@ public:
     if constexpr (swiglu) {
       return Mlp<U, L, Activation>(std::get<0>(t), std::get<1>(t), std::get<2>(t));
     } else {
-      return Mlp<U, L, Activation>(std::get<0>(t), std::get<0>(t), std::get<1>(t));
+      const auto& w1 = std::get<0>(t);
+      return Mlp<U, L, Activation>(w1, std::remove_cvref_t<decltype(w1)>(w1.mesh(), {}, w1.global_shape()),
+                                   std::get<1>(t));
     }
   }
 

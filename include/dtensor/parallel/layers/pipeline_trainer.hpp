@@ -47,6 +47,7 @@
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/memory_tracker.hpp"
 #include "dtensor/parallel/clip.hpp"
 #include "dtensor/parallel/fsdp.hpp"
 #include "dtensor/parallel/layers/layout.hpp"
@@ -151,7 +152,8 @@ public:
   template <class Optimizer>
   StepResult step(std::span<const std::pair<ids_type, ids_type>> micro, Optimizer& opt) {
     DTENSOR_CHECK(!micro.empty(), "nn::PipelineTrainer::step: no micro-batch to train on");
-    for_each_group([](auto& g) { (void)g.unshard(async_op); }); // waited for at first use
+    const MemoryCategoryScope category(MemoryCategory::activations); // the groups' own say what else is what
+    for_each_group([](auto& g) { (void)g.unshard(async_op); });      // waited for at first use
     const int m = int(micro.size());
     double loss = 0;
     std::map<std::pair<int, int>, std::function<std::optional<Act>(std::optional<Act>)>> pending;

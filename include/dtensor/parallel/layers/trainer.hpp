@@ -43,6 +43,7 @@
 
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/fixed_string.hpp"
+#include "dtensor/core/memory_tracker.hpp"
 #include "dtensor/parallel/clip.hpp"
 #include "dtensor/parallel/ddp.hpp"
 #include "dtensor/parallel/fsdp.hpp"
@@ -181,7 +182,10 @@ public:
   DdpTrainer(const DeviceMesh<Mesh>& mesh, Model model, TrainerOptions options = {})
       : Base(mesh, options), model_(std::move(model)), params_(model_.parameters()),
         grads_(detail::handles_of(params_)) {
-    for_each_tensor(params_, [&](const auto& w) { numels_.push_back(w.local().numel()); });
+    for_each_tensor(params_, [&](const auto& w) {
+      numels_.push_back(w.local().numel());
+      set_memory_category(w, MemoryCategory::parameters);
+    });
   }
 
   /// One training step on K micro-batches of equal size (gradient accumulation, DDP's no_sync): the first
@@ -191,6 +195,7 @@ public:
   template <class Optimizer>
   StepResult step(std::span<const std::pair<ids_type, ids_type>> micro, Optimizer& opt) {
     Base::check_not_empty(micro, "nn::DdpTrainer");
+    const MemoryCategoryScope category(MemoryCategory::activations); // the layers' own say what else is what
     const DDPOptions& d =
         options_.ddp; // the reducer (its buckets) lives across steps; rebuilt on new options
     if (!reducer_ || d.bucket_cap_bytes != reducer_options_.bucket_cap_bytes ||
@@ -244,8 +249,12 @@ public:
                                [&](auto part, auto&& g) { route(part, g, hand_layer); }, scale);
     const auto t0 = std::chrono::steady_clock::now();
     reducer.finish();
-    for (auto& f : deferred_) {
-      f();
+    {
+      const MemoryCategoryScope kept(MemoryCategory::gradients);
+      for (auto& f : deferred_) {
+        f();
+      }
+      deferred_.clear(); // they hold the gradients before these reductions
     }
     result.blocked_seconds += detail::seconds_since(t0);
     result.grad_norm = clip_grad_norm(options_.max_norm, grads_);
@@ -335,6 +344,7 @@ public:
   template <class Optimizer>
   StepResult step(std::span<const std::pair<ids_type, ids_type>> micro, Optimizer& opt) {
     Base::check_not_empty(micro, "nn::FsdpTrainer");
+    const MemoryCategoryScope category(MemoryCategory::activations); // the groups' own say what else is what
     const double scale = 1.0 / double(micro.size());
     StepResult result;
     for (std::size_t k = 0; k < micro.size(); ++k) {

@@ -1,10 +1,10 @@
 #pragma once
-// The counters of alloc_counter.hpp, for the translation units of a benchmark other than the one that
-// includes alloc_counter.hpp (which replaces operator new and delete, once per program).
+// The counters of heap_counter.hpp, for the translation units of a program other than the one that
+// includes heap_counter.hpp (which replaces operator new and delete, once per program).
 #include <atomic>
 #include <cstdint>
 
-namespace bench::alloc {
+namespace dtensor::testing::heap {
 
 inline std::atomic<std::int64_t> g_live{0};
 inline std::atomic<std::int64_t> g_peak{0};
@@ -24,4 +24,4 @@ inline void reset_peak() noexcept {
   g_peak.store(live(), std::memory_order_relaxed);
 }
 
-} // namespace bench::alloc
+} // namespace dtensor::testing::heap

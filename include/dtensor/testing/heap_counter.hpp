@@ -3,15 +3,17 @@
 // host storage uses the plain ::operator new, aligned by hand) with malloc-based versions that keep the live
 // byte count, its peak since the last reset, and the number of allocations.
 //
-// Include in exactly one translation unit of a benchmark binary. Sizes are malloc_usable_size (what the
-// allocator really reserved, within a few bytes of the request), so allocation and release cancel exactly.
+// Include in exactly one translation unit of a program (the benchmarks; examples/09_gpt's --memory-table),
+// not under a sanitizer, whose allocator must stay in charge; glibc only. Sizes are malloc_usable_size
+// (what the allocator really reserved, within a few bytes of the request), so allocation and release cancel
+// exactly. Other translation units read the counters through heap_counter_api.hpp.
 //
-//   bench::alloc::reset_peak();
-//   auto before = bench::alloc::live();
+//   dtensor::testing::heap::reset_peak();
+//   auto before = dtensor::testing::heap::live();
 //   work();
-//   auto extra = bench::alloc::peak() - before;
+//   auto extra = dtensor::testing::heap::peak() - before;
 
-#include "alloc_counter_api.hpp"
+#include "dtensor/testing/heap_counter_api.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -21,7 +23,7 @@
 
 #include <malloc.h>
 
-namespace bench::alloc {
+namespace dtensor::testing::heap {
 
 inline void note_alloc(void* p) noexcept {
   const auto n = static_cast<std::int64_t>(malloc_usable_size(p));
@@ -60,67 +62,67 @@ inline void release(void* p) noexcept {
   std::free(p);
 }
 
-} // namespace bench::alloc
+} // namespace dtensor::testing::heap
 
 // NOLINTBEGIN: the replaceable global allocation functions.
 void* operator new(std::size_t n) {
-  return bench::alloc::allocate(n, 0, false);
+  return dtensor::testing::heap::allocate(n, 0, false);
 }
 void* operator new[](std::size_t n) {
-  return bench::alloc::allocate(n, 0, false);
+  return dtensor::testing::heap::allocate(n, 0, false);
 }
 void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  return bench::alloc::allocate(n, 0, true);
+  return dtensor::testing::heap::allocate(n, 0, true);
 }
 void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  return bench::alloc::allocate(n, 0, true);
+  return dtensor::testing::heap::allocate(n, 0, true);
 }
 void* operator new(std::size_t n, std::align_val_t a) {
-  return bench::alloc::allocate(n, static_cast<std::size_t>(a), false);
+  return dtensor::testing::heap::allocate(n, static_cast<std::size_t>(a), false);
 }
 void* operator new[](std::size_t n, std::align_val_t a) {
-  return bench::alloc::allocate(n, static_cast<std::size_t>(a), false);
+  return dtensor::testing::heap::allocate(n, static_cast<std::size_t>(a), false);
 }
 void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
-  return bench::alloc::allocate(n, static_cast<std::size_t>(a), true);
+  return dtensor::testing::heap::allocate(n, static_cast<std::size_t>(a), true);
 }
 void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
-  return bench::alloc::allocate(n, static_cast<std::size_t>(a), true);
+  return dtensor::testing::heap::allocate(n, static_cast<std::size_t>(a), true);
 }
 void operator delete(void* p) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 void operator delete[](void* p) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 void operator delete(void* p, std::size_t) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 void operator delete[](void* p, std::size_t) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 void operator delete(void* p, std::align_val_t) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 void operator delete[](void* p, std::align_val_t) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 void operator delete(void* p, const std::nothrow_t&) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 void operator delete[](void* p, const std::nothrow_t&) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
-  bench::alloc::release(p);
+  dtensor::testing::heap::release(p);
 }
 // NOLINTEND
