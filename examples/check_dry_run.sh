@@ -33,12 +33,14 @@ while [ "$r" -lt "$nproc" ]; do
   grep -v '^heap_peak' "$dir/real.mem.$r" >"$dir/real.tensors.$r"
   if [ -n "${HEAP_TOLERANCE:-}" ]; then
     if ! awk -v tol="$HEAP_TOLERANCE" -v rank="$r" '
-      $1 == "tensor_peak" { t = $2 } $1 == "heap_peak" { h = $2 }
+      $1 == "tensor_peak" { t = $2 }
+      $1 == "heap_peak" { h = $2 }
       END {
         d = t > h ? t - h : h - t
-        printf "rank %d: tensors at their peak %d bytes, the heap at its peak %d bytes (%.1f %% apart)\n",
-               rank, t, h, h > 0 ? 100 * d / h : 100
-        exit !(h > 0 && 100 * d <= tol * h)
+        apart = h > 0 ? 100 * d / h : 100
+        printf "rank %d: tensors at their peak %d bytes, the heap at its peak %d bytes: %.1f percent apart\n", rank, t, h, apart
+        ok = h > 0 && apart <= tol
+        exit (ok ? 0 : 1)
       }' "$dir/real.mem.$r"; then
       echo "check_dry_run: rank $r: the tensors' peak is more than $HEAP_TOLERANCE % from the heap's"
       rc=1
