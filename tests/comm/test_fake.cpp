@@ -294,6 +294,97 @@ TEST_CASE("fake: a rank of 16,384 reduces by doubling and builds its mesh alone"
     all_reduce(x, ReduceOp::sum, mesh.group<"tp">());
     CHECK(comm.count("all_reduce", "tp") == 1);
     CHECK(comm.bytes("all_reduce", "tp") == 2 * 7 * 1024 * 4 / 8);
+
+    // The op log: each op's size and where its group sits, 8 ranks a node: tp within one node, dp over
+    // 128 nodes (stride 8), pp over 16, dp x tp over the 128 nodes of this pp stage.
+    CommDebugMode log({.log_ops = true, .gpus_per_node = 8});
+    all_reduce(x, ReduceOp::sum, mesh.group<"tp">());
+    all_reduce(x, ReduceOp::max, mesh.group<"dp">());
+    auto gathered = Tensor<float, 1>({16 * 1024});
+    all_gather_into_tensor(gathered, x, mesh.group<"pp">());
+    auto shard = Tensor<float, 1>({1});
+    reduce_scatter_tensor(shard, x, ReduceOp::sum, dp_tp);
+    send(x, (mesh.local_rank<"pp">() + 1) % 16, mesh.group<"pp">());
+    barrier(mesh.group<"tp">());
+    const auto& ops = log.ops();
+    REQUIRE(ops.size() == 6);
+    CHECK(log.count("all_reduce") == 2);
+    struct Want {
+      const char* op;
+      std::int64_t size;
+      int ranks, nodes;
+    };
+    const Want want[] = {{"all_reduce", 4096, 8, 1},
+                         {"all_reduce", 4096, 128, 128},
+                         {"all_gather", 16 * 4096, 16, 16},
+                         {"reduce_scatter", 4096, 1024, 128},
+                         {"send", 4096, 2, 2},
+                         {"barrier", 0, 8, 1}};
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      INFO("op " << i << ": " << ops[i].op << " over " << ops[i].axes);
+      CHECK(ops[i].op == want[i].op);
+      CHECK(ops[i].size == want[i].size);
+      CHECK(ops[i].ranks == want[i].ranks);
+      CHECK(ops[i].nodes == want[i].nodes);
+    }
+    CHECK(ops[1].reduce == ReduceOp::max);
+    CHECK(ops[1].axes == "dp");
+    CHECK(ops[3].bytes == 1023 * 4);
+    CHECK(comm.ops().empty()); // a mode without the log keeps counts only
+  }
+}
+
+TEST_CASE("fake: the op log of a real group gives every op's size and group at 1-4 ranks, uneven blocks",
+          "[comm][fake]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO(n << " ranks");
+    std::vector<std::vector<CommDebugMode::Op>> logs(static_cast<std::size_t>(n));
+    std::vector<std::int64_t> sent(static_cast<std::size_t>(n)), received(static_cast<std::size_t>(n));
+    std::mutex m;
+    testing::run_ranks(n, [&](ProcessGroup& world) {
+      CommDebugMode log({.log_ops = true, .gpus_per_node = 2});
+      const int me = world.rank();
+      auto x = Tensor<float, 1>::full({5}, 1.0f);
+      all_reduce(x, ReduceOp::sum, world);
+      broadcast(x, 0, world);
+      // Uneven all_to_all: rank r sends r + i elements to rank i.
+      std::vector<std::int64_t> send_counts(static_cast<std::size_t>(n)),
+          recv_counts(static_cast<std::size_t>(n));
+      std::int64_t s = 0, r = 0;
+      for (int i = 0; i < n; ++i) {
+        send_counts[std::size_t(i)] = me + i;
+        recv_counts[std::size_t(i)] = i + me;
+        s += me + i;
+        r += i + me;
+      }
+      auto in = Tensor<float, 1>::full({s}, 1.0f);
+      auto out = Tensor<float, 1>::full({r}, -1.0f);
+      all_to_all_single(out, in, recv_counts, send_counts, world);
+      auto gathered = Tensor<float, 1>({5 * n});
+      all_gather_into_tensor(gathered, x, world);
+      std::lock_guard lock(m);
+      logs[std::size_t(me)] = log.ops();
+      sent[std::size_t(me)] = s;
+      received[std::size_t(me)] = r;
+    });
+    for (int me = 0; me < n; ++me) {
+      INFO("rank " << me);
+      const auto& ops = logs[std::size_t(me)];
+      REQUIRE(ops.size() == 4);
+      CHECK(ops[0].op == "all_reduce");
+      CHECK(ops[0].size == 20);
+      CHECK(ops[1].op == "broadcast");
+      CHECK(ops[1].size == 20);
+      CHECK(ops[2].op == "all_to_all");
+      CHECK(ops[2].size == 4 * sent[std::size_t(me)]);
+      CHECK(ops[2].bytes == 4 * (received[std::size_t(me)] - 2 * me));
+      CHECK(ops[3].op == "all_gather");
+      CHECK(ops[3].size == 20 * n);
+      for (const auto& op : ops) {
+        CHECK(op.ranks == n);
+        CHECK(op.nodes == (n + 1) / 2);
+      }
+    }
   }
 }
 

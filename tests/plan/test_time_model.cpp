@@ -1,13 +1,16 @@
 // The time model (plan/time_model.hpp) against its formulas written out by hand for each algorithm, the
-// algorithm choice at the two ends of the size range, the group checks, and the config file's parser.
+// algorithm choice at the two ends of the size range, the group checks, and the config file's parser. An op
+// log (CommDebugMode) priced op by op (plan/comm_time.hpp).
 
 #include <catch2/catch.hpp>
 
+#include <dtensor/plan/comm_time.hpp>
 #include <dtensor/plan/time_model.hpp>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 using namespace dtensor;
 using Catch::Matchers::Contains;
@@ -168,4 +171,49 @@ gpus_per_node = 4
              Contains("line 2 ('preset = dgx_h100'): preset must come before"));
   CHECK_THAT(error_of([] { parse_cluster_model("preset = dgx_a100"); }), Contains("unknown preset"));
   CHECK_THAT(error_of([] { parse_cluster_model("just words"); }), Contains("expected key = value"));
+}
+
+TEST_CASE("time model: an op log priced op by op on the group each op ran on") {
+  const ClusterModel c = dgx_h100();
+  auto op = [](const char* name, const char* axes, std::int64_t size, int ranks, int nodes) {
+    return CommDebugMode::Op{.op = name, .axes = axes, .size = size, .ranks = ranks, .nodes = nodes};
+  };
+  const std::vector<CommDebugMode::Op> ops{
+      op("all_reduce", "tp", 1 << 20, 8, 1),      op("all_reduce", "tp", 1 << 20, 8, 1),
+      op("all_gather", "dp", 64 << 20, 128, 128), op("reduce_scatter", "dp", 64 << 20, 128, 128),
+      op("all_to_all", "ep", 8 << 20, 16, 2),     op("irecv", "pp", 4 << 20, 2, 2),
+      op("permute", "tp", 1 << 16, 2, 1),         op("barrier", "", 0, 8, 1),
+      op("all_reduce", "cp", 1 << 20, 1, 1),      op("gather", "", 1 << 10, 4, 1),
+      op("all_reduce", "dp*tp", 1 << 20, 12, 3)};
+  const CommTime t = estimate_comm_time(ops, c);
+  const double tp = estimate_collective(CollectiveKind::all_reduce, 1 << 20, {8, 1}, c).seconds;
+  const double ag = estimate_collective(CollectiveKind::all_gather, 64 << 20, {128, 128}, c).seconds;
+  const double rs = estimate_collective(CollectiveKind::reduce_scatter, 64 << 20, {128, 128}, c).seconds;
+  const double a2a = estimate_collective(CollectiveKind::all_to_all, 8 << 20, {16, 2}, c).seconds;
+  const double p2p_net = estimate_collective(CollectiveKind::send_recv, 4 << 20, {2, 2}, c).seconds;
+  const double p2p_nvl = estimate_collective(CollectiveKind::send_recv, 1 << 16, {2, 1}, c).seconds;
+  const double gather = estimate_collective(CollectiveKind::broadcast, 1 << 10, {4, 1}, c).seconds;
+  // 12 ranks on 3 nodes: 4 a node, as the members sit.
+  const double spread = estimate_collective(CollectiveKind::all_reduce, 1 << 20, {12, 3}, c).seconds;
+  const double barrier = c.base_latency_us * 1e-6;
+  CHECK(t.rows.at({"all_reduce", "tp"}).count == 2);
+  CHECK(t.rows.at({"all_reduce", "tp"}).size == 2 << 20);
+  CHECK(t.rows.at({"all_reduce", "tp"}).seconds == Approx(2 * tp));
+  CHECK(t.rows.at({"all_gather", "dp"}).seconds == Approx(ag));
+  CHECK(t.rows.at({"reduce_scatter", "dp"}).seconds == Approx(rs));
+  CHECK(t.rows.at({"all_to_all", "ep"}).seconds == Approx(a2a));
+  CHECK(t.rows.at({"irecv", "pp"}).seconds == Approx(p2p_net));
+  CHECK(t.rows.at({"permute", "tp"}).seconds == Approx(p2p_nvl));
+  CHECK(t.rows.at({"barrier", ""}).seconds == Approx(barrier));
+  CHECK(t.rows.at({"all_reduce", "cp"}).seconds == 0); // one rank
+  CHECK(t.rows.at({"gather", ""}).seconds == Approx(gather));
+  CHECK(t.rows.at({"all_reduce", "dp*tp"}).seconds == Approx(spread));
+  CHECK(t.seconds == Approx(2 * tp + ag + rs + a2a + p2p_net + p2p_nvl + barrier + gather + spread));
+  CHECK(p2p_net > p2p_nvl);
+  // Members spread unevenly (6 ranks on 4 nodes, 16 on 1 node of 8): priced on an even spread that fits.
+  CHECK(comm_op_seconds(op("all_gather", "x", 1 << 20, 6, 4), c) ==
+        Approx(estimate_collective(CollectiveKind::all_gather, 1 << 20, {6, 6}, c).seconds));
+  CHECK(comm_op_seconds(op("all_gather", "x", 1 << 20, 16, 1), c) ==
+        Approx(estimate_collective(CollectiveKind::all_gather, 1 << 20, {16, 2}, c).seconds));
+  CHECK_THAT(t.to_string(), Contains("reduce_scatter") && Contains("total"));
 }

@@ -17,18 +17,30 @@
 // counts the 2(n-1)/n of a ring, the least any all_reduce moves; reduce and reduce_scatter the n-1
 // partial copies of the result). The ops that reduce (all_reduce, reduce, reduce_scatter) also record
 // their ReduceOp: count(op, axes, ReduceOp::max) and bytes(...) of the same form select by it.
+//
+// The op log: a mode made with {.log_ops = true} also keeps every op in order (ops()): its name and axes,
+// its size as nccl-tests gives it, the group's size and how many nodes its members sit on
+// (`gpus_per_node` ranks a node, global ranks in order): what a time model needs of each op
+// (plan/comm_time.hpp estimates them on a ClusterModel).
+//
+//   dtensor::CommDebugMode comm({.log_ops = true, .gpus_per_node = 8});
+//   ... a training step (or its dry run on the fake backend) ...
+//   for (const auto& op : comm.ops()) { op.op; op.axes; op.size; op.ranks; op.nodes; }
 
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/thread_scope.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace dtensor {
 
@@ -46,7 +58,34 @@ public:
     std::array<Counts, 5> by_reduce{};
   };
 
+  struct Options {
+    /// Keep every op in order (ops()).
+    bool log_ops = false;
+    /// Ranks a node for the log's node counts: global rank g sits on node g / gpus_per_node.
+    int gpus_per_node = 8;
+  };
+
+  /// One op of the log, as issued on this rank.
+  struct Op {
+    std::string op, axes;
+    std::int64_t bytes = 0; ///< what this rank received (as entries() count it)
+    /// nccl-tests' size: the buffer of all_reduce, broadcast and reduce, the output of all_gather, the
+    /// input of reduce_scatter, what this rank sends in all_to_all, the root's blocks of gather and
+    /// scatter; for point-to-point, what this rank sends and receives (the larger).
+    std::int64_t size = 0;
+    std::optional<ReduceOp> reduce{};
+    int ranks = 1; ///< members of the group (point-to-point: this rank and its peers)
+    int nodes = 1; ///< nodes those members sit on
+  };
+
+  /// What the front end knows of an op beyond its received bytes (for the log).
+  struct Shape {
+    std::int64_t size = 0;
+    std::span<const int> members; ///< the global ranks taking part
+  };
+
   CommDebugMode() = default;
+  explicit CommDebugMode(Options options) : options_(options) {}
 
   /// Number of ops called `op` (all axes, or the axes printed as `axes`, e.g. "tp" or "dp*tp").
   std::int64_t count(std::string_view op, std::string_view axes = {}) const { return sum(op, axes).count; }
@@ -64,7 +103,21 @@ public:
   std::int64_t total_count() const { return sum({}, {}).count; }
   std::int64_t total_bytes() const { return sum({}, {}).bytes; }
   const std::map<std::pair<std::string, std::string>, Entry>& entries() const noexcept { return entries_; }
-  void reset() { entries_.clear(); }
+  /// Every op in order (empty unless made with Options::log_ops).
+  const std::vector<Op>& ops() const noexcept { return ops_; }
+  void reset() {
+    entries_.clear();
+    ops_.clear();
+  }
+  /// Whether some mode active on this thread keeps an op log (the front end then passes each op's Shape).
+  static bool any_logging() noexcept {
+    for (const CommDebugMode* m = innermost(); m != nullptr; m = m->enclosing()) {
+      if (m->options_.log_ops) {
+        return true;
+      }
+    }
+    return false;
+  }
 
   /// One row per (op, axes): "op  axes  count  bytes  reduce", the last the counts per reduce op of the
   /// ops that reduce ("max 1, sum 2").
@@ -94,7 +147,7 @@ public:
   /// Records one op in every mode active on this thread (`reduce`: the op's reduction, for those that
   /// reduce).
   static void record(std::string_view op, std::string_view axes, std::int64_t bytes,
-                     std::optional<ReduceOp> reduce = std::nullopt) {
+                     std::optional<ReduceOp> reduce = std::nullopt, const Shape* shape = nullptr) {
     for (CommDebugMode* m = innermost(); m != nullptr; m = m->enclosing()) {
       Entry& e = m->entries_[{std::string(op), std::string(axes)}];
       ++e.count;
@@ -104,10 +157,28 @@ public:
         ++c.count;
         c.bytes += bytes;
       }
+      if (m->options_.log_ops) {
+        Op o{std::string(op), std::string(axes), bytes, shape ? shape->size : bytes, reduce, 1, 1};
+        if (shape != nullptr && !shape->members.empty()) {
+          o.ranks = static_cast<int>(shape->members.size());
+          o.nodes = count_nodes(shape->members, m->options_.gpus_per_node);
+        }
+        m->ops_.push_back(std::move(o));
+      }
     }
   }
 
 private:
+  /// Distinct nodes among `members` (global ranks), `per_node` ranks a node.
+  static int count_nodes(std::span<const int> members, int per_node) {
+    std::vector<int> nodes(members.begin(), members.end());
+    for (int& g : nodes) {
+      g /= std::max(per_node, 1);
+    }
+    std::sort(nodes.begin(), nodes.end());
+    return static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
+  }
+
   Entry::Counts sum(std::string_view op, std::string_view axes,
                     std::optional<ReduceOp> reduce = std::nullopt) const {
     Entry::Counts total;
@@ -122,7 +193,9 @@ private:
     return total;
   }
 
+  Options options_{};
   std::map<std::pair<std::string, std::string>, Entry> entries_;
+  std::vector<Op> ops_;
 };
 
 } // namespace dtensor

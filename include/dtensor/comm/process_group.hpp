@@ -151,19 +151,19 @@ public:
                      std::string_view what = "all_reduce") const {
     auto& b = impl(what);
     const std::int64_t n = b.size();
-    record(what, n > 1 ? (2 * (n - 1) * buf.count + n - 1) / n : 0, buf.dtype, op);
+    record(what, n > 1 ? (2 * (n - 1) * buf.count + n - 1) / n : 0, buf.dtype, op, buf.count);
     return on_stream(what, opts, detail::each_buffer(buf),
                      [&](const CommOptions& o) { return b.all_reduce(buf, op, o); });
   }
   WorkPtr reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) const {
     auto& b = impl("reduce");
-    record("reduce", b.rank() == root ? (b.size() - 1) * buf.count : 0, buf.dtype, op);
+    record("reduce", b.rank() == root ? (b.size() - 1) * buf.count : 0, buf.dtype, op, buf.count);
     return on_stream("reduce", opts, detail::each_buffer(buf),
                      [&](const CommOptions& o) { return b.reduce(buf, root, op, o); });
   }
   WorkPtr broadcast(BufferRef buf, int root, const CommOptions& opts) const {
     auto& b = impl("broadcast");
-    record("broadcast", b.rank() == root ? 0 : buf.count, buf.dtype);
+    record("broadcast", b.rank() == root ? 0 : buf.count, buf.dtype, std::nullopt, buf.count);
     return on_stream("broadcast", opts, detail::each_buffer(buf),
                      [&](const CommOptions& o) { return b.broadcast(buf, root, o); });
   }
@@ -171,7 +171,7 @@ public:
                      std::span<const std::int64_t> displs, const CommOptions& opts,
                      std::string_view what = "all_gather") const {
     auto& b = impl(what);
-    record(what, sum_except(counts, b.rank()), out.dtype);
+    record(what, sum_except(counts, b.rank()), out.dtype, std::nullopt, sum_except(counts, -1));
     return on_stream(what, opts, detail::each_buffer(in, out),
                      [&](const CommOptions& o) { return b.all_gather(in, out, counts, displs, o); });
   }
@@ -179,7 +179,7 @@ public:
                          std::span<const std::int64_t> displs, ReduceOp op, const CommOptions& opts,
                          std::string_view what = "reduce_scatter") const {
     auto& b = impl(what);
-    record(what, (b.size() - 1) * out.count, out.dtype, op);
+    record(what, (b.size() - 1) * out.count, out.dtype, op, sum_except(counts, -1));
     return on_stream(what, opts, detail::each_buffer(in, out),
                      [&](const CommOptions& o) { return b.reduce_scatter(in, out, counts, displs, op, o); });
   }
@@ -188,7 +188,7 @@ public:
                      std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
                      const CommOptions& opts, std::string_view what = "all_to_all") const {
     auto& b = impl(what);
-    record(what, sum_except(recv_counts, b.rank()), out.dtype);
+    record(what, sum_except(recv_counts, b.rank()), out.dtype, std::nullopt, sum_except(send_counts, -1));
     return on_stream(what, opts, detail::each_buffer(in, out), [&](const CommOptions& o) {
       return b.all_to_all(in, send_counts, send_displs, out, recv_counts, recv_displs, o);
     });
@@ -199,14 +199,14 @@ public:
     for (std::size_t i = 0; b.rank() == root && i < blocks.size(); ++i) {
       received += static_cast<int>(i) == root ? 0 : blocks[i].count;
     }
-    record("gather", received, in.dtype);
+    record("gather", received, in.dtype, std::nullopt, in.count * b.size());
     return on_stream("gather", opts, detail::each_buffer(in, blocks),
                      [&](const CommOptions& o) { return b.gather(in, blocks, root, o); });
   }
   WorkPtr scatter(std::span<const BufferRef> blocks, BufferRef out, int root, const CommOptions& opts,
                   std::string_view what = "scatter") const {
     auto& b = impl(what);
-    record(what, b.rank() == root ? 0 : out.count, out.dtype);
+    record(what, b.rank() == root ? 0 : out.count, out.dtype, std::nullopt, out.count * b.size());
     return on_stream(what, opts, detail::each_buffer(out, blocks),
                      [&](const CommOptions& o) { return b.scatter(blocks, out, root, o); });
   }
@@ -228,11 +228,21 @@ public:
               std::string_view what = "p2p") const {
     auto& b = impl(what);
     if (CommDebugMode::any_active()) {
-      std::int64_t bytes = 0;
-      for (const P2PRequest& r : requests) {
-        bytes += r.kind == P2PRequest::Kind::recv ? static_cast<std::int64_t>(r.buffer.nbytes()) : 0;
+      std::int64_t received = 0, sent = 0;
+      std::vector<int> members;
+      const bool log = CommDebugMode::any_logging();
+      if (log) {
+        members.push_back(ranks_[static_cast<std::size_t>(b.rank())]);
       }
-      CommDebugMode::record(what, label_, bytes);
+      for (const P2PRequest& r : requests) {
+        (r.kind == P2PRequest::Kind::recv ? received : sent) += static_cast<std::int64_t>(r.buffer.nbytes());
+        if (log && std::find(members.begin(), members.end(), ranks_[static_cast<std::size_t>(r.peer)]) ==
+                       members.end()) {
+          members.push_back(ranks_[static_cast<std::size_t>(r.peer)]);
+        }
+      }
+      const CommDebugMode::Shape shape{std::max(sent, received), members};
+      CommDebugMode::record(what, label_, received, std::nullopt, &shape);
     }
     if (requests.empty()) {
       struct Done final : WorkImpl {
@@ -267,12 +277,17 @@ private:
     return w;
   }
 
+  /// Records an op in the active CommDebugMode(s): `elements` this rank receives; `size_elements` the op's
+  /// size for the op log (CommDebugMode::Op::size).
   void record(std::string_view op, std::int64_t elements, DType dtype,
-              std::optional<ReduceOp> reduce = std::nullopt) const {
+              std::optional<ReduceOp> reduce = std::nullopt, std::int64_t size_elements = 0) const {
     if (CommDebugMode::any_active()) {
-      CommDebugMode::record(op, label_, elements * static_cast<std::int64_t>(dtype_size(dtype)), reduce);
+      const auto bytes = static_cast<std::int64_t>(dtype_size(dtype));
+      const CommDebugMode::Shape shape{size_elements * bytes, ranks_};
+      CommDebugMode::record(op, label_, elements * bytes, reduce, &shape);
     }
   }
+  /// The sum of `counts` but entry `me` (-1: all of them).
   static std::int64_t sum_except(std::span<const std::int64_t> counts, int me) {
     std::int64_t s = 0;
     for (std::size_t i = 0; i < counts.size(); ++i) {
