@@ -38,7 +38,8 @@
 //                     train on to --steps (the batches are a function of the step, so the data goes on too)
 //   --comm-table P    every rank writes what it communicated in the training (CommDebugMode's table: op,
 //                     mesh axes, count, bytes received) to P.<rank>; a dry run (DTENSOR_BACKEND=fake RANK=r
-//                     WORLD_SIZE=n, one process alone) writes the same table as rank r of the real run
+//                     WORLD_SIZE=n, one process alone) writes the same table as rank r of the real run;
+//                     its tensors are meta tensors (shapes, no memory, no kernels), its losses NaN
 //   --memory-table P  every rank writes the host memory of the training to P.<rank>: the peak of its
 //                     tensors (MemoryTracker, core/memory_tracker.hpp), by category (parameters, gradients,
 //                     optimizer state, activations, communication buffers), and the peak of the whole heap
@@ -116,6 +117,7 @@ struct Options {
   std::int64_t batch = 16, seq = 64, layers = 4;
   nn::TransformerConfig model{.hidden = 128, .heads = 8, .kv_heads = 4, .ffn = 384};
   double lr = 3e-3, max_norm = 1.0;
+  Device device = Device::cpu(); ///< where the tensors live: meta in a dry run (no memory, no compute)
 };
 
 // ---- the text ------------------------------------------------------------------------------------------
@@ -179,7 +181,7 @@ std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
 template <class L>
 std::pair<nn::ids_t<L>, nn::ids_t<L>>
 batch_of(const DeviceMesh<Mesh>& mesh, const std::vector<std::int64_t>& text, std::uint64_t stream, int step,
-         std::int64_t batch, std::int64_t seq, std::int64_t first = 0) {
+         std::int64_t batch, std::int64_t seq, Device device, std::int64_t first = 0) {
   std::vector<std::int64_t> offsets;
   for (std::int64_t b = first; b < first + batch; ++b) {
     offsets.push_back(static_cast<std::int64_t>(mix(stream, std::uint64_t(step), std::uint64_t(b)) %
@@ -187,9 +189,10 @@ batch_of(const DeviceMesh<Mesh>& mesh, const std::vector<std::int64_t>& text, st
   }
   auto make = [&](std::int64_t shift) {
     return [&]<class... Q>(DTensor<std::int64_t, 2, Mesh, Q...>*) {
-      return from_global_index<std::int64_t, Q...>(mesh, {batch, seq}, [&](const auto& i) {
-        return text[std::size_t(offsets[std::size_t(i[0])] + i[1] + shift)];
-      });
+      return from_global_index<std::int64_t, Q...>(
+          mesh, {batch, seq},
+          [&](const auto& i) { return text[std::size_t(offsets[std::size_t(i[0])] + i[1] + shift)]; },
+          device);
     }(static_cast<nn::ids_t<L>*>(nullptr));
   };
   return {make(0), make(1)};
@@ -203,10 +206,10 @@ template <class T, class L>
 using Gpt = nn::LanguageModel<T, L, nn::TransformerBlock>;
 
 /// `count` characters continuing `prompt`: each from the last position's logits (temperature 0.8), with a
-/// seeded draw that is the same on every rank.
+/// seeded draw that is the same on every rank. Meta logits (a dry run) have no values: id 0 each time.
 template <class M>
 std::string generate(const M& gpt, const DeviceMesh<Mesh>& mesh, const Text& text, std::string prompt,
-                     int count, std::int64_t context) {
+                     int count, std::int64_t context, Device device) {
   std::vector<std::int64_t> ids;
   for (char c : prompt) {
     const auto at = std::find(text.bytes_of.begin(), text.bytes_of.end(), static_cast<unsigned char>(c));
@@ -217,9 +220,14 @@ std::string generate(const M& gpt, const DeviceMesh<Mesh>& mesh, const Text& tex
     const std::int64_t first = std::int64_t(ids.size()) - s;
     const auto window = [&]<class... Q>(DTensor<std::int64_t, 2, Mesh, Q...>*) {
       return from_global_index<std::int64_t, Q...>(
-          mesh, {1, s}, [&](const auto& j) { return ids[std::size_t(first + j[1])]; });
+          mesh, {1, s}, [&](const auto& j) { return ids[std::size_t(first + j[1])]; }, device);
     }(static_cast<typename M::ids_type*>(nullptr));
     const auto logits = gpt.logits(window).full_tensor();
+    if (logits.device().is_meta()) {
+      ids.push_back(0);
+      prompt.push_back(static_cast<char>(text.bytes_of[0]));
+      continue;
+    }
     const std::int64_t v = logits.shape()[2];
     std::vector<double> p(static_cast<std::size_t>(v));
     double m = -1e300, z = 0;
@@ -269,14 +277,14 @@ double lr_at(const Options& o, int s) {
   return o.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(3.141592653589793 * t)));
 }
 
-/// The full tensors of a model's parameters, as floats.
+/// The full tensors of a model's parameters, as floats (a meta model's: gathered, and empty).
 template <class M>
 std::vector<std::vector<float>> full_values(M& model) {
   std::vector<std::vector<float>> out;
   nn::for_each_tensor(model.parameters(), [&](const auto& w) {
     const auto full = w.full_tensor();
     std::vector<float>& v = out.emplace_back();
-    for (std::int64_t e = 0; e < full.numel(); ++e) {
+    for (std::int64_t e = 0; e < full.numel() && !full.device().is_meta(); ++e) { // meta: gathered, no values
       v.push_back(float(full.data()[e]));
     }
   });
@@ -298,7 +306,7 @@ void record_step(Run& run, const nn::StepResult& r, std::chrono::steady_clock::t
   if ((s + 1) % o.eval_every == 0 || s + 1 == o.steps || s == run.first) {
     double v = 0;
     for (int b = 0; b < o.eval_batches; ++b) {
-      const auto [vi, vt] = batch_of<L>(mesh, text.val, 99, b, o.batch, o.seq);
+      const auto [vi, vt] = batch_of<L>(mesh, text.val, 99, b, o.batch, o.seq, o.device);
       v += trainer.loss(vi, vt);
     }
     run.val_steps.push_back(s + 1);
@@ -319,7 +327,7 @@ void record_step(Run& run, const nn::StepResult& r, std::chrono::steady_clock::t
 template <class L, bool Sharded, class C = float>
 Run train_layout(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& o, bool print) {
   init::InitKeys keys(2024);
-  Gpt<float, L> gpt(mesh, o.model, o.layers, keys);
+  Gpt<float, L> gpt(mesh, o.model, o.layers, keys, o.device);
   const nn::TrainerOptions options{
       .max_norm = o.max_norm,
       .ddp = {.bucket_cap_bytes = 1 << 18},
@@ -335,7 +343,7 @@ Run train_layout(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& 
                 .step);
   }
   for (int s = run.first; s < o.steps; ++s) {
-    const auto [ids, targets] = batch_of<L>(mesh, text.train, 1, s, o.batch, o.seq);
+    const auto [ids, targets] = batch_of<L>(mesh, text.train, 1, s, o.batch, o.seq, o.device);
     const auto t0 = std::chrono::steady_clock::now();
     opt.set_lr(lr_at(o, s));
     record_step<L>(run, trainer->step(ids, targets, opt), t0, s, mesh, text, o, *trainer, print);
@@ -351,7 +359,7 @@ Run train_layout(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& 
     if (o.check) { // the final parameters, for the comparison with one rank
       run.params = full_values(m);
     }
-    run.sample = o.sample > 0 ? generate(m, mesh, text, "Q: ", o.sample, o.seq) : "";
+    run.sample = o.sample > 0 ? generate(m, mesh, text, "Q: ", o.sample, o.seq, o.device) : "";
   });
   return run;
 }
@@ -363,7 +371,7 @@ template <class L>
 Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, const Options& o, bool print) {
   const auto mesh = world.slice<"dp", "cp", "tp">();
   init::InitKeys keys(2024);
-  Gpt<float, L> gpt(mesh, o.model, o.layers, keys);
+  Gpt<float, L> gpt(mesh, o.model, o.layers, keys, o.device);
   std::size_t count = 0;
   nn::for_each_tensor(gpt.parameters(), [&](const auto&) { ++count; });
   using Trainer = nn::PipelineTrainer<Gpt<float, L>, Fsdp<"dp">>;
@@ -386,7 +394,7 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
   for (int s = 0; s < o.steps; ++s) {
     std::vector<std::pair<nn::ids_t<L>, nn::ids_t<L>>> micro;
     for (int k = 0; k < o.microbatches; ++k) {
-      micro.push_back(batch_of<L>(mesh, text.train, 1, s, rows, o.seq, k * rows));
+      micro.push_back(batch_of<L>(mesh, text.train, 1, s, rows, o.seq, o.device, k * rows));
     }
     const auto t0 = std::chrono::steady_clock::now();
     opt.set_lr(lr_at(o, s));
@@ -399,7 +407,7 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
   trainer->for_each_parameter([&](int i, const auto& w) {
     const auto full = w.full_tensor();
     std::vector<float>& v = run.params[std::size_t(i)];
-    for (std::int64_t e = 0; e < full.numel(); ++e) {
+    for (std::int64_t e = 0; e < full.numel() && !full.device().is_meta(); ++e) { // meta: gathered, no values
       v.push_back(float(full.data()[e]));
     }
   });
@@ -535,6 +543,7 @@ int run_main(int argc, char** argv) {
   const bool print = world.rank() == 0;
   const Text text = Text::load(o.data);
   o.model.vocab = std::int64_t(text.bytes_of.size());
+  o.device = world.dry_run() ? Device::meta() : Device::cpu(); // a dry run holds shapes, not values
   const bool sharded = o.layout.rfind("fsdp", 0) == 0;
   if (o.mixed && o.layout != "fsdp" && o.layout != "fsdp_tp") {
     usage("--mixed is a policy of the FSDP layouts fsdp and fsdp_tp");
@@ -664,7 +673,7 @@ int run_main(int argc, char** argv) {
   }
   if (o.check && world.dry_run()) {
     if (print) {
-      std::printf("--check: skipped in a dry run (the fake backend's data is not the training's)\n");
+      std::printf("--check: skipped in a dry run (meta tensors: no values to compare)\n");
     }
   } else if (o.check) {
     // The same training on one rank: a group of this rank alone, a (1, 1, 1) mesh, replicated float

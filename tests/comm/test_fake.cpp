@@ -12,6 +12,7 @@
 #include "dtensor/backends/fake/backend.hpp"
 #include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/comm/init.hpp"
+#include "dtensor/core/memory_tracker.hpp"
 #include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/tensor/dtensor.hpp"
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -157,7 +159,10 @@ void for_each_type(List<Ts...>, F&& f) {
   (f.template operator()<Ts>(), ...);
 }
 
-std::vector<std::string> redistribution_tables(const ProcessGroup& world, int dp, int tp) {
+/// Per redistribution: its plan, what it communicates (CommDebugMode's table) and the peak of the tensors
+/// it holds (MemoryTracker), of local tensors on `device`.
+std::vector<std::string> redistribution_tables(const ProcessGroup& world, int dp, int tp,
+                                               Device device = Device::cpu()) {
   auto mesh = init_device_mesh<Mesh2>(world, dp, tp);
   using Sources = List<Replicate, Shard<0>, Shard<1>, Partial<>>;
   using Targets = List<Replicate, Shard<0>, Shard<1>>;
@@ -170,12 +175,14 @@ std::vector<std::string> redistribution_tables(const ProcessGroup& world, int dp
           for_each_type(Targets{}, [&]<class B1>() {
             using DT = DTensor<float, 2, Mesh2, A0, A1>;
             const Block b = spec_block(Extents{rows, cols}, DT::spec, mesh.sizes(), mesh.coordinate());
-            auto x = DT::from_local(mesh, Tensor<float, 2>::full({b.shape[0], b.shape[1]}, 1.0f),
+            auto x = DT::from_local(mesh, Tensor<float, 2>::full({b.shape[0], b.shape[1]}, 1.0f, device),
                                     std::array<std::int64_t, 2>{rows, cols});
             CommDebugMode comm;
+            MemoryTracker memory;
             auto y = x.template redistribute<B0, B1>();
             (void)y.full_tensor();
-            tables.push_back(x.template plan_for<B0, B1>().to_string() + "\n" + comm.to_string());
+            tables.push_back(x.template plan_for<B0, B1>().to_string() + "\n" + comm.to_string() + "\npeak " +
+                             std::to_string(memory.stats().peak_total));
           });
         });
       });
@@ -388,7 +395,8 @@ TEST_CASE("fake: the op log of a real group gives every op's size and group at 1
   }
 }
 
-TEST_CASE("fake: a rank's redistributions communicate what the same rank of a real mesh does",
+TEST_CASE("fake: a rank's redistributions, of host or meta tensors, communicate and hold what the same rank "
+          "of a real mesh does",
           "[comm][fake]") {
   for (auto [dp, tp] : {std::pair{1, 1}, {2, 1}, {1, 3}, {2, 2}}) { // 1 to 4 ranks
     const int n = dp * tp;
@@ -400,11 +408,13 @@ TEST_CASE("fake: a rank's redistributions communicate what the same rank of a re
       real[static_cast<std::size_t>(world.rank())] = std::move(t);
     });
     for (int r = 0; r < n; ++r) {
-      const auto fake = redistribution_tables(fake_world(r, n), dp, tp);
-      REQUIRE(fake.size() == real[static_cast<std::size_t>(r)].size());
-      for (std::size_t i = 0; i < fake.size(); ++i) {
-        INFO("rank " << r << " of (dp " << dp << ", tp " << tp << ")");
-        CHECK(fake[i] == real[static_cast<std::size_t>(r)][i]);
+      for (const Device device : {Device::cpu(), Device::meta()}) { // meta: shapes only, the same tables
+        const auto fake = redistribution_tables(fake_world(r, n), dp, tp, device);
+        REQUIRE(fake.size() == real[static_cast<std::size_t>(r)].size());
+        for (std::size_t i = 0; i < fake.size(); ++i) {
+          INFO("rank " << r << " of (dp " << dp << ", tp " << tp << "), " << device.to_string());
+          CHECK(fake[i] == real[static_cast<std::size_t>(r)][i]);
+        }
       }
     }
   }
@@ -432,6 +442,29 @@ TEST_CASE("fake: what it cannot do is an error naming the rank, group and op", "
                     Contains("fake group [0,1,2]: all_reduce: the tensor is on cuda:0") &&
                         Contains("pass host memory"));
   CHECK_THROWS_WITH(fake_world(3, 3), Contains("fake backend: rank 3 of a world of 3"));
+  // Meta tensors: a real group has no data to move for them; the fake moves none and records the op.
+  testing::run_ranks(2, [](ProcessGroup& world) {
+    auto m = Tensor<float, 1>({6}, Device::meta());
+    try {
+      all_reduce(m, ReduceOp::sum, world);
+      throw std::runtime_error("no error");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("all_reduce: the tensor (6 elements) is a meta tensor") ==
+              std::string::npos ||
+          std::string(e.what()).find("DTENSOR_BACKEND=fake") == std::string::npos) {
+        throw;
+      }
+    }
+  });
+  CommDebugMode comm;
+  auto m = Tensor<float, 1>({6}, Device::meta());
+  auto out = Tensor<float, 1>({18}, Device::meta());
+  all_reduce(m, ReduceOp::sum, g);
+  all_gather_into_tensor(out, m, g);
+  all_to_all_single(out, out.narrow(0, 0, 18).clone(), g);
+  CHECK(comm.count("all_reduce") == 1);
+  CHECK(comm.count("all_gather") == 1);
+  CHECK(comm.count("all_to_all") == 1);
   // Large groups are named by their ends.
   CHECK_THAT(fake_world(7, 100).to_string(),
              Contains("rank 7 (global 7) of fake group [0,...,99] (100 ranks)"));

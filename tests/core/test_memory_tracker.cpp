@@ -1,6 +1,6 @@
 // MemoryTracker (core/memory_tracker.hpp): what it counts of the host tensors its thread allocates, by
 // category, live and at the peak; blocks moved between categories; blocks that outlive the tracker; other
-// threads and nested trackers.
+// threads and nested trackers; meta tensors, counted as the host tensors they stand for.
 #include <catch2/catch.hpp>
 
 #include <dtensor/core/any_tensor.hpp>
@@ -80,6 +80,31 @@ TEST_CASE("MemoryTracker counts this thread's tensors by category, live and at t
   CHECK(s.peak[std::size_t(MemoryCategory::parameters)] == 100);
   CHECK_THAT(s.to_string(), Catch::Contains("parameters") && Catch::Contains("optimizer_state") &&
                                 Catch::Contains("communication") && Catch::Contains("total"));
+}
+
+TEST_CASE("MemoryTracker counts a meta tensor's bytes as a host tensor's", "[core][memory]") {
+  auto counts = [](Device device) {
+    MemoryTracker memory;
+    std::optional<Tensor<float, 2>> w;
+    {
+      const MemoryCategoryScope params(MemoryCategory::parameters);
+      w.emplace(Tensor<float, 2>::zeros({64, 32}, device));
+    }
+    const auto act = AnyTensor::empty(DType::bfloat16, Extents{3, 5}, device);
+    const auto view = w->narrow(1, 8, 8).contiguous(); // a copy of 8 columns: 2 KiB more
+    set_memory_category(view, MemoryCategory::gradients);
+    w.reset();
+    return memory.stats();
+  };
+  const MemoryStats host = counts(Device::cpu());
+  const MemoryStats meta = counts(Device::meta());
+  CHECK(meta.peak_total == 64 * 32 * 4 + 30 + 64 * 8 * 4);
+  CHECK(meta.to_string() == host.to_string());
+  CHECK(meta.allocations == host.allocations);
+  CHECK(meta.live == host.live);
+  CHECK(meta.at_peak == host.at_peak);
+  CHECK(live(meta, MemoryCategory::gradients) == 64 * 8 * 4);
+  CHECK(live(meta, MemoryCategory::parameters) == 0);
 }
 
 TEST_CASE("MemoryTracker: other threads, nested trackers, blocks that outlive the tracker",

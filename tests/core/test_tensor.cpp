@@ -1,5 +1,6 @@
 // Local tensors: Device, element types (bfloat16/half conversions), Tensor<T, Rank> layout, views,
-// copies, fills, from_blob/from_values, equality and printing. Host only; see test_tensor_cuda.cu.
+// copies, fills, from_blob/from_values, equality and printing; meta tensors (shapes without data). Host
+// only; see test_tensor_cuda.cu.
 
 #include <catch2/catch.hpp>
 
@@ -779,6 +780,55 @@ TEST_CASE("equal and to_string", "[tensor][io]") {
           "[20, 21, 22, ..., 24, 25, 26], ..., [70, 71, 72, ..., 74, 75, 76], [80, 81, 82, ..., 84, 85, 86], "
           "[90, 91, 92, ..., 94, 95, 96]]");
   }
+}
+
+TEST_CASE("a meta tensor has a shape, strides and addresses, and no data", "[tensor][meta]") {
+  CHECK(Device::meta().is_meta());
+  CHECK(!Device::meta().is_cpu());
+  CHECK(!Device::meta().is_cuda());
+  CHECK(Device::meta().to_string() == "meta");
+  // 4 GiB of float64: addresses are reserved, nothing is held.
+  const auto big = Tensor<double, 2>::zeros({1 << 16, 1 << 13}, Device::meta());
+  CHECK(big.nbytes() == (std::size_t(1) << 32));
+  CHECK(big.device() == Device::meta());
+  CHECK(big.data() != nullptr);
+  auto m = Tensor<float, 2>({4, 6}, Device::meta());
+  CHECK(m.strides() == std::array<std::int64_t, 2>{6, 1});
+  const auto other = Tensor<float, 2>({4, 6}, Device::meta());
+  CHECK(other.data() != m.data());
+  CHECK(other.storage() != m.storage());
+  // Views keep their offsets, as on the host: pieces of one buffer are told apart by address.
+  const auto cols = m.narrow(1, 2, 3);
+  CHECK(cols.data() == m.data() + 2);
+  CHECK(!cols.is_contiguous());
+  CHECK(cols.storage() == m.storage());
+  CHECK(m.view<1>({-1}).shape() == std::array<std::int64_t, 1>{24});
+  // Copies are meta and new; copying or filling into a meta tensor is nothing to do.
+  const auto c = cols.contiguous();
+  CHECK(c.device().is_meta());
+  CHECK(c.storage() != m.storage());
+  CHECK(c.is_contiguous());
+  const auto host = Tensor<float, 2>::full({4, 3}, 2.0f);
+  const auto onto = host.to(Device::meta());
+  CHECK(onto.device().is_meta());
+  CHECK(onto.shape() == host.shape());
+  Tensor<float, 2>(cols).copy_from(host);
+  m.fill(1.0f);
+  CHECK(host(3, 2) == 2.0f);
+  // Reading is an error that says why; so is copying out.
+  CHECK_THAT(error_of([&] { (void)m(0, 0); }),
+             Contains("Tensor::operator()") && Contains("meta tensor") && Contains("[4, 6]"));
+  CHECK_THAT(error_of([] { (void)Tensor<float, 0>::zeros({}, Device::meta()).item(); }),
+             Contains("Tensor::item") && Contains("no data to read"));
+  CHECK_THAT(error_of([&] { (void)cols.to(Device::cpu()); }), Contains("copy_from") && Contains("meta"));
+  CHECK_THAT(error_of([&] { Tensor<float, 2>(host).copy_from(onto); }), Contains("meta tensor"));
+  CHECK_THAT(error_of([&] { (void)dtensor::equal(host, onto); }), Contains("meta tensor"));
+  // Printing gives the shape and the device, no values.
+  CHECK(dtensor::to_string(m) == "Tensor(float32, [4, 6], meta)");
+  // An empty meta tensor is a tensor like any other.
+  const auto none = Tensor<float, 1>({0}, Device::meta());
+  CHECK(none.defined());
+  CHECK(none.numel() == 0);
 }
 
 #if !DTENSOR_HAS_CUDA

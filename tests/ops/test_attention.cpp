@@ -10,10 +10,13 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/comm_debug.hpp>
+#include <dtensor/comm/init.hpp>
+#include <dtensor/core/memory_tracker.hpp>
 #include <dtensor/local/attention.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/ops/attention.hpp>
 #include <dtensor/ops/rotary.hpp>
+#include <dtensor/tensor/distribute.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
 #include "../support/ops_tensors.hpp"
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <iomanip>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -540,6 +544,63 @@ TEST_CASE("ring attention equals one rank's attention, 1-4 ranks, uneven and emp
       check_ring(n, {2, 4, 4, 13, 13, 5, 5}, causal);   // 13 over 4: chunks 4, 4, 4, 1
       check_ring(n, {1, 8, 2, 3, 3, 4, 4}, causal);     // 3 over 4: an empty chunk; GQA
       check_ring(n, {1, 2, 1, 150, 150, 4, 4}, causal); // chunks that span several kernel blocks
+    }
+  }
+}
+
+namespace {
+
+/// What one rank of `world` communicates (CommDebugMode's table) and the peak of the tensors it holds
+/// (MemoryTracker) in the forward and backward of ring attention (natural and zigzag layout) and Ulysses,
+/// of tensors on `device`.
+std::string cp_trace(const ProcessGroup& world, Device device) {
+  using X = DTensor<double, 4, Mesh1, S<2>>;
+  auto mesh = init_device_mesh<Mesh1>(world, world.size());
+  const X q = zeros<double, S<2>>(mesh, {2, 4, 13, 5}, device); // 13 over 4: uneven; GQA: 4 q heads, 2 kv
+  const X k = zeros<double, S<2>>(mesh, {2, 2, 13, 5}, device);
+  const X v = zeros<double, S<2>>(mesh, {2, 2, 13, 5}, device);
+  std::string trace;
+  const auto record = [&](const char* what, auto run) {
+    CommDebugMode comm;
+    MemoryTracker memory;
+    run();
+    trace += std::string(what) + "\n" + comm.to_string() + "peak " +
+             std::to_string(memory.stats().peak_total) + "\n";
+  };
+  record("ring", [&] {
+    auto [o, back] = attention<Ring<"x">>(q, k, v, {.causal = true}, with_backward);
+    (void)back(o);
+  });
+  record("zigzag ring", [&] {
+    const auto zq = zigzag<"x", 2>(q);
+    auto [o, back] =
+        attention<Ring<"x">>(zq, zigzag<"x", 2>(k), zigzag<"x", 2>(v), {.causal = true}, with_backward);
+    (void)unzigzag(std::get<0>(back(o)));
+  });
+  record("ulysses", [&] { // whole groups on every rank: 4 k/v heads
+    const X k4 = zeros<double, S<2>>(mesh, {2, 4, 13, 5}, device);
+    auto [o, back] = attention<Ulysses<"x">>(q, k4, k4, {.causal = true}, with_backward);
+    (void)back(o);
+  });
+  return trace;
+}
+
+} // namespace
+
+TEST_CASE("context-parallel attention of meta tensors on a fake rank communicates and holds what a real rank "
+          "does, 1-4 ranks",
+          "[ops][attention][meta]") {
+  for (int n = 1; n <= 4; ++n) {
+    std::vector<std::string> real(static_cast<std::size_t>(n));
+    std::mutex m;
+    testing::run_ranks(n, [&](ProcessGroup& world) {
+      std::string t = cp_trace(world, Device::cpu());
+      std::lock_guard lock(m);
+      real[static_cast<std::size_t>(world.rank())] = std::move(t);
+    });
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r << " of " << n);
+      CHECK(cp_trace(fake_world(r, n), Device::meta()) == real[static_cast<std::size_t>(r)]);
     }
   }
 }

@@ -195,6 +195,23 @@ TEST_CASE("matmul: the allocating form, a linear layer's batch folded into one G
   }
 }
 
+TEST_CASE("matmul of meta tensors: the product's shape and no arithmetic, mismatches still errors",
+          "[gemm][meta]") {
+  const auto meta = dtensor::Device::meta();
+  const auto x = Tensor<bfloat16, 3>({4, 6, 8}, meta);
+  const auto w = Tensor<bfloat16, 2>({5, 8}, meta);
+  const Tensor<bfloat16, 3> y = local::matmul(x, w, false, true);
+  CHECK(y.shape() == std::array<std::int64_t, 3>{4, 6, 5});
+  CHECK(y.device() == meta);
+  CHECK_THROWS_WITH(local::matmul(x, w), Catch::Contains("matmul"));
+  CHECK_THROWS_WITH(local::matmul(Tensor<float, 2>({2, 3}), Tensor<float, 2>({3, 2}, meta)),
+                    Catch::Contains("cpu") && Catch::Contains("meta"));
+  std::vector<Tensor<float, 2>> a{Tensor<float, 2>({3, 4}, meta), Tensor<float, 2>({0, 4}, meta)};
+  std::vector<Tensor<float, 2>> b{Tensor<float, 2>({4, 2}, meta), Tensor<float, 2>({4, 2}, meta)};
+  std::vector<Tensor<float, 2>> c{Tensor<float, 2>({3, 2}, meta), Tensor<float, 2>({0, 2}, meta)};
+  local::grouped_matmul_into<float>(a, b, c);
+}
+
 TEST_CASE("matmul_into: beta = 0 ignores c, NaN included", "[gemm]") {
   auto a = Tensor<float, 2>::full({2, 3}, 1.0f);
   auto b = Tensor<float, 2>::full({3, 2}, 2.0f);

@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/comm_debug.hpp>
+#include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/parallel/layers/block.hpp>
 #include <dtensor/parallel/layers/model.hpp>
@@ -301,6 +302,38 @@ TEST_CASE("nn::Moe: expert parallel on 1-4 ranks, EP x DP, EP x TP (+SP), DP x T
     check_layout<EpTp>(k, 1, 2, 2, want, at + " ep x tp");
     check_layout<EpTpSp>(k, 1, 2, 2, want, at + " ep x tp + sp");
     check_layout<DpTp>(k, 2, 1, 2, want, at + " dp x tp, no ep");
+  }
+}
+
+TEST_CASE("nn::Moe of meta tensors on a fake rank routes evenly: each expert its share of the batch",
+          "[moe][meta]") {
+  // 4 x 6 tokens over ep 4: 6 a rank; top-2 of 12 experts: 4 assignments an expert, 3 local experts a rank,
+  // so every rank sends 3 rows to each rank and receives 3 from each (9 from the others).
+  Case k;
+  k.batch = 4;
+  k.seq = 6;
+  for (int r = 0; r < 4; ++r) {
+    const auto mesh = init_device_mesh<Mesh>(fake_world(r, 4), 1, 4, 1);
+    init::InitKeys keys(11);
+    nn::Moe<double, Ep> moe(mesh, k.hidden, k.c, keys, Device::meta());
+    const auto x = [&]<class... Q>(DTensor<double, 3, Mesh, Q...>*) {
+      return zeros<double, Q...>(mesh, {k.batch, k.seq, k.hidden}, Device::meta());
+    }(static_cast<nn::act_t<Ep, double>*>(nullptr));
+    CommDebugMode comm({.log_ops = true});
+    auto [y, back] = moe.forward(x, with_backward);
+    auto [dx, grads] = back(y);
+    INFO("rank " << r);
+    CHECK(y.local().device().is_meta());
+    CHECK(dx.local().shape() == x.local().shape());
+    CHECK(moe.stats().per_expert == std::vector<std::int64_t>(12, 4));
+    CHECK(moe.stats().dropped == 0);
+    std::vector<std::int64_t> rows; // the row exchanges' bytes received: forward out and back, backward
+    for (const auto& op : comm.ops()) {
+      if (op.op == "all_to_all" && op.bytes > 9 * 8) { // not the counts' (9 int64 from the others)
+        rows.push_back(op.bytes);
+      }
+    }
+    CHECK(rows == std::vector<std::int64_t>(4, 9 * k.hidden * 8));
   }
 }
 

@@ -386,8 +386,17 @@ private:
 
   /// The backend's memory rule (check_memory), then what every buffer needs (backends/arg_checks.hpp).
   void check_buffer(const char* op, const BufferRef& b, const char* what) const {
-    check_memory(op, b, what);
+    check_buffer_memory(op, b, what);
     detail::check_buffer(head(op), b, what);
+  }
+
+  /// Meta buffers (no data) only in a dry run; then the backend's own rule.
+  void check_buffer_memory(const char* op, const BufferRef& b, const char* what) const {
+    DTENSOR_CHECK(!b.device.is_meta() || dry_run(),
+                  where(op) + ": the " + what + " (" + std::to_string(b.count) +
+                      " elements) is a meta tensor, which has no data to communicate; run meta tensors on "
+                      "the fake backend (a dry run: DTENSOR_BACKEND=fake, backends/fake/backend.hpp)");
+    check_memory(op, b, what);
   }
 
   /// An input and an output of one dtype.
@@ -403,7 +412,7 @@ private:
     if (rank() == root) {
       const bool is_gather = std::string_view(op) == "gather";
       detail::check_blocks(head(op), is_gather, blocks, mine, rank(), size(),
-                           [&](const BufferRef& b) { check_memory(op, b, "block"); });
+                           [&](const BufferRef& b) { check_buffer_memory(op, b, "block"); });
     }
   }
 

@@ -200,6 +200,9 @@ inline void check_object_device(const ProcessGroup& group, const ObjectOptions& 
       !(group.backend_name() == "nccl" && options.device.is_cpu()),
       op_context(group, op) +
           ": NCCL moves only CUDA memory; pass ObjectOptions{Device::cuda(i)} for the objects' bytes");
+  DTENSOR_CHECK(!options.device.is_meta(), op_context(group, op) +
+                                               ": objects are data, which a meta tensor does not hold; pass "
+                                               "the host (ObjectOptions{Device::cpu()}) or a GPU");
 }
 
 /// The bytes of `message` in a uint8 tensor of `padded` elements on `device`.

@@ -59,7 +59,10 @@ public:
     t.numel_ = checked_numel(shape, "AnyTensor::empty");
     t.strides_ = contiguous_strides(shape);
     const std::size_t nbytes = t.nbytes();
-    if (device.is_cpu()) {
+    t.defined_ = true;
+    if (device.is_meta()) {
+      t.storage_ = detail::allocate_meta(nbytes); // addresses, no memory
+    } else if (device.is_cpu()) {
       t.storage_ = detail::allocate_host(nbytes);
     } else {
 #if DTENSOR_HAS_CUDA
@@ -69,7 +72,6 @@ public:
 #endif
     }
     t.data_ = t.storage_.get();
-    t.defined_ = true;
     return t;
   }
 
@@ -214,14 +216,17 @@ public:
     return r;
   }
 
-  /// Element-wise copy of `src` (same dtype and shape; strides and devices may differ). Synchronous.
+  /// Element-wise copy of `src` (same dtype and shape; strides and devices may differ). Synchronous. Into a
+  /// meta tensor: nothing to do; out of one (into memory): an error, it has no data.
   void copy_from(const AnyTensor& src) const {
     DTENSOR_CHECK(src.dtype_ == dtype_ && src.shape_ == shape_,
                   "AnyTensor::copy_from: destination " + std::string(dtype_name(dtype_)) + to_string(shape_) +
                       " vs source " + std::string(dtype_name(src.dtype_)) + to_string(src.shape_));
-    if (numel_ == 0) {
+    if (numel_ == 0 || device_.is_meta()) {
       return;
     }
+    DTENSOR_CHECK(!src.device_.is_meta(), "AnyTensor::copy_from: the source " + to_string(src.shape_) +
+                                              " is a meta tensor: it has a shape and no data to copy");
     const auto shape = padded(shape_, 1);
     const auto dst_strides = padded(strides_, 0);
     const auto src_strides = padded(src.strides_, 0);
@@ -246,7 +251,7 @@ public:
 
   /// Sets every element to the element_size()-byte value at `value`. Synchronous.
   void fill_bytes(const void* value) const {
-    if (numel_ == 0) {
+    if (numel_ == 0 || device_.is_meta()) {
       return;
     }
     const std::size_t es = element_size();

@@ -208,6 +208,8 @@ inline std::shared_ptr<void> adopt_dlpack(DLManagedTensor* m) {
 
 inline DLManagedTensor* to_dlpack_any(const AnyTensor& t) {
   DTENSOR_CHECK(t.defined(), "to_dlpack: the tensor is undefined");
+  DTENSOR_CHECK(!t.device().is_meta(), "to_dlpack: the tensor is a meta tensor (no data); DLPack has no "
+                                       "device for it");
   const DLDataType dtype = dlpack_dtype(t.dtype());
   auto* e = new DLPackExport;
   e->storage = t.storage();

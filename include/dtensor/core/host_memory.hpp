@@ -1,6 +1,6 @@
 #pragma once
 // Host memory for Tensor storage: 64-byte aligned blocks from operator new, and the one process-wide
-// choice about how the C library keeps freed memory.
+// choice about how the C library keeps freed memory; the owners of meta tensors (no memory, counted bytes).
 //
 //   auto block = dtensor::detail::allocate_host(bytes);   // shared ownership, freed with the last owner
 //
@@ -35,6 +35,8 @@
 
 #include "dtensor/core/env.hpp"
 #include "dtensor/core/memory_tracker.hpp"
+
+#include <sys/mman.h>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -88,6 +90,16 @@ inline bool host_malloc_tuned() {
   return tuned;
 }
 
+/// Has this thread's innermost MemoryTracker, if any, count `nbytes` in the current category until `d` runs.
+inline void count_block(HostBlockDeleter& d, std::size_t nbytes) {
+  if (MemoryTracker::any_active()) {
+    d.ledger = MemoryTracker::current_ledger();
+    d.bytes = static_cast<std::int64_t>(nbytes);
+    d.category = MemoryCategoryScope::current();
+    d.ledger->add(d.category, d.bytes);
+  }
+}
+
 /// 64-byte aligned host memory; zero bytes is allowed (a unique non-null pointer). Aligned by hand inside
 /// a plain operator new block of 63 more bytes rather than with the aligned operator new, so that glibc
 /// reuses a freed block for the next request of the same size (it does not for aligned requests, and a
@@ -99,12 +111,23 @@ inline std::shared_ptr<void> allocate_host(std::size_t nbytes) {
   HostBlockDeleter d;
   d.raw = ::operator new(nbytes + align - 1);
   void* p = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(d.raw) + align - 1) & ~(align - 1));
-  if (MemoryTracker::any_active()) {
-    d.ledger = MemoryTracker::current_ledger();
-    d.bytes = static_cast<std::int64_t>(nbytes);
-    d.category = MemoryCategoryScope::current();
-    d.ledger->add(d.category, d.bytes);
+  count_block(d, nbytes);
+  return std::shared_ptr<void>(p, std::move(d));
+}
+
+/// The address range of a meta tensor's `nbytes` (core/device.hpp): reserved, never backed by memory
+/// (mmap'd PROT_NONE, MAP_NORESERVE: an access faults), so that its views and pieces have distinct
+/// addresses and offsets as a host block's do. Counted as `nbytes` by this thread's innermost MemoryTracker,
+/// as allocate_host counts a block. Throws std::bad_alloc when the address space is exhausted.
+inline std::shared_ptr<void> allocate_meta(std::size_t nbytes) {
+  HostBlockDeleter d;
+  d.mapped = nbytes > 0 ? nbytes : 1;
+  d.raw = ::mmap(nullptr, d.mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (d.raw == MAP_FAILED) {
+    throw std::bad_alloc();
   }
+  count_block(d, nbytes);
+  void* p = d.raw;
   return std::shared_ptr<void>(p, std::move(d));
 }
 

@@ -32,6 +32,8 @@
 
 #include "dtensor/core/thread_scope.hpp"
 
+#include <sys/mman.h>
+
 namespace dtensor {
 
 /// What a block of memory is for.
@@ -168,10 +170,11 @@ private:
 
 namespace detail {
 
-/// The deleter of a host block (core/host_memory.hpp): frees it, and uncounts it from the ledger that
-/// counted it.
+/// The deleter of a host block or a meta tensor's address range (core/host_memory.hpp): frees it, and
+/// uncounts it from the ledger that counted it.
 struct HostBlockDeleter {
   void* raw = nullptr;
+  std::size_t mapped = 0; ///< > 0: raw is an address range of that many bytes (a meta tensor's), munmap'd
   std::shared_ptr<MemoryLedger> ledger;
   std::int64_t bytes = 0;
   MemoryCategory category = MemoryCategory::other;
@@ -180,7 +183,11 @@ struct HostBlockDeleter {
     if (ledger != nullptr) {
       ledger->remove(category, bytes);
     }
-    ::operator delete(raw);
+    if (mapped > 0) {
+      ::munmap(raw, mapped);
+    } else {
+      ::operator delete(raw);
+    }
   }
 };
 

@@ -7,6 +7,7 @@
 //   auto c = b.contiguous();                                   // (4, 3) copy, strides (3, 1)
 //   auto d = c.view<1>({-1});                                  // (12), shares c's memory
 //   auto g = a.to(dtensor::Device::cuda(0));                   // device copy (needs CUDA)
+//   auto m = a.to(dtensor::Device::meta());                    // shape and dtype only (core/device.hpp)
 //
 // Semantics follow torch.Tensor: copying a Tensor copies the handle (the memory is shared), views
 // (narrow, view) share memory with their source, clone/to/contiguous-of-a-strided-tensor copy.
@@ -218,6 +219,13 @@ void copy_host(void* dst, const std::array<std::int64_t, Rank>& dst_strides, con
                                     bytes);
                      }
                    });
+}
+
+/// Throws when `device` is meta: `what` reads the elements of a tensor of `shape` that has none.
+template <std::size_t N>
+void check_not_meta(Device device, const char* what, const std::array<std::int64_t, N>& shape) {
+  DTENSOR_CHECK(!device.is_meta(), std::string(what) + ": the tensor (shape " + shape_to_string(shape) +
+                                       ") is a meta tensor: it has a shape and no data to read");
 }
 
 [[noreturn]] inline void throw_no_cuda(const char* what, Device device) {
@@ -609,14 +617,16 @@ public:
   }
 
   /// Copies `src` element by element into this tensor (or view). The shapes must match; strides and
-  /// devices may differ. Synchronous. The two must not partially overlap.
+  /// devices may differ. Synchronous. The two must not partially overlap. Into a meta tensor: nothing to
+  /// do; out of one (into memory): an error, it has no data.
   void copy_from(const Tensor& src) {
     DTENSOR_CHECK(shape_ == src.shape_, "Tensor::copy_from: shape mismatch: destination " +
                                             detail::shape_to_string(shape_) + " vs source " +
                                             detail::shape_to_string(src.shape_));
-    if (numel_ == 0) {
+    if (numel_ == 0 || device_.is_meta()) {
       return;
     }
+    detail::check_not_meta(src.device_, "Tensor::copy_from", shape_);
     if (device_.is_cpu() && src.device_.is_cpu()) {
       detail::copy_host(data_, strides_, src.data_, src.strides_, shape_, sizeof(T));
       return;
@@ -638,7 +648,7 @@ public:
 
   /// Sets every element (of this view) to `value`. Synchronous.
   void fill(T value) {
-    if (numel_ == 0) {
+    if (numel_ == 0 || device_.is_meta()) {
       return;
     }
     if (device_.is_cpu()) {
@@ -664,6 +674,7 @@ public:
   /// The element at `idx...` (exactly Rank integers) of a host tensor; throws when out of bounds.
   T& operator()(std::integral auto... idx) const {
     static_assert(sizeof...(idx) == Rank, "Tensor<T, Rank>::operator(): pass exactly Rank indices");
+    detail::check_not_meta(device_, "Tensor::operator()", shape_);
     DTENSOR_CHECK(device_.is_cpu(),
                   "Tensor::operator(): element access needs a host tensor; this one is on " +
                       device_.to_string() + " (copy it with to(Device::cpu()))");
@@ -678,10 +689,11 @@ public:
     return data_[offset];
   }
 
-  /// The value of a one-element tensor on any device.
+  /// The value of a one-element tensor on the host or a GPU (a meta tensor has none: an error).
   T item() const {
     DTENSOR_CHECK(numel_ == 1, "Tensor::item: the tensor has " + std::to_string(numel_) +
                                    " elements (shape " + detail::shape_to_string(shape_) + "), not 1");
+    detail::check_not_meta(device_, "Tensor::item", shape_);
     return device_.is_cpu() ? *data_ : *to(Device::cpu()).data_;
   }
 
@@ -691,7 +703,9 @@ private:
   Tensor(Shape shape, Device device, CUstream_st* stream, Allocate)
       : data_(nullptr), numel_(detail::checked_numel(shape, sizeof(T), "Tensor")), shape_(shape),
         strides_(detail::contiguous_strides(shape)), device_(device), stream_(stream), defined_(true) {
-    if (device.is_cpu()) {
+    if (device.is_meta()) {
+      storage_ = detail::allocate_meta(nbytes()); // addresses, no memory
+    } else if (device.is_cpu()) {
       storage_ = detail::allocate_host(nbytes());
     } else {
 #if DTENSOR_HAS_CUDA

@@ -99,7 +99,11 @@ std::string to_string(const Tensor<T, Rank>& t) {
     os << "undefined)";
     return os.str();
   }
-  os << detail::shape_to_string(t.shape()) << ", " << t.device().to_string() << ") ";
+  os << detail::shape_to_string(t.shape()) << ", " << t.device().to_string() << ")";
+  if (t.device().is_meta()) { // no values
+    return os.str();
+  }
+  os << " ";
   const Tensor<T, Rank> h = t.device().is_cpu() ? t : t.to(Device::cpu());
   detail::print_values(os, h.data(), h.shape(), h.strides(), 0, h.numel() > 64);
   return os.str();

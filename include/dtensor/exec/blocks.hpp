@@ -56,8 +56,9 @@ inline void check_global_shape(const Extents& global, std::size_t element_size, 
 }
 
 /// The global shape of `full` on mesh rank `src`, known to every rank after one broadcast (on `dev`: NCCL
-/// takes device memory only).
+/// takes device memory only; on the host for a meta `dev`).
 inline Extents broadcast_shape(const ProcessGroup& g, const AnyTensor& full, int rank, int src, Device dev) {
+  dev = dev.is_meta() ? Device::cpu() : dev; // shapes are data, also of a meta tensor
   AnyTensor shape = AnyTensor::empty(DType::int64, Extents{rank}, Device::cpu());
   auto* s = static_cast<std::int64_t*>(shape.data());
   for (int d = 0; d < rank; ++d) {
@@ -161,6 +162,7 @@ inline AnyTensor slice_block(const DeviceMeshBase& mesh, const AnyTensor& full, 
 inline void verify_layout(const DeviceMeshBase& mesh, const Extents& local, const Extents& global,
                           const ShardSpec& spec, const PlacementList& placements, std::size_t element_size,
                           Device dev, bool across_ranks) {
+  dev = dev.is_meta() ? Device::cpu() : dev; // shapes are data, also of a meta tensor
   const int rank = global.size();
   if (!across_ranks) {
     check_global_shape(global, element_size,

@@ -203,7 +203,10 @@ Tensor<C, 4> as_compute(const Tensor<T, 4>& t) {
     return t.contiguous();
   } else {
     const Tensor<T, 4> c = t.contiguous();
-    Tensor<C, 4> out(c.shape());
+    Tensor<C, 4> out(c.shape(), c.device());
+    if (c.device().is_meta()) {
+      return out;
+    }
     const T* src = c.data();
     C* dst = out.data();
     for (std::int64_t i = 0; i < c.numel(); ++i) {
@@ -218,8 +221,8 @@ Tensor<T, 4> from_compute(Tensor<C, 4> t) {
   if constexpr (std::is_same_v<C, T>) {
     return t;
   } else {
-    Tensor<T, 4> out(t.shape());
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
+    Tensor<T, 4> out(t.shape(), t.device());
+    for (std::int64_t i = 0; i < t.numel() && !t.device().is_meta(); ++i) {
       out.data()[i] = T(t.data()[i]);
     }
     return out;
@@ -463,8 +466,11 @@ AttentionOut<T> attention_forward(const Tensor<T, 4>& q, const Tensor<T, 4>& k, 
   const Tensor<C, 4> qc = as_compute<C>(q);
   const Tensor<C, 4> kc = as_compute<C>(k);
   const Tensor<C, 4> vc = as_compute<C>(v);
-  Tensor<C, 4> out({d.batch, d.heads, d.sq, d.dv});
-  Tensor<C, 3> lse({d.batch, d.heads, d.sq});
+  Tensor<C, 4> out({d.batch, d.heads, d.sq, d.dv}, q.device());
+  Tensor<C, 3> lse({d.batch, d.heads, d.sq}, q.device());
+  if (q.device().is_meta()) { // what the host computes holds, no kernel
+    return {from_compute<T>(std::move(out)), std::move(lse)};
+  }
   constexpr C ninf = -std::numeric_limits<C>::infinity();
   constexpr std::int64_t bq = attention_block_q;
   constexpr std::int64_t bk = attention_block_k;
@@ -559,9 +565,12 @@ AttentionGrads<T> attention_backward(const Tensor<T, 4>& q, const Tensor<T, 4>& 
   const Tensor<C, 4> oc = as_compute<C>(o);
   const Tensor<C, 4> gc = as_compute<C>(d_o);
   const Tensor<C, 3> lc = lse.contiguous();
-  Tensor<C, 4> dq = Tensor<C, 4>::zeros(qc.shape());
-  Tensor<C, 4> dk = Tensor<C, 4>::zeros(kc.shape());
-  Tensor<C, 4> dv = Tensor<C, 4>::zeros(vc.shape());
+  Tensor<C, 4> dq = Tensor<C, 4>::zeros(qc.shape(), q.device());
+  Tensor<C, 4> dk = Tensor<C, 4>::zeros(kc.shape(), q.device());
+  Tensor<C, 4> dv = Tensor<C, 4>::zeros(vc.shape(), q.device());
+  if (q.device().is_meta()) {
+    return {from_compute<T>(std::move(dq)), from_compute<T>(std::move(dk)), from_compute<T>(std::move(dv))};
+  }
   constexpr C ninf = -std::numeric_limits<C>::infinity();
   constexpr std::int64_t bq = attention_block_q;
   constexpr std::int64_t bk = attention_block_k;

@@ -385,7 +385,7 @@ void copy(const Tensor<T, R>& dst, const Tensor<T, R>& src) {
     return;
   }
 #if DTENSOR_LOCAL_OPS_CUDA
-  if (dst.device() == src.device()) {
+  if (dst.device() == src.device() && dst.device().is_cuda()) {
     if (src.stream() != dst.stream()) { // order after pending work on src's stream
       detail::TensorDeviceGuard guard(src.device().index);
       detail::check_tensor_cuda(cudaStreamSynchronize(src.stream()), "cudaStreamSynchronize", "local::copy");
@@ -424,7 +424,7 @@ void scale(const Tensor<T, R>& t, double factor) {
   static_assert(std::is_floating_point_v<T> || detail::is_reduced_float_v<T>,
                 "local::scale: the element type must be floating (float, double, bfloat16, half, "
                 "float8_e4m3, float8_e5m2)");
-  if (t.numel() == 0) {
+  if (t.numel() == 0 || t.device().is_meta()) {
     return;
   }
   const auto f = static_cast<scale_type_t<T>>(factor);
@@ -461,7 +461,7 @@ void convert(const Tensor<D, R>& dst, const Tensor<S, R>& src) {
   if constexpr (std::is_same_v<D, S>) {
     copy(dst, src);
   } else {
-    if (dst.numel() == 0) {
+    if (dst.numel() == 0 || dst.device().is_meta()) {
       return;
     }
     if (dst.device().is_cpu()) {

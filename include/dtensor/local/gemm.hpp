@@ -187,6 +187,9 @@ void matmul_into(const Tensor<T, R>& a, const Tensor<T, R2>& b, const Tensor<T, 
                 "dtensor::local::matmul: a (m, k) x b (k, n), or a batched a (batch, m, k) x b (batch, k, "
                 "n) or (k, n)");
   detail::check_matmul("matmul_into", a, b, &c, trans_a, trans_b);
+  if (c.device().is_meta()) { // shapes only
+    return;
+  }
   if (c.device().is_cuda()) {
 #if DTENSOR_HAS_CUDA && DTENSOR_HAS_CUBLAS
     detail::run_matmul(a, b, c, trans_a, trans_b,
@@ -234,7 +237,8 @@ Tensor<T, R> matmul(const Tensor<T, R>& a, const Tensor<T, R2>& b, bool trans_a 
     shape[0] = a.shape()[0];
   }
 #if DTENSOR_HAS_CUDA
-  Tensor<T, R> c = a.device().is_cuda() ? Tensor<T, R>(shape, a.device(), a.stream()) : Tensor<T, R>(shape);
+  Tensor<T, R> c =
+      a.device().is_cuda() ? Tensor<T, R>(shape, a.device(), a.stream()) : Tensor<T, R>(shape, a.device());
 #else
   Tensor<T, R> c(shape, a.device());
 #endif

@@ -193,7 +193,7 @@ void grouped_matmul_into(std::span<const Tensor<T, 2>> a, std::span<const Tensor
   static_assert(detail::gemm_element_v<T>, "dtensor::local::grouped_matmul_into: T must be float, double, "
                                            "dtensor::bfloat16 or dtensor::half (no integer or float8 GEMM)");
   detail::check_grouped_matmul(a, b, c, trans_a, trans_b);
-  if (c.empty()) {
+  if (c.empty() || c[0].device().is_meta()) { // meta: shapes only
     return;
   }
 #if DTENSOR_HAS_CUBLAS_GROUPED

@@ -309,7 +309,7 @@ struct AttentionLocal {
     if (held == need) {
       return gr;
     }
-    Tensor<T, RK> out = Tensor<T, RK>::zeros(to_array<RK>(held.shape));
+    Tensor<T, RK> out = Tensor<T, RK>::zeros(to_array<RK>(held.shape), g.device());
     local::copy(cut<T, RK>(out, held, need), gr);
     return out;
   }
@@ -561,10 +561,10 @@ namespace detail {
 /// (o, lse) += the attention over other keys (o2, lse2): weights exp(lse - max), renormalised.
 template <class T, class C>
 void merge_attention(Tensor<T, 4>& o, Tensor<C, 3>& lse, const Tensor<T, 4>& o2, const Tensor<C, 3>& lse2) {
-  DTENSOR_CHECK(o.device().is_cpu(),
+  DTENSOR_CHECK(!o.device().is_cuda(),
                 "ring attention merges its steps' outputs on host tensors; on CUDA tensors "
                 "use head-parallel attention or Ulysses (both run the CUDA kernel)");
-  const std::int64_t rows = lse.numel();
+  const std::int64_t rows = o.device().is_meta() ? 0 : lse.numel(); // meta: nothing to merge
   const std::int64_t dv = rows == 0 ? 0 : o.numel() / rows;
   const auto oc = o2.contiguous();
   const auto lc = lse2.contiguous();
@@ -672,7 +672,7 @@ struct RingPlan {
   /// An empty local tensor for the chunk of ring position j of a tensor placed as X with global `g`.
   template <class X>
   Tensor<T, 4> buffer(const Extents& g, int j) const {
-    return as_rank4(Tensor<T, R>(to_array<R>(block_of<X>(g, j).shape)));
+    return as_rank4(Tensor<T, R>(to_array<R>(block_of<X>(g, j).shape), q.local().device()));
   }
   /// Posts the exchange of one step: `send` to the next rank, `recv` (fresh buffers) from the previous one.
   std::vector<Work> rotate(const std::vector<Tensor<T, 4>>& send,
@@ -725,7 +725,7 @@ private:
     const auto g4 = detail::as_rank4(go.local());
     Tensor<T, 4> k_cur = detail::as_rank4(k_.local()).contiguous();
     Tensor<T, 4> v_cur = detail::as_rank4(v_.local()).contiguous();
-    Tensor<T, 4> dq = Tensor<T, 4>::zeros(q4.shape());
+    Tensor<T, 4> dq = Tensor<T, 4>::zeros(q4.shape(), q4.device());
     // The dk/dv accumulator of chunk origin(t) arrives from the previous rank during step t (posted at the
     // end of step t - 1, so it moves while step t's kernel runs), takes this rank's part, and goes on; after
     // n passes each is home.

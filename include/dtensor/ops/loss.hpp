@@ -315,13 +315,15 @@ cross_entropy_forward(const X& x, const Target& target,
           .contiguous()
           .template view<2>({n, 2});
   // 3. The rows' losses summed with their count, over the rows this rank holds, completed over the axes
-  //    that shard the rows. Small: on the host.
-  const auto ms = m.to(Device::cpu());
-  const auto ss = stats.to(Device::cpu());
-  const auto ts = tl.to(Device::cpu());
+  //    that shard the rows. Small: on the host. Meta logits: the same tensors, meta, and a NaN loss.
+  const bool meta = xl.device().is_meta();
+  const Device host = meta ? Device::meta() : Device::cpu();
+  const auto ms = m.to(host);
+  const auto ss = stats.to(host);
+  const auto ts = tl.to(host);
   double total = 0;
   double count = 0;
-  for (std::int64_t r = 0; r < n; ++r) {
+  for (std::int64_t r = 0; r < n && !meta; ++r) {
     if (static_cast<std::int64_t>(ts.data()[r]) == ignore_index) {
       continue;
     }
@@ -330,15 +332,17 @@ cross_entropy_forward(const X& x, const Target& target,
   }
   using TotalPart = dtensor_from_t<double, 1, Shape, &LossTotal<X, false>::list>;
   using TotalDone = dtensor_from_t<double, 1, Shape, &LossTotal<X, true>::list>;
-  Tensor<double, 1> pair({2});
-  pair.data()[0] = total;
-  pair.data()[1] = count;
+  Tensor<double, 1> pair({2}, host);
+  if (!meta) {
+    pair.data()[0] = total;
+    pair.data()[1] = count;
+  }
   // Reduced on the logits' device (NCCL reduces device memory only), read back on the host.
-  const Tensor<double, 1> pair_on = xl.device().is_cpu() ? pair : pair.to(xl.device());
+  const Tensor<double, 1> pair_on = xl.device().is_cuda() ? pair.to(xl.device()) : pair;
   const auto sums_on = redistribute_as<TotalDone, TotalPart>::run(TotalPart(mesh, pair_on, {2})).local();
-  const Tensor<double, 1> sums = sums_on.device().is_cpu() ? sums_on : sums_on.to(Device::cpu());
-  total = sums.data()[0];
-  count = sums.data()[1];
+  const Tensor<double, 1> sums = sums_on.device().is_cuda() ? sums_on.to(Device::cpu()) : sums_on;
+  total = meta ? std::nan("") : sums.data()[0];
+  count = meta ? 0 : sums.data()[1];
   Tensor<T, 0> loss(std::array<std::int64_t, 0>{});
   loss.data()[0] = T(count > 0 ? total / count : std::nan(""));
   if (saved != nullptr) {

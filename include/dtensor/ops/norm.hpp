@@ -316,13 +316,16 @@ Tensor<T, 2> normalize_rows(const Tensor<T, 2>& x, const Tensor<T, 1>& w, const 
                             NormSaved<T>& s) {
   const std::int64_t rows = x.shape()[0];
   const std::int64_t n = x.shape()[1];
-  if (x.device().is_cpu()) {
+  if (!x.device().is_cuda()) { // the host's (meta: its tensors, no kernel)
     const Tensor<T, 2> xc = x.contiguous();
     const Tensor<T, 1> wc = w.contiguous();
     const Tensor<T, 1> bc = b != nullptr ? b->contiguous() : Tensor<T, 1>();
     Tensor<T, 2> y = empty_like(x.shape(), x);
     s.rstd = empty_like(std::array<std::int64_t, 2>{rows, 1}, x);
     s.xhat = Rms ? xc : empty_like(x.shape(), x);
+    if (x.device().is_meta()) {
+      return y;
+    }
     NormRowsHost<Rms, T>::forward(xc.data(), wc.data(), b != nullptr ? bc.data() : nullptr, y.data(),
                                   s.xhat.data(), s.rstd.data(), rows, n, eps);
     return y;
@@ -391,22 +394,25 @@ public:
     const auto& xhat = saved_.xhat;
     Tensor<T, 2> dx;
     Tensor<T, 1> dw, db;
-    if (gr.device().is_cpu()) {
+    if (!gr.device().is_cuda()) { // the host's (meta: its tensors, no kernel)
       using C = local::compute_t<T>;
+      const bool meta = gr.device().is_meta();
       const std::int64_t rows = gr.shape()[0];
       const std::int64_t n = gr.shape()[1];
       const Tensor<T, 1> wc = w.contiguous();
       dx = empty_like(gr.shape(), gr);
       std::vector<C> acc(static_cast<std::size_t>(Bias ? 2 * n : n), C(0));
-      NormRowsHost<Rms, T>::backward(gr.data(), wc.data(), xhat.data(), saved_.rstd.data(), dx.data(),
-                                     acc.data(), Bias ? acc.data() + n : nullptr, rows, n);
-      dw = Tensor<T, 1>({n});
-      for (std::int64_t k = 0; k < n; ++k) {
+      if (!meta) {
+        NormRowsHost<Rms, T>::backward(gr.data(), wc.data(), xhat.data(), saved_.rstd.data(), dx.data(),
+                                       acc.data(), Bias ? acc.data() + n : nullptr, rows, n);
+      }
+      dw = Tensor<T, 1>({n}, gr.device());
+      for (std::int64_t k = 0; k < n && !meta; ++k) {
         dw.data()[k] = T(acc[static_cast<std::size_t>(k)]);
       }
       if constexpr (Bias) {
-        db = Tensor<T, 1>({n});
-        for (std::int64_t k = 0; k < n; ++k) {
+        db = Tensor<T, 1>({n}, gr.device());
+        for (std::int64_t k = 0; k < n && !meta; ++k) {
           db.data()[k] = T(acc[static_cast<std::size_t>(n + k)]);
         }
       }

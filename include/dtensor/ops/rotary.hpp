@@ -69,7 +69,7 @@ typename X::local_type rotate(const X& x, const RotaryOptions& o, double sign,
   using T = typename X::value_type;
   using C = local::compute_t<T>;
   const auto& t = x.local();
-  DTENSOR_CHECK(t.device().is_cpu(), "rotary_embedding: host tensors");
+  DTENSOR_CHECK(!t.device().is_cuda(), "rotary_embedding: host (or meta) tensors");
   const std::int64_t d = x.global_shape()[X::rank - 1];
   DTENSOR_CHECK(d % 2 == 0,
                 "rotary_embedding: head_dim " + std::to_string(d) + " is odd; RoPE rotates pairs");
@@ -91,8 +91,8 @@ typename X::local_type rotate(const X& x, const RotaryOptions& o, double sign,
     inner *= t.shape()[k];
   }
   const auto in = t.contiguous();
-  typename X::local_type out(t.shape());
-  const std::int64_t rows = d == 0 ? 0 : in.numel() / d;
+  typename X::local_type out(t.shape(), t.device());
+  const std::int64_t rows = d == 0 || t.device().is_meta() ? 0 : in.numel() / d; // meta: no values
   const std::int64_t step_a = o.interleaved ? 2 : 1;
   const std::int64_t gap = o.interleaved ? 1 : half;
   for (std::int64_t r = 0; r < rows; ++r) {

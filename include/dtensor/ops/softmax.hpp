@@ -139,7 +139,7 @@ template <class Make, class T, int R, class... A>
 Tensor<T, R> host_rows_map(const Make& make, const Tensor<T, R>& a, const A&... rest) {
   using C = local::compute_t<T>;
   const std::int64_t n = R == 0 ? 1 : a.shape()[R - 1];
-  const std::int64_t rows = n == 0 ? 0 : a.numel() / n;
+  const std::int64_t rows = n == 0 || a.device().is_meta() ? 0 : a.numel() / n; // meta: the output only
   const Tensor<T, R> ac = a.contiguous();
   const std::array<Tensor<T, R>, sizeof...(A)> rc{rest.contiguous()...};
   Tensor<T, R> out = empty_like(a.shape(), a);
@@ -157,7 +157,8 @@ X softmax_dim(const X& x) {
   static_assert(softmax_ok<Dim, X>());
   const auto& t = x.local();
   if constexpr (Dim == X::rank - 1) {
-    if (t.device().is_cpu()) { // a row at a time: the row max and sum are never repeated to t's shape
+    if (!t.device().is_cuda()) { // a row at a time (meta: the same tensors, no values): the row max and
+                                 // sum are never repeated to t's shape
       using C = local::compute_t<typename X::value_type>;
       const auto m = reduce_along<ReduceOp::max, Dim>(x, t).contiguous();
       const auto* mp = m.data();
@@ -224,7 +225,7 @@ public:
     const auto& gl = gt.local();
     // The row sum is linear in g: a Partial<sum> gradient (on Replicate axes) stays Partial there.
     if constexpr (Dim == X::rank - 1) {
-      if (y.device().is_cpu()) { // a row at a time, as the forward
+      if (!y.device().is_cuda()) { // a row at a time, as the forward
         using C = local::compute_t<T>;
         const auto s = (Log ? reduce_along<ReduceOp::sum, Dim>(gt, gl)
                             : reduce_along<ReduceOp::sum, Dim>(gt, local::map(local::Mul{}, gl, y)))

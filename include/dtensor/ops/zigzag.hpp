@@ -147,8 +147,8 @@ template <class T, int R>
 Tensor<T, 3> pack_rows(const Tensor<T, R>& t, int dim, const std::vector<std::int64_t>& rows) {
   const auto c = t.contiguous();
   const auto [outer, len, inner] = around_dim(c.shape(), dim);
-  Tensor<T, 3> out({static_cast<std::int64_t>(rows.size()), outer, inner});
-  for (std::size_t j = 0; j < rows.size(); ++j) {
+  Tensor<T, 3> out({static_cast<std::int64_t>(rows.size()), outer, inner}, c.device());
+  for (std::size_t j = 0; j < rows.size() && !c.device().is_meta(); ++j) {
     for (std::int64_t o = 0; o < outer; ++o) {
       const T* src = c.data() + (o * len + rows[j]) * inner;
       std::copy(src, src + inner, out.data() + (static_cast<std::int64_t>(j) * outer + o) * inner);
@@ -165,8 +165,8 @@ Tensor<T, R> take_rows(const Tensor<T, R>& t, int dim, const std::vector<std::in
   const auto m = static_cast<std::int64_t>(rows.size());
   auto shape = c.shape();
   shape[dim] = m;
-  Tensor<T, R> out(shape);
-  for (std::int64_t o = 0; o < outer; ++o) {
+  Tensor<T, R> out(shape, c.device());
+  for (std::int64_t o = 0; o < outer && !c.device().is_meta(); ++o) {
     for (std::int64_t j = 0; j < m; ++j) {
       const T* src = c.data() + (o * len + rows[static_cast<std::size_t>(j)]) * inner;
       std::copy(src, src + inner, out.data() + (o * m + j) * inner);
@@ -182,7 +182,7 @@ void unpack_rows(const Tensor<T, R>& out, int dim, const Tensor<T, 3>& packed,
   const std::int64_t outer = packed.shape()[1];
   const std::int64_t inner = packed.shape()[2];
   const std::int64_t len = out.shape()[dim];
-  for (std::size_t j = 0; j < rows.size(); ++j) {
+  for (std::size_t j = 0; j < rows.size() && !out.device().is_meta(); ++j) {
     for (std::int64_t o = 0; o < outer; ++o) {
       const T* src = packed.data() + (static_cast<std::int64_t>(j) * outer + o) * inner;
       std::copy(src, src + inner, out.data() + (o * len + rows[j]) * inner);
@@ -222,7 +222,7 @@ Tensor<T, R> resequence(const Tensor<T, R>& t, int dim, const ProcessGroup& grou
                     " rows of the sequence where its layout places " + std::to_string(have.size()));
   auto shape = t.shape();
   shape[dim] = static_cast<std::int64_t>(want.size());
-  Tensor<T, R> out(shape);
+  Tensor<T, R> out(shape, t.device());
   std::vector<std::int64_t> send_rows;
   std::vector<std::int64_t> send_split(static_cast<std::size_t>(n));
   std::vector<std::int64_t> recv_split(static_cast<std::size_t>(n));
@@ -240,7 +240,8 @@ Tensor<T, R> resequence(const Tensor<T, R>& t, int dim, const ProcessGroup& grou
     unpack_rows(out, dim, sent, recv_at);
     return out;
   }
-  Tensor<T, 3> received({static_cast<std::int64_t>(recv_at.size()), sent.shape()[1], sent.shape()[2]});
+  Tensor<T, 3> received({static_cast<std::int64_t>(recv_at.size()), sent.shape()[1], sent.shape()[2]},
+                        sent.device());
   all_to_all_single(received, sent, recv_split, send_split, group);
   unpack_rows(out, dim, received, recv_at);
   return out;

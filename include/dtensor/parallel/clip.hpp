@@ -15,6 +15,7 @@
 // Then clip_coef = max_norm / (norm + 1e-6), clamped to 1; below 1 every gradient's shard is scaled by it in
 // place (torch multiplies by the clamped coefficient, 1, also when it does not clip: the same values). A
 // NaN or infinite norm scales by NaN or 0 as torch does (no error_if_nonfinite).
+// Meta gradients (core/device.hpp: a dry run) have no norm: NaN, after the same collective.
 //
 // The sums run as a local kernel on the library's launcher: one partial sum per tile (a whole run on the
 // host, a block of elements per thread on CUDA), added on the host; the one double the ranks all_reduce is
@@ -146,6 +147,9 @@ double local_norm_sum(const Tensor<T, R>& x, NormType type) {
 #endif
   run.out = partial.data();
   local::launch(run, c.device(), c.stream_handle(), "clip_grad_norm");
+  if (c.device().is_meta()) { // no values: no norm
+    return std::nan("");
+  }
   const Tensor<double, 1> sums = host ? partial : partial.to(Device::cpu());
   double acc = 0;
   for (std::int64_t i = 0; i < sums.numel(); ++i) { // one value per tile
@@ -352,7 +356,7 @@ double total_norm(NormType type, const G0& g0, const G&... grads) {
       // On the gradients' device: NCCL reduces device memory only.
       Tensor<double, 1> total = Tensor<double, 1>::full({1}, acc, device);
       all_reduce(total, type.is_inf() ? ReduceOp::max : ReduceOp::sum, mesh->group_over(axes));
-      acc = total.item();
+      acc = device.is_meta() ? std::nan("") : total.item(); // meta gradients: no norm
     }
   }
   return type.is_inf() ? acc : (type.p == 2 ? std::sqrt(acc) : std::pow(acc, 1.0 / type.p));

@@ -119,7 +119,7 @@ public:
   TypedPipelineRun(const ProcessGroup& pp, const typename Act::mesh_type& stage_mesh,
                    PipelineChunks<Act>& chunks, const PipelineRunOptions& o)
       : pp_(pp), mesh_(stage_mesh), chunks_(chunks), o_(o), s_(pp.rank()), p_(pp.size()),
-        stages_(o.shape.stages * o.shape.chunks), guarded_(o.device.is_cpu()), dry_(pp.dry_run()) {
+        stages_(o.shape.stages * o.shape.chunks), guarded_(!o.device.is_cuda()), dry_(pp.dry_run()) {
     DTENSOR_CHECK(o.shape.stages == p_, "run_pipeline: the shape names " + std::to_string(o.shape.stages) +
                                             " stages, the pp group has " + std::to_string(p_) + " ranks");
     DTENSOR_CHECK(chunks.forward && (chunks.backward || o.forward_only),
@@ -426,7 +426,7 @@ private:
     }
     const Tensor<std::int64_t, 1> header = header_of(kind, mb, from, {global, local});
     const auto dev = t.local().device();
-    pending_.push_back(isend(dev.is_cpu() ? header : header.to(dev), peer, pp_, tag(kind, 0)));
+    pending_.push_back(isend(dev.is_cuda() ? header.to(dev) : header, peer, pp_, tag(kind, 0)));
     pending_.push_back(isend(t.local().contiguous(), peer, pp_, tag(kind, 1)));
     count_message(peer);
   }
@@ -451,9 +451,9 @@ private:
       headers_.erase(posted);
     } else {
       Tensor<std::int64_t, 1> wire =
-          dev.is_cpu() ? Tensor<std::int64_t, 1>({kHeader}) : Tensor<std::int64_t, 1>({kHeader}, dev);
+          dev.is_cuda() ? Tensor<std::int64_t, 1>({kHeader}, dev) : Tensor<std::int64_t, 1>({kHeader});
       recv(wire, peer, pp_, tag(kind, 0));
-      host = dev.is_cpu() ? wire : wire.to(Device::cpu());
+      host = dev.is_cuda() ? wire.to(Device::cpu()) : wire;
     }
     const std::int64_t* h = host.data();
     const std::string at = "run_pipeline: stage " + std::to_string(to) + " (pp rank " + std::to_string(s_) +
@@ -488,7 +488,7 @@ private:
       abort_->expected = local_shape;
       abort_->sent = theirs;
       if (guarded_) { // the shard is taken, so that the sender's send completes
-        typename Act::local_type drained(theirs);
+        typename Act::local_type drained(theirs, dev);
         recv(drained, peer, pp_, tag(kind, 1));
       }
       throw Error(at + ": global shape " + shape_to_string(global) + " arrives as a shard of " +
@@ -511,7 +511,7 @@ private:
   PipelineRunOptions o_;
   int s_, p_, stages_;
   std::vector<Work> pending_;
-  bool guarded_; ///< host tensors: headers received ahead, done and abort headers on every link
+  bool guarded_; ///< host (or meta) tensors: headers received ahead, done and abort headers on every link
   bool dry_;     ///< a dry run: the pp group is on the fake backend (see the top of this file)
   bool notified_ = false;
   std::optional<Abort> abort_;

@@ -69,6 +69,9 @@ DTensor<T, static_cast<int>(Rank), Shape, P...> from_global_index(const DeviceMe
   }
   exec::check_global_shape(detail::to_extents(global), sizeof(T), "from_global_index");
   const Block mine = spec_block(detail::to_extents(global), Result::spec, mesh.sizes(), mesh.coordinate());
+  if (device.is_meta()) { // the shard's shape, no values
+    return Result(mesh, Tensor<T, R>(detail::to_array<R>(mine.shape), device), global);
+  }
   Tensor<T, R> local(detail::to_array<R>(mine.shape));
   if (!holds_partial_value(Result::placements, mesh.coordinate())) {
     fill_identity(AnyTensor(local), identity_op(Result::placements, mesh.coordinate()));

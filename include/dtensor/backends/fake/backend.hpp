@@ -21,12 +21,15 @@
 //   reduce_scatter  this member's block of the input, reduced n times as all_reduce does
 //   all_to_all      output block i from input block i (what this rank sends, it gets back)
 //   gather          on the root every block from x; scatter: the root's own block, elsewhere unchanged
-//   send / recv     a recv takes the data of the batch's next unused send of the same size (a shift
-//                   exchange: what this rank sends on, it receives), else is left unchanged
+//   send / recv     a recv takes the data of the batch's next unused send of the same size, both host or
+//                   both meta (a shift exchange: what this rank sends on, it receives), else is left
+//                   unchanged
 //   barrier         nothing (monitored_barrier too: every member arrives)
+// An op on meta buffers (core/device.hpp: a shape, no data) moves nothing and is recorded as any other: a
+// dry run of meta tensors. An op with a meta buffer among its host ones leaves its host buffers as they are.
 // new_group makes its group here. split needs every member's colour and key, which the other members are
 // not here to tell: Backend::split(color, key, every), as init_device_mesh calls it; the exchanging form
-// throws. Buffers are host memory (the data is copied on the host).
+// throws. Buffers are host memory (the data is copied on the host) or meta.
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/generic/reduce.hpp"
@@ -52,6 +55,12 @@
 namespace dtensor {
 
 namespace detail {
+
+/// Whether one of `b...` is meta: the op then moves nothing.
+template <class... B>
+bool any_meta(const B&... b) noexcept {
+  return (b.device.is_meta() || ...);
+}
 
 /// A WorkImpl that is complete when made.
 class DoneWork final : public WorkImpl {
@@ -138,11 +147,14 @@ public:
 
 protected:
   WorkPtr do_all_reduce(BufferRef buf, ReduceOp op, const CommOptions&) override {
+    if (detail::any_meta(buf)) {
+      return done();
+    }
     detail::reduce_copies(buf.data, buf.count, buf.dtype, op, size());
     return done();
   }
   WorkPtr do_reduce(BufferRef buf, int root, ReduceOp op, const CommOptions&) override {
-    if (rank_ == root) {
+    if (rank_ == root && !detail::any_meta(buf)) {
       detail::reduce_copies(buf.data, buf.count, buf.dtype, op, size());
     }
     return done();
@@ -150,6 +162,9 @@ protected:
   WorkPtr do_broadcast(BufferRef, int, const CommOptions&) override { return done(); }
   WorkPtr do_all_gather(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
                         std::span<const std::int64_t> displs, const CommOptions&) override {
+    if (detail::any_meta(in, out)) {
+      return done();
+    }
     const std::size_t elem = dtype_size(in.dtype);
     // This member's own block first: `in` may be that block of `out` (in place).
     const std::int64_t mine = displs[static_cast<std::size_t>(rank_)];
@@ -164,6 +179,9 @@ protected:
   }
   WorkPtr do_reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
                             std::span<const std::int64_t> displs, ReduceOp op, const CommOptions&) override {
+    if (detail::any_meta(in, out)) {
+      return done();
+    }
     const auto me = static_cast<std::size_t>(rank_);
     std::memmove(out.data, detail::buffer_bytes(in, displs[me]),
                  static_cast<std::size_t>(counts[me]) * dtype_size(in.dtype));
@@ -174,6 +192,9 @@ protected:
                         std::span<const std::int64_t> send_displs, BufferRef out,
                         std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
                         const CommOptions&) override {
+    if (detail::any_meta(in, out)) {
+      return done();
+    }
     for (std::size_t i = 0; i < send_counts.size(); ++i) {
       detail::fill_repeating(detail::buffer_bytes(out, recv_displs[i]), recv_counts[i],
                              detail::buffer_bytes(in, send_displs[i]), send_counts[i], dtype_size(in.dtype));
@@ -181,8 +202,11 @@ protected:
     return done();
   }
   WorkPtr do_gather(BufferRef in, std::span<const BufferRef> blocks, int root, const CommOptions&) override {
-    if (rank_ == root) {
+    if (rank_ == root && !detail::any_meta(in)) {
       for (const BufferRef& b : blocks) {
+        if (detail::any_meta(b)) {
+          continue;
+        }
         detail::fill_repeating(detail::buffer_bytes(b), b.count, detail::buffer_bytes(in), in.count,
                                dtype_size(in.dtype));
       }
@@ -191,7 +215,7 @@ protected:
   }
   WorkPtr do_scatter(std::span<const BufferRef> blocks, BufferRef out, int root,
                      const CommOptions&) override {
-    if (rank_ == root) {
+    if (rank_ == root && !detail::any_meta(out, blocks[static_cast<std::size_t>(root)])) {
       std::memmove(out.data, blocks[static_cast<std::size_t>(root)].data, out.nbytes());
     }
     return done();
@@ -206,8 +230,11 @@ protected:
       }
       for (std::size_t s = 0; s < requests.size(); ++s) {
         const P2PRequest& send = requests[s];
-        if (!used[s] && send.kind == P2PRequest::Kind::send && send.buffer.nbytes() == r.buffer.nbytes()) {
-          std::memmove(r.buffer.data, send.buffer.data, r.buffer.nbytes());
+        if (!used[s] && send.kind == P2PRequest::Kind::send && send.buffer.nbytes() == r.buffer.nbytes() &&
+            send.buffer.device.is_meta() == r.buffer.device.is_meta()) {
+          if (!detail::any_meta(r.buffer)) {
+            std::memmove(r.buffer.data, send.buffer.data, r.buffer.nbytes());
+          }
           used[s] = true;
           break;
         }
@@ -227,8 +254,9 @@ protected:
                 "running); call split(color, key, every) with every member's, as init_device_mesh does");
   }
   void check_memory(const char* op, const BufferRef& b, const char* what) const override {
-    DTENSOR_CHECK(b.device.is_cpu(), where(op) + ": the " + what + " is on " + b.device.to_string() +
-                                         "; the fake backend copies data on the host: pass host memory");
+    DTENSOR_CHECK(!b.device.is_cuda(), where(op) + ": the " + what + " is on " + b.device.to_string() +
+                                           "; the fake backend copies data on the host: pass host memory "
+                                           "(or meta tensors)");
   }
 
 private:

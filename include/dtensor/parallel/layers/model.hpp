@@ -73,7 +73,7 @@ public:
 
   /// The mean loss of one batch, no backward.
   double loss(const ids_type& ids, const ids_type& targets) const {
-    return double(head.forward(norm.forward(hidden(ids)), targets).full_tensor().item());
+    return scalar_value(head.forward(norm.forward(hidden(ids)), targets));
   }
 
   /// The logits of every position (sharded on the vocabulary as the head leaves them).
@@ -105,7 +105,7 @@ public:
       dh = std::move(dx);
     }
     grads(EmbeddingPart{}, emb_back(dh).params);
-    return double(loss.full_tensor().item());
+    return scalar_value(loss);
   }
 
 private:

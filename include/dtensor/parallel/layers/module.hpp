@@ -17,6 +17,7 @@
 // tuple of the parameters' gradients in parameter order, as the ops give them (Partial<sum> over the axes
 // that shard the batch: what DDP and FSDP reduce; FsdpSchedule::backward takes the tuple as it is).
 
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
@@ -33,6 +34,14 @@
 #include "dtensor/tensor/distribute.hpp"
 
 namespace dtensor::nn {
+
+/// The value of the rank-0 DTensor `d` (a loss) on the host, after what full_tensor() communicates; NaN
+/// for a meta one (core/device.hpp: a dry run has shapes, no values).
+template <class D>
+double scalar_value(const D& d) {
+  const auto full = d.full_tensor();
+  return full.device().is_meta() ? std::nan("") : double(full.item());
+}
 
 /// The result of a layer's backward: the input's gradient and the parameters' (a tuple, in order).
 template <class Input, class Params>

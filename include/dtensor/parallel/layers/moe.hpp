@@ -26,6 +26,9 @@
 // token's output is the gate-weighted sum of its experts' rows: Partial over tp (each tp rank holds a slice
 // of every expert's ffn), completed on exit as nn::Mlp's is.
 //
+// Meta tensors (a dry run) have no logits to route by: each token takes k experts in turn
+// (detail::uniform_logits), so every expert gets its even share of the batch, and the gates' gradients are 0.
+//
 // Backward: the duals in reverse (all_to_all with its splits swapped, the experts' GEMMs, the gates',
 // the router's), plus the load-balancing loss's gradient times aux_loss_coeff (added once: on tp coordinate
 // 0 of the Partial). Gradients: the router's Partial<sum> over the batch axes and tp, the experts'
@@ -155,7 +158,7 @@ template <class V, class T>
 Tensor<V, 1> host_values(const std::vector<V>& v, const Tensor<T, 2>& like) {
   Tensor<V, 1> host({static_cast<std::int64_t>(v.size())});
   std::copy(v.begin(), v.end(), host.data());
-  return like.device().is_cpu() ? host : host.to(like.device());
+  return like.device().is_cuda() ? host.to(like.device()) : host;
 }
 
 template <class T>
@@ -164,7 +167,7 @@ Tensor<T, 1> host_weights(const std::vector<double>& v, const Tensor<T, 2>& like
   for (std::size_t i = 0; i < v.size(); ++i) {
     host.data()[i] = T(v[i]);
   }
-  return like.device().is_cpu() ? host : host.to(like.device());
+  return like.device().is_cuda() ? host.to(like.device()) : host;
 }
 
 /// The rows of `in` picked by `index`, each scaled by `weight` (empty: 1).
@@ -460,8 +463,12 @@ private:
     s.w1 = w1.local();
     s.w3 = w3.local();
     s.w2 = w2.local();
-    const auto logits = local::matmul(s.x, s.router, false, true).to(Device::cpu()); // (t, experts)
-    std::vector<double> l(logits.data(), logits.data() + logits.numel());
+    const bool meta = x.device().is_meta(); // no values: even routing (detail::uniform_logits)
+    const auto logits =
+        local::matmul(s.x, s.router, false, true).to(meta ? Device::meta() : Device::cpu()); // (t, experts)
+    const std::vector<double> l =
+        meta ? detail::uniform_logits(t, static_cast<int>(config.experts), config.top_k, batch_offset)
+             : std::vector<double>(logits.data(), logits.data() + logits.numel());
     s.routing = detail::route(l, t, static_cast<int>(config.experts), config.top_k);
     std::vector<std::int64_t> before;
     MoeStats& st = *stats_;
@@ -517,9 +524,10 @@ private:
                   "nn::Moe backward: dy's local shape " + dtensor::detail::shape_to_string(dy_in.shape()) +
                       " is not the input's " + dtensor::detail::shape_to_string(s.x.shape()));
     const Tensor<T, 2> dy = dy_in.contiguous();
-    // The gates' gradients: dgate[a] = <dy[token], row[slot]>, on the host (t x k).
-    const auto dy_host = dy.to(Device::cpu());
-    const auto out_host = s.expert_out.to(Device::cpu());
+    // The gates' gradients: dgate[a] = <dy[token], row[slot]>, on the host (t x k); 0 for meta tensors.
+    const bool meta = dy.device().is_meta();
+    const auto dy_host = dy.to(meta ? Device::meta() : Device::cpu());
+    const auto out_host = s.expert_out.to(meta ? Device::meta() : Device::cpu());
     std::vector<double> dgate(static_cast<std::size_t>(t * k), 0.0);
     std::vector<double> send_gate(r.send_rows.size(), 0.0);
     for (std::int64_t a = 0; a < t * k; ++a) {
@@ -529,7 +537,7 @@ private:
       }
       send_gate[static_cast<std::size_t>(slot)] = r.gates[static_cast<std::size_t>(a)];
       double d = 0;
-      for (std::int64_t h = 0; h < hidden; ++h) {
+      for (std::int64_t h = 0; h < hidden && !meta; ++h) {
         d += double(dy_host.data()[(a / k) * hidden + h]) * double(out_host.data()[slot * hidden + h]);
       }
       dgate[static_cast<std::size_t>(a)] = d;
@@ -559,7 +567,8 @@ private:
     Tensor<T, 2> dx = detail::combine_rows(dx_send, r.slot, {}, t, k);
     // The router: the gates' and the load-balancing loss's gradients through the softmax.
     const std::vector<double> dlogits = detail::router_grad(r, dgate, s.aux_dprob);
-    const Tensor<T, 2> dl = detail::host_weights<T>(dlogits, dy).template view<2>({t, r.experts});
+    const Tensor<T, 2> dl = meta ? Tensor<T, 2>({t, r.experts}, dy.device())
+                                 : detail::host_weights<T>(dlogits, dy).template view<2>({t, r.experts});
     local::matmul_into(dl, s.router, dx, false, false, 1.0, 1.0); // dx += dlogits Wr
     Tensor<T, 2> drouter = local::matmul(dl, s.x, true, false);   // dlogits^T x
     return std::tuple{std::move(dx), std::move(drouter), std::move(dw1), std::move(dw3), std::move(dw2)};

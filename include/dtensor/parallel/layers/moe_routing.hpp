@@ -60,6 +60,20 @@ struct MoeRouting {
   std::int64_t dropped = 0;            ///< this rank's assignments over capacity
 };
 
+/// Logits that route evenly, for tokens without values (meta tensors: a dry run): token `first + i` picks
+/// experts (first + i) k, ..., (first + i) k + k - 1 modulo `experts`, so each expert receives t k / experts
+/// assignments of a batch (one more or less), spread over the ranks as the tokens are.
+inline std::vector<double> uniform_logits(std::int64_t t, int experts, int k, std::int64_t first) {
+  std::vector<double> l(static_cast<std::size_t>(t) * static_cast<std::size_t>(experts), 0.0);
+  for (std::int64_t i = 0; i < t; ++i) {
+    for (int j = 0; j < k; ++j) {
+      const std::int64_t e = ((first + i) * k + j) % experts;
+      l[static_cast<std::size_t>(i * experts + e)] = 1.0;
+    }
+  }
+  return l;
+}
+
 inline MoeRouting route(const std::vector<double>& logits, std::int64_t t, int experts, int k) {
   MoeRouting r;
   r.tokens = t;

@@ -198,10 +198,10 @@ public:
     const double stage_norm = total_norm(l2_norm, embeddings, blocks, heads);
     Tensor<double, 1> host({2});
     host.data()[0] = stage_norm * stage_norm;
-    host.data()[1] = loss; // 0 but on the last stage
-    Tensor<double, 1> sums = device().is_cpu() ? host : host.to(device());
+    host.data()[1] = loss;                                                  // 0 but on the last stage
+    Tensor<double, 1> sums = device().is_cuda() ? host.to(device()) : host; // meta: the host's, with NaN
     all_reduce(sums, ReduceOp::sum, pp_);
-    const Tensor<double, 1> total = device().is_cpu() ? sums : sums.to(Device::cpu());
+    const Tensor<double, 1> total = device().is_cuda() ? sums.to(Device::cpu()) : sums;
     StepResult result;
     result.loss = total.data()[1];
     result.grad_norm = std::sqrt(total.data()[0]);
@@ -248,7 +248,7 @@ public:
                         .forward_only = true,
                         .boundary_shape = [&](int) { return boundary_shape(ids); }});
     for_each_group([](auto& g) { g.reshard(); });
-    Tensor<double, 1> sum = Tensor<double, 1>::full({1}, loss, device());
+    Tensor<double, 1> sum = Tensor<double, 1>::full({1}, loss, device().is_cuda() ? device() : Device::cpu());
     all_reduce(sum, ReduceOp::sum, pp_);
     return sum.item();
   }
@@ -355,12 +355,12 @@ private:
       const auto norm = model_.norm.with_parameters(group.template param<0>());
       const auto head = model_.head.with_parameters(group.template param<1>());
       if (!grads) {
-        loss += scale * double(head.forward(norm.forward(h), batch.second).full_tensor().item());
+        loss += scale * scalar_value(head.forward(norm.forward(h), batch.second));
         return h;
       }
       auto [n, norm_back] = norm.forward(h, with_backward);
       auto [l, loss_back] = head.forward(n, batch.second, with_backward);
-      loss += scale * double(l.full_tensor().item());
+      loss += scale * scalar_value(l);
       {
         head_back = [norm_back = std::move(norm_back), loss_back = std::move(loss_back), &group, last,
                      scale]() {

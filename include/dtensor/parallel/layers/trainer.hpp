@@ -411,7 +411,7 @@ private:
     sched.backward(head_, [&](const auto& g, const auto& w) { // the head's forward and backward at once
       auto [n, norm_back] = model_.norm.with_parameters(g).forward(h, with_backward);
       auto [l, head_back] = model_.head.with_parameters(w).forward(n, targets, with_backward);
-      loss = double(l.full_tensor().item());
+      loss = scalar_value(l);
       auto [dn, head_grads] = head_back(scale);
       auto [d, norm_grads] = norm_back(dn);
       dh.emplace(std::move(d));
