@@ -12,6 +12,7 @@
 #include "dtensor/backends/fake/backend.hpp"
 #include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/comm/init.hpp"
+#include "dtensor/core/flop_counter.hpp"
 #include "dtensor/core/memory_tracker.hpp"
 #include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
@@ -418,6 +419,30 @@ TEST_CASE("fake: a rank's redistributions, of host or meta tensors, communicate 
       }
     }
   }
+}
+
+TEST_CASE("the op log puts each op on the flop clock: a synchronous op waited where it was issued, an async "
+          "one where its completion was waited for",
+          "[comm][fake]") {
+  const ProcessGroup g = fake_world(1, 8);
+  auto x = Tensor<float, 1>({1024}, Device::meta());
+  CommDebugMode comm({.log_ops = true});
+  count_flops(100);
+  all_reduce(x, ReduceOp::sum, g);
+  Work w = all_reduce(x, ReduceOp::sum, g, async_op);
+  Work never = all_gather_into_tensor(Tensor<float, 1>({8192}, Device::meta()), x, g, async_op);
+  count_flops(50); // the compute the async all_reduce overlaps
+  w.wait();
+  w.wait(); // the first wait counts
+  const auto& ops = comm.ops();
+  REQUIRE(ops.size() == 3);
+  CHECK(ops[0].waited->flops == ops[0].issued_flops);
+  CHECK(ops[0].waited->seq == ops[0].issued_seq + 1);
+  CHECK(ops[1].issued_flops == ops[0].issued_flops);
+  CHECK(ops[1].waited->flops == ops[1].issued_flops + 50);
+  CHECK(ops[1].waited->seq > ops[2].issued_seq);
+  CHECK(ops[2].waited->seq < 0); // never waited
+  (void)never;
 }
 
 TEST_CASE("fake: what it cannot do is an error naming the rank, group and op", "[comm][fake]") {

@@ -11,6 +11,7 @@
 
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
+#include <dtensor/core/flop_counter.hpp>
 #include <dtensor/core/memory_tracker.hpp>
 #include <dtensor/local/attention.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
@@ -340,6 +341,29 @@ TEST_CASE("local attention forward and backward equal the reference", "[ops][att
     check_local<double>({2, 4, 2, 70, 140, 5, 4}, true, 1e-12, p);
   }
 #endif
+}
+
+TEST_CASE("FlopCounter: attention counts its GEMMs over the pairs each query sees, on host and meta",
+          "[ops][attention][flops]") {
+  // (batch 2, 4 q heads, 2 kv heads, 5 queries, 7 keys, d 3, dv 2)
+  for (const Device device : {Device::cpu(), Device::meta()}) {
+    const Tensor<double, 4> q = Tensor<double, 4>::zeros({2, 4, 5, 3}, device);
+    const Tensor<double, 4> k = Tensor<double, 4>::zeros({2, 2, 7, 3}, device);
+    const Tensor<double, 4> v = Tensor<double, 4>::zeros({2, 2, 7, 2}, device);
+    for (bool causal : {false, true}) {
+      INFO(device.to_string() << (causal ? ", causal" : ""));
+      local::AttentionParams p;
+      p.causal = causal;
+      // Causal, top-left aligned: query i sees keys 0..i, 1 + 2 + 3 + 4 + 5 = 15 of the 35 pairs.
+      const double pairs = causal ? 15 : 35;
+      FlopCounter flops;
+      const auto [o, lse] = local::attention_forward(q, k, v, p);
+      CHECK(flops.flops() == 2 * 2 * 4 * pairs * (3 + 2));
+      flops.reset();
+      (void)local::attention_backward(q, k, v, o, lse, o, p);
+      CHECK(flops.flops() == 2 * 2 * 4 * pairs * (3 * 3 + 2 * 2));
+    }
+  }
 }
 
 TEST_CASE("the softmax's exponential pass: the run-time chosen loop equals the portable one bit for bit",

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/core/flop_counter.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/local/gemm.hpp"
 #include "dtensor/local/grouped_gemm.hpp"
@@ -210,6 +211,32 @@ TEST_CASE("matmul of meta tensors: the product's shape and no arithmetic, mismat
   std::vector<Tensor<float, 2>> b{Tensor<float, 2>({4, 2}, meta), Tensor<float, 2>({4, 2}, meta)};
   std::vector<Tensor<float, 2>> c{Tensor<float, 2>({3, 2}, meta), Tensor<float, 2>({0, 2}, meta)};
   local::grouped_matmul_into<float>(a, b, c);
+}
+
+TEST_CASE("FlopCounter: 2mnk a GEMM on every device, meta included, once for reduced types and groups",
+          "[gemm][flops]") {
+  const auto meta = dtensor::Device::meta();
+  dtensor::FlopCounter flops;
+  (void)local::matmul(Tensor<float, 2>({3, 4}), Tensor<float, 2>({4, 5}));
+  CHECK(flops.flops() == 2 * 3 * 4 * 5);
+  flops.reset();
+  (void)local::matmul(Tensor<bfloat16, 3>({2, 3, 4}), Tensor<bfloat16, 2>({5, 4}), false, true);
+  CHECK(flops.flops() == 2 * 2 * 3 * 4 * 5); // the float GEMM inside is not counted again
+  flops.reset();
+  (void)local::matmul(Tensor<float, 2>({8, 6}, meta), Tensor<float, 2>({8, 7}, meta), true, false);
+  CHECK(flops.flops() == 2 * 6 * 8 * 7);
+  const double before = dtensor::FlopCounter::clock();
+  {
+    dtensor::FlopCounter inner; // counters nest: each reads the thread's clock
+    std::vector<Tensor<float, 2>> a{Tensor<float, 2>({3, 4}), Tensor<float, 2>({2, 4})};
+    std::vector<Tensor<float, 2>> b{Tensor<float, 2>({4, 2}), Tensor<float, 2>({4, 2})};
+    std::vector<Tensor<float, 2>> c{Tensor<float, 2>({3, 2}), Tensor<float, 2>({2, 2})};
+    local::grouped_matmul_into<float>(a, b, c);
+    std::vector<Tensor<float, 2>> am{a[0].to(meta)}, bm{b[0].to(meta)}, cm{c[0].to(meta)};
+    local::grouped_matmul_into<float>(am, bm, cm);
+    CHECK(inner.flops() == 2 * (3 * 4 * 2 + 2 * 4 * 2) + 2 * 3 * 4 * 2);
+  }
+  CHECK(dtensor::FlopCounter::clock() - before == flops.flops() - 2 * 6 * 8 * 7);
 }
 
 TEST_CASE("matmul_into: beta = 0 ignores c, NaN included", "[gemm]") {

@@ -27,12 +27,14 @@
 #include <dtensor/parallel/layers/model.hpp>
 #include <dtensor/parallel/layers/trainer.hpp>
 #include <dtensor/parallel/optim.hpp>
+#include <dtensor/plan/dry_run.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -67,12 +69,15 @@ struct Run {
 
 /// Step `step`'s ids (shift 0) or targets (shift 1): rows [first_row, first_row + rows) of its batch.
 nn::ids_t<L> tokens(const DeviceMesh<Mesh>& mesh, int step, std::int64_t shift, std::int64_t rows = kBatch,
-                    std::int64_t first_row = 0) {
+                    std::int64_t first_row = 0, Device device = Device::cpu()) {
   return [&]<class... Q>(DTensor<std::int64_t, 2, Mesh, Q...>*) {
-    return from_global_index<std::int64_t, Q...>(mesh, {rows, kSeq}, [&](const auto& i) {
-      const std::int64_t r = i[0] + first_row;
-      return (r * 11 + i[1] * 5 + step * 3 + shift + i[1] * i[1]) % config.vocab;
-    });
+    return from_global_index<std::int64_t, Q...>(
+        mesh, {rows, kSeq},
+        [&](const auto& i) {
+          const std::int64_t r = i[0] + first_row;
+          return (r * 11 + i[1] * 5 + step * 3 + shift + i[1] * i[1]) % config.vocab;
+        },
+        device);
   }(static_cast<nn::ids_t<L>*>(nullptr));
 }
 
@@ -405,4 +410,74 @@ TEST_CASE("nn::FsdpTrainer: FSDP, HSDP and FSDP x TP steps equal one rank's, col
   check(Layout::hsdp, 2, 1, 1, "hsdp");
   check(Layout::hsdp, 2, 2, 1, "hsdp");
   check(Layout::fsdp_tp, 1, 2, 2, "fsdp_tp");
+}
+
+namespace {
+
+/// Two FSDP x TP steps of the test's model on (1, dp, tp), on `world` with tensors on `device`; with `ctx`,
+/// the dry run measures the second only.
+void fsdp_tp_steps(const ProcessGroup& world, Device device, int dp, int tp, DryRunContext* ctx = nullptr) {
+  const auto mesh = init_device_mesh<Mesh>(world, 1, dp, tp);
+  init::InitKeys keys(7);
+  nn::FsdpTrainer<Model, Fsdp<"dp">> trainer(mesh, Model(mesh, config, kBlocks, keys, device));
+  optim::AdamW opt({.lr = 2e-2});
+  for (int s = 0; s < 2; ++s) {
+    if (s == 1 && ctx != nullptr) {
+      ctx->begin_step();
+    }
+    (void)trainer.step(tokens(mesh, s, 0, kBatch, 0, device), tokens(mesh, s, 1, kBatch, 0, device), opt);
+  }
+}
+
+} // namespace
+
+TEST_CASE("dtensor::dry_run: a rank alone on meta tensors holds, communicates and computes what it does in "
+          "the real run, and a rank of 1,024 priced on a cluster",
+          "[parallel][trainer][dry_run]") {
+  // The real run on (1, 2, 2): each rank's tensor peak, communication table and flops.
+  struct Measured {
+    std::int64_t peak = 0;
+    std::string comm;
+    double flops = 0;
+  };
+  std::vector<Measured> real(4);
+  std::mutex m;
+  testing::run_ranks(4, [&](ProcessGroup& world) {
+    CommDebugMode comm;
+    MemoryTracker memory;
+    FlopCounter flops;
+    fsdp_tp_steps(world, Device::cpu(), 2, 2);
+    std::lock_guard lock(m);
+    real[std::size_t(world.rank())] = {memory.stats().peak_total, comm.to_string(), flops.flops()};
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    const DryRun d = dry_run({.rank = r, .world_size = 4},
+                             [](DryRunContext& ctx) { fsdp_tp_steps(ctx.world(), ctx.device(), 2, 2); });
+    CHECK(d.memory.peak_total == real[std::size_t(r)].peak);
+    CHECK(d.comm_table == real[std::size_t(r)].comm);
+    CHECK(d.flops == real[std::size_t(r)].flops);
+    CHECK(d.flops > 0);
+    CHECK(d.bytes_network == 0); // 4 ranks: one node
+    CHECK(d.bytes_nvlink > 0);
+  }
+  // Rank 5 of (1, 128, 8) on DGX H100s (dp coordinate 0: one of the batch's 3 rows): 128 nodes, the dp
+  // groups across them; the second step measured, which holds the optimizer's state from the first.
+  const DryRun big = dry_run({.rank = 5, .world_size = 1024, .cluster = dgx_h100()}, [](DryRunContext& ctx) {
+    fsdp_tp_steps(ctx.world(), ctx.device(), 128, 8, &ctx);
+  });
+  CHECK(big.memory.at_peak[std::size_t(MemoryCategory::optimizer_state)] > 0);
+  CHECK(big.memory.at_peak[std::size_t(MemoryCategory::activations)] > 0);
+  CHECK(big.memory.at_peak[std::size_t(MemoryCategory::other)] < 1024); // the ids: the model was built before
+  CHECK(big.bytes_network > 0);
+  CHECK(big.bytes_nvlink > 0);
+  CHECK(big.fits);
+  CHECK(big.time.compute > 0);
+  CHECK(big.time.seconds >= big.time.compute);
+  CHECK(big.time.seconds <= big.time.compute + big.time.comm * (1 + 1e-9));
+  CHECK(big.time.exposed > 0); // tensor parallelism's collectives are synchronous
+  CHECK(big.hfu > 0);
+  CHECK(big.hfu < 1);
+  CHECK_THAT(big.to_string(), Catch::Contains("rank 5 of 1024") && Catch::Contains("exposed"));
+  CHECK_THAT(big.to_json(), Catch::Contains("\"world_size\": 1024") && Catch::Contains("\"at_peak\""));
 }

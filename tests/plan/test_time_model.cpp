@@ -8,6 +8,7 @@
 #include <dtensor/plan/time_model.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -216,4 +217,54 @@ TEST_CASE("time model: an op log priced op by op on the group each op ran on") {
   CHECK(comm_op_seconds(op("all_gather", "x", 1 << 20, 16, 1), c) ==
         Approx(estimate_collective(CollectiveKind::all_gather, 1 << 20, {16, 2}, c).seconds));
   CHECK_THAT(t.to_string(), Contains("reduce_scatter") && Contains("total"));
+}
+
+TEST_CASE("time model: the step's timeline: synchronous ops exposed, async ones hidden behind the compute "
+          "they overlap, one group's ops in order") {
+  const ClusterModel c = dgx_h100();
+  const double rate = c.peak_tflops * 1e12 * c.gemm_efficiency; // flops a second
+  // An op issued at flop clock `at` (event `seq`), waited at `wait_at` (event `wait_seq`; -1: never).
+  auto op = [](const char* axes, std::int64_t size, double at, std::int64_t seq, double wait_at,
+               std::int64_t wait_seq) {
+    CommDebugMode::Op o{.op = "all_gather", .axes = axes, .size = size, .ranks = 8, .nodes = 1};
+    o.issued_flops = at;
+    o.issued_seq = seq;
+    o.waited = std::make_shared<CommDebugMode::Op::Waited>(CommDebugMode::Op::Waited{wait_at, wait_seq});
+    return o;
+  };
+  const double ag = estimate_collective(CollectiveKind::all_gather, 64 << 20, {8, 1}, c).seconds;
+  const double long_compute = 10 * ag * rate; // flops that take ten all_gathers
+  SECTION("synchronous: waited where issued, all of it exposed") {
+    const std::vector<CommDebugMode::Op> ops{op("tp", 64 << 20, 100, 1, 100, 2)};
+    const StepTime t = estimate_step_time(ops, 100, 100 + long_compute, c);
+    CHECK(t.compute == Approx(10 * ag));
+    CHECK(t.comm == Approx(ag));
+    CHECK(t.exposed == Approx(ag));
+    CHECK(t.seconds == Approx(11 * ag));
+    CHECK(t.rows.at({"all_gather", "tp"}).exposed == Approx(ag));
+  }
+  SECTION("async, waited after compute longer than it: hidden") {
+    const std::vector<CommDebugMode::Op> ops{op("dp", 64 << 20, 0, 1, long_compute / 2, 2)};
+    const StepTime t = estimate_step_time(ops, 0, long_compute, c);
+    CHECK(t.exposed == 0);
+    CHECK(t.seconds == Approx(10 * ag));
+  }
+  SECTION("async, waited after a third of its time: the rest exposed") {
+    const std::vector<CommDebugMode::Op> ops{op("dp", 64 << 20, 0, 1, ag * rate / 3, 2)};
+    const StepTime t = estimate_step_time(ops, 0, long_compute, c);
+    CHECK(t.exposed == Approx(2 * ag / 3));
+    CHECK(t.seconds == Approx(10 * ag + 2 * ag / 3));
+  }
+  SECTION("two ops on one group run one after the other; on two groups side by side") {
+    const std::vector<CommDebugMode::Op> same{op("dp", 64 << 20, 0, 1, 0, 3), op("dp", 64 << 20, 0, 2, 0, 4)};
+    CHECK(estimate_step_time(same, 0, 0, c).exposed == Approx(2 * ag));
+    const std::vector<CommDebugMode::Op> two{op("dp", 64 << 20, 0, 1, 0, 3), op("tp", 64 << 20, 0, 2, 0, 4)};
+    CHECK(estimate_step_time(two, 0, 0, c).exposed == Approx(ag));
+  }
+  SECTION("never waited: it ends with the step") {
+    const std::vector<CommDebugMode::Op> ops{op("dp", 64 << 20, long_compute, 1, -1, -1)};
+    const StepTime t = estimate_step_time(ops, 0, long_compute, c);
+    CHECK(t.exposed == Approx(ag));
+    CHECK_THAT(t.to_string(), Contains("exposed") && Contains("all_gather"));
+  }
 }

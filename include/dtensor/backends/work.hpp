@@ -36,4 +36,15 @@ public:
   virtual void wait() = 0;
 };
 
+namespace detail {
+
+/// A WorkImpl that is complete when made.
+class DoneWork final : public WorkImpl {
+public:
+  bool is_completed() override { return true; }
+  void wait() override {}
+};
+
+} // namespace detail
+
 } // namespace dtensor

@@ -26,7 +26,15 @@
 //   dtensor::CommDebugMode comm({.log_ops = true, .gpus_per_node = 8});
 //   ... a training step (or its dry run on the fake backend) ...
 //   for (const auto& op : comm.ops()) { op.op; op.axes; op.size; op.ranks; op.nodes; }
+//
+// The log also places each op on the step's timeline, measured in compute: this thread's flop clock
+// (core/flop_counter.hpp) when the op was issued, and when its completion was first waited for (a
+// synchronous op: at once; an async one: after the compute it overlaps). Those two marks, and the order of
+// every issue and wait, are what plan/comm_time.hpp's estimate_step_time needs to tell the communication a
+// schedule hides from what it exposes.
 
+#include "dtensor/backends/work.hpp"
+#include "dtensor/core/flop_counter.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/thread_scope.hpp"
 
@@ -35,6 +43,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -76,6 +85,17 @@ public:
     std::optional<ReduceOp> reduce{};
     int ranks = 1; ///< members of the group (point-to-point: this rank and its peers)
     int nodes = 1; ///< nodes those members sit on
+    /// The timeline: this thread's flop clock when the op was issued, and the op's place in the order of
+    /// this thread's issues and waits.
+    double issued_flops = 0;
+    std::int64_t issued_seq = 0;
+    /// When its completion was first waited for (flops < 0: never, e.g. a completion only polled or
+    /// dropped; its end then counts at the end of the step). Shared: the completion fills it in.
+    struct Waited {
+      double flops = -1;
+      std::int64_t seq = -1;
+    };
+    std::shared_ptr<Waited> waited{};
   };
 
   /// What the front end knows of an op beyond its received bytes (for the log).
@@ -148,6 +168,7 @@ public:
   /// reduce).
   static void record(std::string_view op, std::string_view axes, std::int64_t bytes,
                      std::optional<ReduceOp> reduce = std::nullopt, const Shape* shape = nullptr) {
+    pending().clear(); // an op whose submission threw leaves nothing for the next one
     for (CommDebugMode* m = innermost(); m != nullptr; m = m->enclosing()) {
       Entry& e = m->entries_[{std::string(op), std::string(axes)}];
       ++e.count;
@@ -163,12 +184,32 @@ public:
           o.ranks = static_cast<int>(shape->members.size());
           o.nodes = count_nodes(shape->members, m->options_.gpus_per_node);
         }
+        o.issued_flops = detail::thread_flops();
+        o.issued_seq = ++event_seq();
+        o.waited = std::make_shared<Op::Waited>();
+        pending().push_back(o.waited);
         m->ops_.push_back(std::move(o));
       }
     }
   }
 
+  /// The completion of the op just recorded, with its wait marked in the op logs that logged it (the front
+  /// end passes every submitted op's completion through here while some mode logs ops).
+  static std::shared_ptr<WorkImpl> watch(std::shared_ptr<WorkImpl> work);
+
+  /// The order of this thread's issues and waits.
+  static std::int64_t& event_seq() noexcept {
+    thread_local std::int64_t seq = 0;
+    return seq;
+  }
+
 private:
+  /// The wait marks of the op being submitted, until watch() takes them.
+  static std::vector<std::shared_ptr<Op::Waited>>& pending() noexcept {
+    thread_local std::vector<std::shared_ptr<Op::Waited>> marks;
+    return marks;
+  }
+
   /// Distinct nodes among `members` (global ranks), `per_node` ranks a node.
   static int count_nodes(std::span<const int> members, int per_node) {
     std::vector<int> nodes(members.begin(), members.end());
@@ -197,5 +238,40 @@ private:
   std::map<std::pair<std::string, std::string>, Entry> entries_;
   std::vector<Op> ops_;
 };
+
+namespace detail {
+
+/// A completion that marks, on its first wait, the flop clock and the order of the waiting thread in its
+/// op's log entries (CommDebugMode::watch).
+class LoggedWork final : public WorkImpl {
+public:
+  LoggedWork(std::shared_ptr<WorkImpl> inner, std::vector<std::shared_ptr<CommDebugMode::Op::Waited>> marks)
+      : inner_(std::move(inner)), marks_(std::move(marks)) {}
+  bool is_completed() override { return inner_->is_completed(); }
+  void wait() override {
+    inner_->wait();
+    for (const auto& m : marks_) {
+      if (m->seq < 0) {
+        m->flops = thread_flops();
+        m->seq = ++CommDebugMode::event_seq();
+      }
+    }
+  }
+
+private:
+  std::shared_ptr<WorkImpl> inner_;
+  std::vector<std::shared_ptr<CommDebugMode::Op::Waited>> marks_;
+};
+
+} // namespace detail
+
+inline std::shared_ptr<WorkImpl> CommDebugMode::watch(std::shared_ptr<WorkImpl> work) {
+  if (pending().empty()) {
+    return work;
+  }
+  auto marks = std::move(pending());
+  pending().clear();
+  return std::make_shared<detail::LoggedWork>(std::move(work), std::move(marks));
+}
 
 } // namespace dtensor

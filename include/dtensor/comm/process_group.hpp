@@ -221,6 +221,9 @@ public:
     auto& b = impl("monitored_barrier");
     record("monitored_barrier", 0, DType::uint8);
     CommWaitTimer::time("monitored_barrier", label_, [&] { b.monitored_barrier(timeout); });
+    if (CommDebugMode::any_logging()) { // synchronous: waited for where it was issued
+      CommDebugMode::watch(std::make_shared<detail::DoneWork>())->wait();
+    }
   }
   /// A batch of point-to-point ops (recorded as one op called `what`). An empty batch is recorded and
   /// completes at once (a rank with nothing to move in a redistribution's exchange).
@@ -273,6 +276,9 @@ private:
     }
     if (CommWaitTimer::any_active()) {
       w = std::make_shared<detail::TimedWork>(std::move(w), what, label_);
+    }
+    if (CommDebugMode::any_logging()) { // the op log's wait mark
+      w = CommDebugMode::watch(std::move(w));
     }
     return w;
   }

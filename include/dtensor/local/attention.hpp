@@ -42,6 +42,7 @@
 
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/flop_counter.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/local/attention_cuda.hpp"
 #include "dtensor/local/blas.hpp"
@@ -355,6 +356,24 @@ struct Problem {
   }
 };
 
+/// The flops of `gemm_dims` GEMMs over the query-key pairs the problem computes, per (batch, q head): every
+/// pair, or under the causal mask the keys at or before each query. The forward's two GEMMs run over d and
+/// dv (gemm_dims = d + dv); the backward's five over 3d + 2dv (scores again, dP, dV, dQ, dK).
+template <class C>
+double attention_flops(const Problem<C>& pr, std::int64_t gemm_dims) {
+  double pairs = 0;
+  if (!pr.causal) {
+    pairs = static_cast<double>(pr.qp.size()) * static_cast<double>(pr.kp.size());
+  } else {
+    std::vector<std::int64_t> keys = pr.kp;
+    std::sort(keys.begin(), keys.end());
+    for (std::int64_t q : pr.qp) {
+      pairs += static_cast<double>(std::upper_bound(keys.begin(), keys.end(), q) - keys.begin());
+    }
+  }
+  return 2.0 * static_cast<double>(pr.dims.batch * pr.dims.heads) * pairs * static_cast<double>(gemm_dims);
+}
+
 #if DTENSOR_LOCAL_OPS_CUDA
 /// The kernels' inputs: q, k and v contiguous on q's stream, the positions on the device, and the problem
 /// the kernels read (attention_cuda.hpp).
@@ -460,6 +479,7 @@ AttentionOut<T> attention_forward(const Tensor<T, 4>& q, const Tensor<T, 4>& k, 
   static_assert(detail::gemm_element_v<T>, "attention: float, double, bfloat16 or half");
   const Dims d = check_dims("attention", q, k, v, coords);
   const Problem<C> pr(d, params, coords);
+  count_flops(attention_flops(pr, d.d + d.dv)); // FlopCounter (core/flop_counter.hpp), meta included
   if (q.device().is_cuda()) {
     return forward_cuda(pr, q, k, v);
   }
@@ -556,6 +576,7 @@ AttentionGrads<T> attention_backward(const Tensor<T, 4>& q, const Tensor<T, 4>& 
                 "attention backward: lse " + ::dtensor::detail::shape_to_string(lse.shape()) +
                     " is not (batch, heads, seq_q)");
   const Problem<C> pr(d, params, coords);
+  count_flops(attention_flops(pr, 3 * d.d + 2 * d.dv));
   if (q.device().is_cuda()) {
     return backward_cuda(pr, q, k, v, o, lse, d_o);
   }

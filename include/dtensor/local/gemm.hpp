@@ -28,6 +28,7 @@
 #include "dtensor/core/config.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
+#include "dtensor/core/flop_counter.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/local/blas.hpp"
 #include "dtensor/local/cublas.hpp"
@@ -119,6 +120,13 @@ Tensor<float, R> to_float(const Tensor<T, R>& t) {
   return r;
 }
 
+/// The flops of c = op(a) op(b): 2mnk (times the batch of a rank-3 c).
+template <class T, int R>
+double matmul_flops(const Tensor<T, R>& a, const Tensor<T, R>& c, bool trans_a) {
+  const auto k = static_cast<double>(a.shape()[trans_a ? R - 2 : R - 1]);
+  return 2.0 * static_cast<double>(c.numel()) * k;
+}
+
 /// A contiguous copy of `t` whose memory is ordered on `stream` (c's): on CUDA its release then follows
 /// the GEMM that reads it, whichever stream `t` is on.
 template <class T, int R>
@@ -187,7 +195,8 @@ void matmul_into(const Tensor<T, R>& a, const Tensor<T, R2>& b, const Tensor<T, 
                 "dtensor::local::matmul: a (m, k) x b (k, n), or a batched a (batch, m, k) x b (batch, k, "
                 "n) or (k, n)");
   detail::check_matmul("matmul_into", a, b, &c, trans_a, trans_b);
-  if (c.device().is_meta()) { // shapes only
+  count_flops(detail::matmul_flops(a, c, trans_a)); // FlopCounter (core/flop_counter.hpp), meta included
+  if (c.device().is_meta()) {                       // shapes only
     return;
   }
   if (c.device().is_cuda()) {
@@ -208,7 +217,10 @@ void matmul_into(const Tensor<T, R>& a, const Tensor<T, R2>& b, const Tensor<T, 
 #if DTENSOR_HAS_BLAS
   if constexpr (detail::is_reduced_float_v<T>) { // fp32 accumulation: one rounding, at the end
     const Tensor<float, R> c32 = beta != 0 ? detail::to_float(c) : Tensor<float, R>(c.shape());
-    matmul_into(detail::to_float(a), detail::to_float(b), c32, trans_a, trans_b, alpha, beta);
+    detail::run_matmul(detail::to_float(a), detail::to_float(b), c32, trans_a, trans_b,
+                       [&](const detail::GemmPlan& p, const void* x, const void* y, void* z) {
+                         detail::blas_gemm(DType::float32, p, x, y, z, alpha, beta);
+                       });
     const float* in = c32.data();
     detail::strided_for_each(c.shape(), std::array<typename Tensor<T, R>::Shape, 1>{c.strides()},
                              [&](const std::array<std::int64_t, 1>& off) { c.data()[off[0]] = T(*in++); });

@@ -193,7 +193,14 @@ void grouped_matmul_into(std::span<const Tensor<T, 2>> a, std::span<const Tensor
   static_assert(detail::gemm_element_v<T>, "dtensor::local::grouped_matmul_into: T must be float, double, "
                                            "dtensor::bfloat16 or dtensor::half (no integer or float8 GEMM)");
   detail::check_grouped_matmul(a, b, c, trans_a, trans_b);
+  // Counted here where no matmul_into runs (meta, the grouped cuBLAS call); matmul_into counts its own.
+  const auto count_groups = [&] {
+    for (std::size_t g = 0; g < c.size(); ++g) {
+      count_flops(detail::matmul_flops(a[g], c[g], trans_a));
+    }
+  };
   if (c.empty() || c[0].device().is_meta()) { // meta: shapes only
+    count_groups();
     return;
   }
 #if DTENSOR_HAS_CUBLAS_GROUPED
@@ -235,6 +242,7 @@ void grouped_matmul_into(std::span<const Tensor<T, 2>> a, std::span<const Tensor
       out.push_back(z.data());
     }
     detail::cublas_grouped_gemm(dtype_v<T>, plans, first, second, out, alpha, beta, c[0].device(), stream);
+    count_groups(); // k = 0 groups (matmul_into above) count 0
     for (const auto& [dst, src] : write_back) {
       Tensor<T, 2> target = dst;
       target.copy_from(src);

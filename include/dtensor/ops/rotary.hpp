@@ -76,8 +76,9 @@ typename X::local_type rotate(const X& x, const RotaryOptions& o, double sign,
   const Block b = spec_block(to_extents(x.global_shape()), X::spec, x.mesh().sizes(), x.mesh().coordinate());
   const std::int64_t half = d / 2;
   const std::int64_t seq = t.shape()[SeqDim];
-  std::vector<C> cs(static_cast<std::size_t>(seq * half)), sn(cs.size());
-  for (std::int64_t s = 0; s < seq; ++s) {
+  const bool meta = t.device().is_meta(); // no values: no angles either
+  std::vector<C> cs(static_cast<std::size_t>(meta ? 0 : seq * half)), sn(cs.size());
+  for (std::int64_t s = 0; s < seq && !meta; ++s) {
     const std::int64_t at = pos.empty() ? b.offset[SeqDim] + s : pos[static_cast<std::size_t>(s)];
     const double p = static_cast<double>(at + o.offset);
     for (std::int64_t i = 0; i < half; ++i) {
@@ -92,7 +93,7 @@ typename X::local_type rotate(const X& x, const RotaryOptions& o, double sign,
   }
   const auto in = t.contiguous();
   typename X::local_type out(t.shape(), t.device());
-  const std::int64_t rows = d == 0 || t.device().is_meta() ? 0 : in.numel() / d; // meta: no values
+  const std::int64_t rows = d == 0 || meta ? 0 : in.numel() / d;
   const std::int64_t step_a = o.interleaved ? 2 : 1;
   const std::int64_t gap = o.interleaved ? 1 : half;
   for (std::int64_t r = 0; r < rows; ++r) {

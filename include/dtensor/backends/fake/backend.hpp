@@ -62,13 +62,6 @@ bool any_meta(const B&... b) noexcept {
   return (b.device.is_meta() || ...);
 }
 
-/// A WorkImpl that is complete when made.
-class DoneWork final : public WorkImpl {
-public:
-  bool is_completed() override { return true; }
-  void wait() override {}
-};
-
 /// bytes(p) of one buffer.
 inline std::byte* buffer_bytes(const BufferRef& b, std::int64_t at = 0) {
   return static_cast<std::byte*>(b.data) + static_cast<std::size_t>(at) * dtype_size(b.dtype);

@@ -1,0 +1,32 @@
+#!/bin/sh
+# dtensor-plan's test: the tiny model on 2 nodes of 4 GPUs. Every layout it lists dry-runs (no "cannot
+# run"), at least one fits in 1 GiB and none in 1 KiB, the best is listed first, and the JSON parses and
+# holds every layout with its dry run.
+# usage: check_plan.sh DTENSOR_PLAN DIR
+set -u
+plan=$1 dir=$2
+rm -rf "$dir" && mkdir -p "$dir" || exit 1
+fail() { echo "check_plan: $*"; exit 1; }
+"$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 1GiB --json "$dir/plan.json" >"$dir/out" 2>&1 ||
+  { cat "$dir/out"; fail "dtensor-plan failed"; }
+cat "$dir/out"
+grep -q "cannot run" "$dir/out" && fail "a layout did not dry-run"
+rows=$(awk '$1 ~ /^[0-9]+$/' "$dir/out" | wc -l)
+[ "$rows" -ge 4 ] || fail "$rows layouts listed, want at least 4"
+awk '$1 ~ /^[0-9]+$/ { print $7; exit }' "$dir/out" | grep -qx yes || fail "the first layout does not fit 1 GiB"
+python3 - "$dir/plan.json" "$rows" <<'PY' || fail "the JSON"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["world_size"] == 8, p["world_size"]
+ls = p["layouts"]
+assert len(ls) >= int(sys.argv[2]), len(ls)
+for l in ls:
+    assert l["dp"] * l["cp"] * l["tp"] == 8, l
+    d = l["dry_run"]
+    assert d["world_size"] == 8 and d["peak_bytes"] > 0 and d["flops"] > 0 and d["step_seconds"] > 0, d
+    assert sum(d["at_peak"].values()) == d["peak_bytes"], d
+PY
+"$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 0.000001GiB >"$dir/small" 2>&1 || fail "1 KiB run"
+awk '$1 ~ /^[0-9]+$/ && $7 == "yes"' "$dir/small" | grep -q . && fail "a layout fits 1 KiB"
+rm -rf "$dir"
+echo "check_plan: OK"
