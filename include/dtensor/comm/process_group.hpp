@@ -75,13 +75,20 @@ public:
   /// other new_group/split calls. Ranks outside the list get a handle with is_member() == false.
   ProcessGroup new_group(std::span<const int> ranks) const {
     auto& b = impl("new_group");
+    std::vector<std::pair<int, int>> by_global; // (global rank, group rank), sorted: O(n log n) at any size
+    by_global.reserve(ranks_.size());
+    for (std::size_t i = 0; i < ranks_.size(); ++i) {
+      by_global.emplace_back(ranks_[i], static_cast<int>(i));
+    }
+    std::sort(by_global.begin(), by_global.end());
     std::vector<int> local;
     local.reserve(ranks.size());
     for (int g : ranks) {
-      auto it = std::find(ranks_.begin(), ranks_.end(), g);
-      DTENSOR_CHECK(it != ranks_.end(), b.describe() + ": new_group: global rank " + std::to_string(g) +
-                                            " is not a member of this group");
-      local.push_back(static_cast<int>(it - ranks_.begin()));
+      const auto it = std::lower_bound(by_global.begin(), by_global.end(), std::pair{g, 0});
+      DTENSOR_CHECK(it != by_global.end() && it->first == g, b.describe() + ": new_group: global rank " +
+                                                                 std::to_string(g) +
+                                                                 " is not a member of this group");
+      local.push_back(it->second);
     }
     ProcessGroup out(b.new_group(local));
     if (!out.is_member()) {

@@ -364,11 +364,25 @@ double attention_flops(const Problem<C>& pr, std::int64_t gemm_dims) {
   double pairs = 0;
   if (!pr.causal) {
     pairs = static_cast<double>(pr.qp.size()) * static_cast<double>(pr.kp.size());
-  } else {
-    std::vector<std::int64_t> keys = pr.kp;
-    std::sort(keys.begin(), keys.end());
+  } else { // the keys at or before each query: one merge when both are in order (the usual case)
+    std::vector<std::int64_t> sorted;
+    const std::vector<std::int64_t>* keys = &pr.kp;
+    if (!std::is_sorted(pr.kp.begin(), pr.kp.end())) {
+      sorted = pr.kp;
+      std::sort(sorted.begin(), sorted.end());
+      keys = &sorted;
+    }
+    const bool in_order = std::is_sorted(pr.qp.begin(), pr.qp.end());
+    std::size_t seen = 0;
     for (std::int64_t q : pr.qp) {
-      pairs += static_cast<double>(std::upper_bound(keys.begin(), keys.end(), q) - keys.begin());
+      if (in_order) {
+        while (seen < keys->size() && (*keys)[seen] <= q) {
+          ++seen;
+        }
+      } else {
+        seen = static_cast<std::size_t>(std::upper_bound(keys->begin(), keys->end(), q) - keys->begin());
+      }
+      pairs += static_cast<double>(seen);
     }
   }
   return 2.0 * static_cast<double>(pr.dims.batch * pr.dims.heads) * pairs * static_cast<double>(gemm_dims);

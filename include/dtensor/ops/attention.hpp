@@ -51,6 +51,7 @@
 #include "dtensor/local/attention.hpp"
 #include "dtensor/local/copy.hpp"
 #include "dtensor/local/pointwise.hpp"
+#include "dtensor/ops/check_memo.hpp"
 #include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/ops/zigzag.hpp"
 #include "dtensor/tensor/dtensor.hpp"
@@ -189,6 +190,11 @@ void check_head_groups(const std::string& shapes, const MeshSizes& sizes, const 
   if (group == 1) {
     return; // one k/v head per q head: the rule placed k/v heads as q's or whole, so each rank has its own
   }
+  thread_local CheckMemo memo; // ops/check_memo.hpp: every rank walked once per sizes
+  const std::string key = check_key(gq, gk, sizes);
+  if (memo.passed(key)) {
+    return;
+  }
   for (int r = 0; r < mesh_numel(sizes); ++r) {
     const MeshCoord c = rank_to_coord(r, sizes);
     const Block qb = spec_block(gq, Q::spec, sizes, c);
@@ -208,6 +214,7 @@ void check_head_groups(const std::string& shapes, const MeshSizes& sizes, const 
                       "): shard heads so that each rank's q heads are whole groups (q and k/v head counts "
                       "divisible by the axis size), or keep k/v Replicate on that axis");
   }
+  memo.pass(key);
 }
 
 /// Each rank's attention problem: its q block, the k/v heads (and batch) that block needs, and where they

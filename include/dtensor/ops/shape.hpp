@@ -28,6 +28,7 @@
 #include "dtensor/core/format.hpp"
 #include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/local/copy.hpp"
+#include "dtensor/ops/check_memo.hpp"
 #include "dtensor/ops/rules.hpp"
 #include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
@@ -215,8 +216,12 @@ auto flatten_dims(const X& x) {
   using T = typename X::value_type;
   using Y = dtensor_from_t<T, rank, typename dtensor_traits<X>::shape_type,
                            &RegroupOut<Start, count, true, X>::list>;
-  check_regroup(to_extents(x.global_shape()), X::spec, Y::spec, Start, count, x.mesh().sizes(),
-                "flatten<" + std::to_string(Start) + ", " + std::to_string(End) + ">");
+  thread_local CheckMemo memo; // ops/check_memo.hpp: every rank walked once per sizes
+  if (const std::string key = check_key(x.global_shape(), x.mesh().sizes()); !memo.passed(key)) {
+    check_regroup(to_extents(x.global_shape()), X::spec, Y::spec, Start, count, x.mesh().sizes(),
+                  "flatten<" + std::to_string(Start) + ", " + std::to_string(End) + ">");
+    memo.pass(key);
+  }
   auto merge = [](const auto& a) {
     std::array<std::int64_t, rank> b{};
     for (int d = 0; d < X::rank; ++d) {
@@ -274,8 +279,12 @@ auto unflatten_dim(const X& x, std::array<std::int64_t, K> sizes) {
       global[o++] = x.global_shape()[d];
     }
   }
-  check_regroup(to_extents(global), Y::spec, X::spec, Dim, count, x.mesh().sizes(),
-                "unflatten<" + std::to_string(Dim) + ">");
+  thread_local CheckMemo memo; // ops/check_memo.hpp: every rank walked once per sizes
+  if (const std::string key = check_key(global, x.mesh().sizes()); !memo.passed(key)) {
+    check_regroup(to_extents(global), Y::spec, X::spec, Dim, count, x.mesh().sizes(),
+                  "unflatten<" + std::to_string(Dim) + ">");
+    memo.pass(key);
+  }
   const Block mine = spec_block(to_extents(global), Y::spec, x.mesh().sizes(), x.mesh().coordinate());
   std::array<std::int64_t, rank> local{};
   for (int d = 0; d < rank; ++d) {
