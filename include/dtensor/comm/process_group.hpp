@@ -254,12 +254,9 @@ public:
       const CommDebugMode::Shape shape{std::max(sent, received), members};
       CommDebugMode::record(what, label_, received, std::nullopt, &shape);
     }
-    if (requests.empty()) {
-      struct Done final : WorkImpl {
-        bool is_completed() override { return true; }
-        void wait() override {}
-      };
-      return std::make_shared<Done>();
+    if (requests.empty()) { // complete at once; the op log marks its wait like any other op's
+      WorkPtr done = std::make_shared<detail::DoneWork>();
+      return CommDebugMode::any_logging() ? CommDebugMode::watch(std::move(done)) : done;
     }
     auto each = [requests](auto&& f) {
       for (const P2PRequest& r : requests) {
