@@ -10,6 +10,7 @@
 #include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
+#include <dtensor/core/flop_counter.hpp>
 #include <dtensor/local/gemm.hpp>
 #include <dtensor/local/pointwise.hpp>
 #include <dtensor/local/random.hpp>
@@ -119,6 +120,26 @@ TEST_CASE("pipeline_order: every schedule runs each step once, never deadlocks, 
       }
     }
   }
+}
+
+TEST_CASE("simulate_pipeline: model stages of unequal cost (a timeline worked by hand)", "[pipeline]") {
+  // 1F1B, 2 ranks, 2 micro-batches; stage 1 three times stage 0's cost. Rank 0 runs F0 F1 B0 B1, rank 1 F0
+  // B0 F1 B1: F0 [0, 1] F1 [1, 2] on rank 0; F0 [1, 4] B0 [4, 10] F1 [10, 13] B1 [13, 19] on rank 1; then
+  // B0 [10, 12] and B1 [19, 21] on rank 0.
+  const PipelineShape shape{.stages = 2, .microbatches = 2};
+  const PipelineTimeline t = simulate_pipeline(Schedule::one_f_one_b, shape, {1.0, 3.0}, {2.0, 6.0});
+  CHECK(t.makespan == 21);
+  CHECK(t.busy == std::vector<double>{6, 18});
+  // Equal costs: the same timeline as the one-number form.
+  const PipelineShape il{.stages = 2, .microbatches = 4, .chunks = 2};
+  const PipelineTimeline a = simulate_pipeline(Schedule::interleaved_one_f_one_b, il, 1.0, 2.0);
+  const PipelineTimeline b =
+      simulate_pipeline(Schedule::interleaved_one_f_one_b, il, std::vector<double>(4, 1.0), {2, 2, 2, 2});
+  CHECK(a.makespan == b.makespan);
+  CHECK(a.busy == b.busy);
+  CHECK_THROWS_WITH(
+      simulate_pipeline(Schedule::interleaved_one_f_one_b, il, {1.0, 1.0}, {1.0, 1.0}),
+      Catch::Contains("2 forward and 2 backward times for 4 model stages (2 ranks x 2 chunks)"));
 }
 
 TEST_CASE("pipeline_order: shapes a schedule cannot run are errors naming them", "[pipeline]") {
@@ -232,13 +253,16 @@ PipeResult pipelined(const DeviceMesh<PMesh>& mesh, const PipelineRunOptions& o,
   using Back = decltype(blocks[0].forward(std::declval<const Act&>(), with_backward).backward);
   std::map<std::pair<int, int>, Back> saved;
   PipeResult r;
+  std::vector<double> forward_flops(std::size_t(v), 0.0), backward_flops(std::size_t(v), 0.0);
   PipelineChunks<Act> chunks;
   chunks.forward = [&](int c, int mb, std::optional<Act> in) {
     const int g = c * p + s;
+    const FlopCounter flops;
     r.calls.push_back("F" + std::to_string(mb) + "." + std::to_string(c));
     expect(in.has_value() == (g > 0), "stage " + std::to_string(g) + ": an input iff not the first stage");
     const Act x = in ? *in : pattern_act(stage, mb, 0);
     auto [y, back] = blocks[std::size_t(c)].forward(x, with_backward);
+    forward_flops[std::size_t(c)] += flops.flops();
     saved.emplace(std::pair{c, mb}, std::move(back));
     if (g == stages - 1) {
       r.y[mb] = full_of(y);
@@ -254,7 +278,9 @@ PipeResult pipelined(const DeviceMesh<PMesh>& mesh, const PipelineRunOptions& o,
     r.calls.push_back("B" + std::to_string(mb) + "." + std::to_string(c));
     const Act d = dout ? *dout : pattern_act(stage, mb, 50);
     const auto it = saved.find({c, mb});
+    const FlopCounter flops;
     auto [dx, grads] = it->second(d);
+    backward_flops[std::size_t(c)] += flops.flops();
     saved.erase(it);
     std::vector<Vec> gs;
     std::apply([&](const auto&... w) { (gs.push_back(full_of(w)), ...); }, grads);
@@ -275,6 +301,14 @@ PipeResult pipelined(const DeviceMesh<PMesh>& mesh, const PipelineRunOptions& o,
   }
   expect(r.calls == want, "the chunk calls are not the schedule's order");
   expect(st.order.size() == want.size(), "the stats' order");
+  // The stats' flops per chunk are its calls' (the GEMMs of an MLP block: its backward twice its forward).
+  expect(st.forward_flops == forward_flops && st.backward_flops == backward_flops, "the stats' flops");
+  for (int c = 0; c < v; ++c) {
+    expect(forward_flops[std::size_t(c)] > 0 &&
+               backward_flops[std::size_t(c)] == 2 * forward_flops[std::size_t(c)],
+           "chunk " + std::to_string(c) + ": forward " + std::to_string(forward_flops[std::size_t(c)]) +
+               ", backward " + std::to_string(backward_flops[std::size_t(c)]) + " flops");
+  }
   return r;
 }
 
@@ -586,4 +620,58 @@ TEST_CASE(
   gpt_case(2, 2, 2, Schedule::one_f_one_b, 1, want);             // 8 ranks: 3 + 2 layers
   gpt_case(2, 2, 1, Schedule::interleaved_one_f_one_b, 2, want); // 4 model stages: 2, 1, 1, 1 layers
   gpt_case(4, 1, 1, Schedule::gpipe, 1, want);                   // 4 stages, one rank each
+}
+
+TEST_CASE("nn::PipelineTrainer in mixed precision (double shards, float compute), with and without "
+          "recomputation, trains as nn::FsdpTrainer does",
+          "[pipeline]") {
+  // The compute type C of the planner's pipelines (dtensor-plan: float shards, bfloat16 compute), run for
+  // real: the gathered parameters and the activations crossing the stages in float; and the blocks'
+  // recomputation. Against nn::FsdpTrainer in the same precision on one rank, to float's rounding (the two
+  // sum in other orders).
+  struct Steps {
+    std::vector<double> losses, norms;
+  };
+  Steps want;
+  testing::run_ranks(1, [&](ProcessGroup& one) {
+    const auto mesh = init_device_mesh<PMesh>(one, 1, 1, 1).slice<"dp", "tp">();
+    init::InitKeys keys(17);
+    nn::FsdpTrainer<GModel, Fsdp<"dp">, float> trainer(mesh, GModel(mesh, gpt_config, kGptLayers, keys),
+                                                       {.max_norm = kGptMaxNorm});
+    optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
+    for (int step = 0; step < kGptSteps; ++step) {
+      const auto micro = gpt_micro(mesh, step);
+      const nn::StepResult r = trainer.step(std::span(micro), opt);
+      want.losses.push_back(r.loss);
+      want.norms.push_back(r.grad_norm);
+    }
+  });
+  for (auto [pp, dp, tp, schedule, v, recompute] :
+       {std::tuple{2, 2, 1, Schedule::interleaved_one_f_one_b, 2, false},
+        std::tuple{2, 1, 2, Schedule::one_f_one_b, 1, false},
+        std::tuple{2, 2, 1, Schedule::one_f_one_b, 1, true},
+        std::tuple{2, 1, 2, Schedule::interleaved_one_f_one_b, 2, true}}) {
+    testing::run_ranks(pp * dp * tp, [&](ProcessGroup& world) {
+      const auto mesh = init_device_mesh<PMesh>(world, pp, dp, tp);
+      const auto stage = mesh.slice<"dp", "tp">();
+      init::InitKeys keys(17);
+      nn::PipelineTrainer<GModel, Fsdp<"dp">, float> trainer(
+          mesh.group<"pp">(), stage, GModel(stage, gpt_config, kGptLayers, keys),
+          {.schedule = schedule, .chunks = v, .max_norm = kGptMaxNorm, .recompute = recompute});
+      optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
+      const std::string at = std::string(schedule_name(schedule)) + " (pp " + std::to_string(pp) + ", dp " +
+                             std::to_string(dp) + ", tp " + std::to_string(tp) + ")" +
+                             (recompute ? " recomputing" : "") + ", rank " + std::to_string(world.rank());
+      for (int step = 0; step < kGptSteps; ++step) {
+        const auto micro = gpt_micro(stage, step);
+        const nn::StepResult r = trainer.step(std::span(micro), opt);
+        const std::size_t k = std::size_t(step);
+        expect(std::abs(r.loss - want.losses[k]) <= 1e-5 * want.losses[k] &&
+                   std::abs(r.grad_norm - want.norms[k]) <= 1e-4 * want.norms[k],
+               at + ", step " + std::to_string(step) + ": loss " + std::to_string(r.loss) + " norm " +
+                   std::to_string(r.grad_norm) + ", want " + std::to_string(want.losses[k]) + " and " +
+                   std::to_string(want.norms[k]));
+      }
+    });
+  }
 }

@@ -138,6 +138,12 @@ TEST_CASE("time model: a GEMM's 2mnk flops at the efficiency of the peak") {
   CHECK(gemm_seconds(8192, 4096, 1024, c) == Approx(2.0 * 8192 * 4096 * 1024 / (989e12 * 0.7)));
   CHECK(gemm_seconds(0, 4096, 1024, c) == 0);
   CHECK(c.gpu_memory_bytes == 141e9);
+  // A DGX A100: a third of the peak, two thirds of NVLink, half the network of a DGX H100.
+  const ClusterModel a = parse_cluster_model("preset = dgx_a100\n");
+  CHECK(a.name == "dgx_a100");
+  CHECK(gemm_seconds(8192, 4096, 1024, a) == Approx(2.0 * 8192 * 4096 * 1024 / (312e12 * 0.7)));
+  CHECK(a.nvlink.bandwidth_GBps == 300);
+  CHECK(a.network.bandwidth_GBps == 25);
 }
 
 TEST_CASE("time model: the config file: a preset, keys over it, comments, and errors naming the line") {
@@ -170,7 +176,7 @@ gpus_per_node = 4
   CHECK_THAT(error_of([] { parse_cluster_model("gpus_per_node = 7.5"); }), Contains("a whole number"));
   CHECK_THAT(error_of([] { parse_cluster_model("name = x\npreset = dgx_h100"); }),
              Contains("line 2 ('preset = dgx_h100'): preset must come before"));
-  CHECK_THAT(error_of([] { parse_cluster_model("preset = dgx_a100"); }), Contains("unknown preset"));
+  CHECK_THAT(error_of([] { parse_cluster_model("preset = dgx_b200"); }), Contains("unknown preset"));
   CHECK_THAT(error_of([] { parse_cluster_model("just words"); }), Contains("expected key = value"));
 }
 

@@ -1,19 +1,20 @@
 #!/bin/sh
 # dtensor-plan's test: the tiny model on 2 nodes of 4 GPUs. Every layout it lists dry-runs (no "cannot
-# run"), at least one fits in 1 GiB and none in 1 KiB, the best is listed first, and the JSON parses and
-# holds every layout with its dry run.
+# run"), pipelines among them (1F1B and interleaved, each with two representative ranks and a bubble) and
+# HSDP, at least one fits in 1 GiB and none in 1 KiB, the best is listed first, and the JSON parses and
+# holds every layout with its dry runs.
 # usage: check_plan.sh DTENSOR_PLAN DIR
 set -u
 plan=$1 dir=$2
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
 fail() { echo "check_plan: $*"; exit 1; }
-"$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 1GiB --json "$dir/plan.json" >"$dir/out" 2>&1 ||
+"$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 1GiB --replicas 1,2 --json "$dir/plan.json" >"$dir/out" 2>&1 ||
   { cat "$dir/out"; fail "dtensor-plan failed"; }
 cat "$dir/out"
 grep -q "cannot run" "$dir/out" && fail "a layout did not dry-run"
 rows=$(awk '$1 ~ /^[0-9]+$/' "$dir/out" | wc -l)
 [ "$rows" -ge 4 ] || fail "$rows layouts listed, want at least 4"
-awk '$1 ~ /^[0-9]+$/ { print $7; exit }' "$dir/out" | grep -qx yes || fail "the first layout does not fit 1 GiB"
+awk '$1 ~ /^[0-9]+$/ { print $11; exit }' "$dir/out" | grep -qx yes || fail "the first layout does not fit 1 GiB"
 python3 - "$dir/plan.json" "$rows" <<'PY' || fail "the JSON"
 import json, sys
 p = json.load(open(sys.argv[1]))
@@ -21,12 +22,23 @@ assert p["world_size"] == 8, p["world_size"]
 ls = p["layouts"]
 assert len(ls) >= int(sys.argv[2]), len(ls)
 for l in ls:
-    assert l["dp"] * l["cp"] * l["tp"] == 8, l
-    d = l["dry_run"]
-    assert d["world_size"] == 8 and d["peak_bytes"] > 0 and d["flops"] > 0 and d["step_seconds"] > 0, d
-    assert sum(d["at_peak"].values()) == d["peak_bytes"], d
+    assert l["dp"] * l["pp"] * l["cp"] * l["tp"] == 8, l
+    runs = l["dry_runs"]
+    assert len(runs) == (1 if l["pp"] == 1 else 2), l
+    assert runs[0]["rank"] == 0 and runs[-1]["rank"] == (l["pp"] - 1) * l["cp"] * l["tp"], l
+    for d in runs:
+        assert d["world_size"] == 8 and d["peak_bytes"] > 0 and d["flops"] > 0 and d["step_seconds"] > 0, d
+        assert sum(d["at_peak"].values()) == d["peak_bytes"], d
+    # the step: the slowest representative's timeline plus its pipeline idle (none without a pipeline)
+    assert (l["bubble_seconds"] > 0) == (l["pp"] > 1), l
+    assert l["recompute"] == (l["pp"] == 1), l  # a pipeline recomputes only where it does not fit
+    assert l["step_seconds"] >= max(d["step_seconds"] for d in runs), l
+pipes = {l["chunks"] for l in ls if l["pp"] > 1}
+assert pipes >= {1, 2}, pipes
+# HSDP: 2 replicas of FSDP over dp / 2, with and without a pipeline
+assert {l["pp"] > 1 for l in ls if l["replicas"] == 2} == {False, True}, ls
 PY
 "$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 0.000001GiB >"$dir/small" 2>&1 || fail "1 KiB run"
-awk '$1 ~ /^[0-9]+$/ && $7 == "yes"' "$dir/small" | grep -q . && fail "a layout fits 1 KiB"
+awk '$1 ~ /^[0-9]+$/ && $11 == "yes"' "$dir/small" | grep -q . && fail "a layout fits 1 KiB"
 rm -rf "$dir"
 echo "check_plan: OK"

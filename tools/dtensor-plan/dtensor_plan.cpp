@@ -1,26 +1,41 @@
 // dtensor-plan: which layout of a GPT-style model fits on a cluster, what it moves over each link tier and
-// how long its step takes, from dry runs of the library's real training step (plan/dry_run.hpp): rank 0 of
-// the whole world runs one step alone on the fake backend with meta tensors, for every layout.
+// how long its step takes, from dry runs of the library's real training step (plan/dry_run.hpp): one rank
+// of the whole world runs the step alone on the fake backend with meta tensors, for every layout.
 //
 //   dtensor-plan --model llama-70b --nodes 128 --gpus-per-node 8 --gpu-memory 80GiB [--json plan.json]
 //
 // The model: nn::LanguageModel of nn::TransformerBlock (token embedding, RoPE, causal grouped-query
 // attention, SwiGLU MLP, RMSNorm, untied head), float parameters in FSDP shards, gathered and computed in
-// bfloat16, gradients reduced in float, AdamW (nn::FsdpTrainer, as torchtitan trains by default). The
-// layouts: FSDP over dp, tensor + sequence parallel over tp (within a node), ring context parallel over cp,
-// and the micro-batch (the local batch split into accumulation steps); dp x cp x tp is every GPU. Each
-// layout runs two steps and measures the second (which holds the optimizer's state). Its table row: memory
-// of rank 0's tensors at the step's peak by category and whether it fits, bytes this
-// rank receives per step over NVLink and over the network, the estimated step (compute at the cluster's
-// GEMM rate, plus the communication the schedule does not hide: plan/comm_time.hpp's timeline), MFU, and
-// the dry run's own seconds; sorted by the estimated step, those that fit first.
+// bfloat16, gradients reduced in float, AdamW. The layouts: FSDP over dp (or HSDP), pipeline stages over pp
+// (nn::PipelineTrainer: 1F1B, or interleaved 1F1B with v model stages per pp rank), ring context parallel
+// over cp, tensor + sequence parallel over tp (within a node), and the micro-batch (the local batch split
+// into accumulation steps, the pipeline's micro-batches); dp x pp x cp x tp is every GPU, in that order
+// from outermost to innermost (Llama 3's). Without a pipeline nn::FsdpTrainer runs the step (prefetching
+// the next block's gather, resharding after the forward: torchtitan's default).
+//
+// The representative ranks: ranks of the same pipeline stage do the same work and move the same bytes (the
+// shards are even: each degree divides what it splits), so rank 0 stands for the first stage and, with a
+// pipeline, the last stage's first rank for the last (the head, the loss); the middle stages hold blocks
+// only. Each runs two steps and measures the second (which holds the optimizer's state). The step of a
+// representative is its timeline (compute at the cluster's GEMM rate plus the communication its schedule
+// does not hide: plan/comm_time.hpp) plus the time its stage idles in the pipeline (simulate_pipeline over
+// every model stage with the blocks' and the head's measured flops); the layout's is the slower one's.
+// Its table row: memory at the step's peak by category (the representative with the higher peak) and
+// whether it fits, bytes received per step over NVLink and over the network, the step, its pipeline idle
+// and exposed communication, MFU, HFU and the dry runs' own seconds; sorted by the step, those that fit
+// first.
 //
 // Flags (presets: llama-8b, llama-70b, llama-405b, gpt3-175b, tiny; explicit flags after --model override):
 //   --layers --hidden --heads --kv-heads --ffn --vocab --seq N   the model and its sequence length
 //   --global-batch N       sequences a step (all dp ranks together)
 //   --nodes N --gpus-per-node G --gpu-memory 80GiB               the cluster (GiB or GB; default DGX H100)
-//   --cluster FILE         a ClusterModel config file (plan/time_model.hpp's keys), before the flags above
-//   --tp a,b,... --cp a,b,... --micro-batch a,b,...              the degrees tried (defaults below)
+//   --cluster FILE|NAME    a ClusterModel config file (plan/time_model.hpp's keys) or a preset (dgx_h100,
+//                          dgx_h200, dgx_a100), before the flags above
+//   --tp a,b,... --cp a,b,... --pp a,b,... --chunks a,b,...      the degrees tried (defaults below); chunks:
+//   --micro-batch a,b,...                                        model stages per pp rank
+//   --replicas a,b,...     HSDP: dp as replicas x FSDP over dp / replicas (default 1: FSDP over all of dp)
+//   --recompute            pipelines recompute the blocks' forward in the backward even where they fit
+//                          without (Megatron-LM's runs do)
 //   --json FILE            every layout as JSON
 //   --top N                rows printed (default 20; the JSON has all)
 
@@ -28,8 +43,10 @@
 #include <dtensor/parallel/fsdp.hpp>
 #include <dtensor/parallel/layers/block.hpp>
 #include <dtensor/parallel/layers/model.hpp>
+#include <dtensor/parallel/layers/pipeline_trainer.hpp>
 #include <dtensor/parallel/layers/trainer.hpp>
 #include <dtensor/parallel/optim.hpp>
+#include <dtensor/parallel/pipeline_schedule.hpp>
 #include <dtensor/plan/dry_run.hpp>
 
 #include <algorithm>
@@ -48,11 +65,12 @@ using namespace dtensor;
 
 namespace {
 
-using Mesh = MeshShape<Axis<"dp">, Axis<"cp">, Axis<"tp">>;
+// Llama 3's order, tp innermost; rep: HSDP's replicas (dp the FSDP shards within one)
+using Mesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"pp">, Axis<"cp">, Axis<"tp">>;
+using StageMesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"cp">, Axis<"tp">>; // one pipeline stage's
 using Layout =
-    nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::SequenceParallel, nn::ContextParallel<Ring<"cp">>>;
+    nn::Layout<StageMesh, nn::TensorParallel<"tp">, nn::SequenceParallel, nn::ContextParallel<Ring<"cp">>>;
 using Gpt = nn::LanguageModel<float, Layout, nn::TransformerBlock>;
-using Trainer = nn::FsdpTrainer<Gpt, Fsdp<"dp">, bfloat16, float>;
 
 struct Model {
   std::string name;
@@ -76,10 +94,13 @@ Model preset(const std::string& name) {
     set(80, 8192, 64, 8, 28672, 128256, 8192, 512);
   } else if (name == "llama-405b") { // Llama 3 paper, table 3; 16M tokens a step at 8K sequences
     set(126, 16384, 128, 8, 53248, 128256, 8192, 2048);
-  } else if (name == "gpt3-175b") { // Megatron-LM (Narayanan et al. 2021), table 1: batch 1536 of 2048
-    set(96, 12288, 96, 96, 4 * 12288, 51200, 2048, 1536);
+  } else if (name == "gpt3-175b") {
+    // GPT-3 175B as Megatron-LM trains it (Narayanan et al. 2021, table 2 and section 5.1: 96 layers, hidden
+    // 12288, 96 heads, vocabulary 51200, sequences of 2048, batch 1536). Its MLP is 4h wide with GELU (two
+    // h x 4h matrices); this SwiGLU MLP of 8h / 3 (three matrices) has the same parameters and flops.
+    set(96, 12288, 96, 96, 8 * 12288 / 3, 51200, 2048, 1536);
   } else if (name == "tiny") { // for tests: seconds on a laptop
-    set(2, 64, 4, 2, 128, 256, 64, 16);
+    set(4, 64, 4, 2, 128, 256, 64, 16);
   } else {
     throw std::invalid_argument("unknown --model " + name +
                                 " (llama-8b, llama-70b, llama-405b, gpt3-175b, tiny)");
@@ -91,26 +112,52 @@ struct Options {
   Model model = preset("llama-8b");
   int nodes = 1;
   ClusterModel cluster = dgx_h100();
-  std::vector<int> tp{1, 2, 4, 8}, cp{1, 2, 4, 8}, micro{1, 2, 4};
+  std::vector<int> tp{1, 2, 4, 8}, cp{1, 2, 4, 8}, pp{1, 2, 4, 8}, chunks{1, 2}, micro{1, 2, 4}, replicas{1};
   std::string json;
   int top = 20;
+  bool recompute = false; ///< pipelines recompute the blocks even where they fit without
 };
 
 struct Candidate {
-  int dp = 1, cp = 1, tp = 1;
-  std::int64_t micro_batch = 1; ///< sequences a micro-batch, per dp rank
-  std::int64_t accumulation = 1;
-  DryRun run{};
-  std::string error{}; ///< the dry run failed (the layout cannot exist): why
+  int dp = 1, pp = 1, chunks = 1, cp = 1, tp = 1;
+  int replicas = 1; ///< HSDP: dp is this many replicas of FSDP over dp / replicas (1: FSDP over all dp)
+  std::int64_t micro_batch = 1;  ///< sequences a micro-batch, per dp rank
+  std::int64_t accumulation = 1; ///< micro-batches a step (the pipeline's m when pp > 1)
+  /// The blocks' forward again in their backward: always under nn::FsdpTrainer (it reshards each block after
+  /// its forward); in a pipeline only where the layout does not fit without.
+  bool recompute = true;
+  /// The representative ranks' dry runs: the first pipeline stage's rank 0, and with pp > 1 the last
+  /// stage's first rank (the embedding and the most micro-batches in flight; the head and the loss).
+  std::vector<DryRun> runs{};
+  double step = 0;   ///< the estimated step: the slowest representative's timeline plus its pipeline idle
+  double bubble = 0; ///< of which the pipeline's idle time (simulate_pipeline)
+  double hfu = 0;
+  std::size_t worst = 0;   ///< the representative with the highest memory peak
+  std::size_t slowest = 0; ///< the representative whose step is the layout's
+  std::string error{};     ///< the dry run failed (the layout cannot exist): why
+
+  bool fits() const {
+    return std::all_of(runs.begin(), runs.end(), [](const DryRun& r) { return r.fits; });
+  }
+  std::int64_t bytes(bool network) const {
+    std::int64_t b = 0;
+    for (const DryRun& r : runs) {
+      b = std::max(b, network ? r.bytes_network : r.bytes_nvlink);
+    }
+    return b;
+  }
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "dtensor-plan: %s\nusage: dtensor-plan [--model llama-8b|llama-70b|llama-405b|gpt3-175b|tiny] "
-               "[--layers N] [--hidden N] [--heads N] [--kv-heads N] [--ffn N] [--vocab N] [--seq N] "
-               "[--global-batch N] [--nodes N] [--gpus-per-node G] [--gpu-memory 80GiB] [--cluster FILE] "
-               "[--tp a,b] [--cp a,b] [--micro-batch a,b] [--json FILE] [--top N]\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "dtensor-plan: %s\nusage: dtensor-plan [--model llama-8b|llama-70b|llama-405b|gpt3-175b|tiny] "
+      "[--layers N] [--hidden N] [--heads N] [--kv-heads N] [--ffn N] [--vocab N] [--seq N] "
+      "[--global-batch N] [--nodes N] [--gpus-per-node G] [--gpu-memory 80GiB] [--cluster FILE|dgx_a100] "
+      "[--tp a,b] [--cp a,b] [--pp a,b] [--chunks a,b] [--replicas a,b] [--micro-batch a,b] [--recompute] "
+      "[--json FILE] "
+      "[--top N]\n",
+      why.c_str());
   std::exit(2);
 }
 
@@ -176,17 +223,30 @@ Options parse(int argc, char** argv) {
     } else if (a == "--gpu-memory") {
       memory = parse_bytes(value());
     } else if (a == "--cluster") {
-      std::ifstream in(value());
+      const std::string v = value();
+      if (v == "dgx_h100" || v == "dgx_h200" || v == "dgx_a100") {
+        o.cluster = parse_cluster_model("preset = " + v);
+        continue;
+      }
+      std::ifstream in(v);
       if (!in) {
-        usage("cannot read " + std::string(argv[i]));
+        usage("cannot read " + v + " (a config file, or a preset: dgx_h100, dgx_h200, dgx_a100)");
       }
       o.cluster = parse_cluster_model(std::string(std::istreambuf_iterator<char>(in), {}));
     } else if (a == "--tp") {
       o.tp = int_list(value());
     } else if (a == "--cp") {
       o.cp = int_list(value());
+    } else if (a == "--replicas") {
+      o.replicas = int_list(value());
+    } else if (a == "--pp") {
+      o.pp = int_list(value());
+    } else if (a == "--chunks") {
+      o.chunks = int_list(value());
     } else if (a == "--micro-batch") {
       o.micro = int_list(value());
+    } else if (a == "--recompute") {
+      o.recompute = true;
     } else if (a == "--json") {
       o.json = value();
     } else if (a == "--top") {
@@ -207,9 +267,10 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-/// The layouts to dry-run: dp x cp x tp = every GPU, tp within a node and dividing the heads, kv heads and
-/// ffn, cp dividing the sequence, the global batch over dp, each micro-batch size that divides the local
-/// batch.
+/// The layouts to dry-run: dp x pp x cp x tp = every GPU, tp within a node and dividing the heads, kv heads
+/// and ffn, cp dividing the sequence, the global batch over dp, each micro-batch size that divides the local
+/// batch; with pp > 1 each chunk count v (1F1B with one, interleaved 1F1B with more) that leaves every model
+/// stage a layer and whose schedule can run the micro-batches (interleaved: a multiple of pp).
 std::vector<Candidate> enumerate(const Options& o) {
   const nn::TransformerConfig& c = o.model.config;
   const int world = o.nodes * o.cluster.gpus_per_node;
@@ -218,18 +279,38 @@ std::vector<Candidate> enumerate(const Options& o) {
     if (tp < 1 || tp > o.cluster.gpus_per_node || c.heads % tp || c.kv_head_count() % tp || c.ffn % tp) {
       continue;
     }
-    for (int cp : o.cp) {
-      if (cp < 1 || o.model.seq % cp || world % (tp * cp)) {
-        continue;
-      }
-      const int dp = world / (tp * cp);
-      if (o.model.global_batch % dp) {
-        continue;
-      }
-      const std::int64_t local = o.model.global_batch / dp;
-      for (int mb : o.micro) {
-        if (mb >= 1 && local % mb == 0) {
-          out.push_back({.dp = dp, .cp = cp, .tp = tp, .micro_batch = mb, .accumulation = local / mb});
+    for (int pp : o.pp) {
+      for (int cp : o.cp) {
+        if (pp < 1 || cp < 1 || o.model.seq % cp || world % (tp * cp * pp)) {
+          continue;
+        }
+        const int dp = world / (tp * cp * pp);
+        if (o.model.global_batch % dp) {
+          continue;
+        }
+        const std::int64_t local = o.model.global_batch / dp;
+        for (int mb : o.micro) {
+          if (mb < 1 || local % mb) {
+            continue;
+          }
+          const std::int64_t m = local / mb;
+          for (int v : pp == 1 ? std::vector<int>{1} : o.chunks) {
+            if (v < 1 || o.model.layers < std::int64_t(pp) * v || (v > 1 && m % pp)) {
+              continue;
+            }
+            for (int r : o.replicas) {
+              if (r >= 1 && dp % r == 0 && (r == 1 || dp / r > 1)) {
+                out.push_back({.dp = dp,
+                               .pp = pp,
+                               .chunks = v,
+                               .cp = cp,
+                               .tp = tp,
+                               .replicas = r,
+                               .micro_batch = mb,
+                               .accumulation = m});
+              }
+            }
+          }
         }
       }
     }
@@ -237,25 +318,100 @@ std::vector<Candidate> enumerate(const Options& o) {
   return out;
 }
 
-/// Two steps of the layout in the dry run `ctx`, the second measured: it holds the optimizer's state the
-/// first one made.
-void steps(const Options& o, const Candidate& l, DryRunContext& ctx) {
-  const Device device = ctx.device();
-  const auto mesh = init_device_mesh<Mesh>(ctx.world(), l.dp, l.cp, l.tp);
-  init::InitKeys keys(1);
-  Trainer trainer(mesh, Gpt(mesh, o.model.config, o.model.layers, keys, device),
-                  {.schedule = {.prefetch = 1, .reshard_after_forward = true, .max_reductions = 2}});
-  optim::AdamW opt({.lr = 1e-4});
+/// The micro-batches of a step of layout `l`: ids (and targets) on the stage mesh.
+std::vector<std::pair<nn::ids_t<Layout>, nn::ids_t<Layout>>>
+micro_batches(const Options& o, const Candidate& l, const DeviceMesh<StageMesh>& stage, Device device) {
   std::vector<std::pair<nn::ids_t<Layout>, nn::ids_t<Layout>>> micro;
   for (std::int64_t k = 0; k < l.accumulation; ++k) {
-    auto ids = [&]<class... Q>(DTensor<std::int64_t, 2, Mesh, Q...>*) {
-      return zeros<std::int64_t, Q...>(mesh, {l.micro_batch * l.dp, o.model.seq}, device);
+    auto ids = [&]<class... Q>(DTensor<std::int64_t, 2, StageMesh, Q...>*) {
+      return zeros<std::int64_t, Q...>(stage, {l.micro_batch * l.dp, o.model.seq}, device);
     }(static_cast<nn::ids_t<Layout>*>(nullptr));
     micro.emplace_back(ids, ids);
   }
+  return micro;
+}
+
+/// Two steps of the layout in the dry run `ctx` under FSDP or HSDP `Policy`, the second measured: it holds
+/// the optimizer's state the first one made. With pp > 1, the second step's pipeline run (its chunks' flops).
+template <class Policy>
+PipelineRunStats steps(const Options& o, const Candidate& l, DryRunContext& ctx) {
+  const Device device = ctx.device();
+  const auto mesh = init_device_mesh<Mesh>(ctx.world(), l.replicas, l.dp / l.replicas, l.pp, l.cp, l.tp);
+  const auto stage = mesh.slice<"rep", "dp", "cp", "tp">();
+  init::InitKeys keys(1);
+  optim::AdamW opt({.lr = 1e-4});
+  const auto micro = micro_batches(o, l, stage, device);
+  if (l.pp == 1) {
+    nn::FsdpTrainer<Gpt, Policy, bfloat16, float> trainer(
+        stage, Gpt(stage, o.model.config, o.model.layers, keys, device),
+        {.schedule = {.prefetch = 1, .reshard_after_forward = true, .max_reductions = 2}});
+    (void)trainer.step(std::span(micro), opt);
+    ctx.begin_step();
+    (void)trainer.step(std::span(micro), opt);
+    return {};
+  }
+  nn::PipelineTrainer<Gpt, Policy, bfloat16, float> trainer(
+      mesh.group<"pp">(), stage, Gpt(stage, o.model.config, o.model.layers, keys, device),
+      {.schedule = l.chunks > 1 ? Schedule::interleaved_one_f_one_b : Schedule::one_f_one_b,
+       .chunks = l.chunks,
+       .recompute = l.recompute});
   (void)trainer.step(std::span(micro), opt);
   ctx.begin_step();
   (void)trainer.step(std::span(micro), opt);
+  return trainer.last_run();
+}
+
+/// Dry-runs layout `l` as its representative ranks and estimates its step. With pp > 1 the pipeline's idle
+/// time comes from simulate_pipeline over every model stage: a block's forward and backward flops from the
+/// first stage's first chunk (the embedding counts no flops), the head's from the last stage's last chunk
+/// less its blocks; a representative's step is its own timeline (compute and exposed communication) plus
+/// the time its stage idles in the simulated schedule, and the layout's step is the slower one's.
+void plan_once(const Options& o, Candidate& l) {
+  const int world = o.nodes * o.cluster.gpus_per_node;
+  const double rate = o.cluster.peak_tflops * 1e12 * o.cluster.gemm_efficiency;
+  std::vector<PipelineRunStats> stats;
+  for (int s : l.pp == 1 ? std::vector<int>{0} : std::vector<int>{0, l.pp - 1}) {
+    const int rank = s * l.cp * l.tp; // (rep 0, dp 0, pp s, cp 0, tp 0)
+    l.runs.push_back(
+        dry_run({.rank = rank, .world_size = world, .cluster = o.cluster}, [&](DryRunContext& ctx) {
+          stats.push_back(l.replicas == 1 ? steps<Fsdp<"dp">>(o, l, ctx)
+                                          : steps<Hsdp<"rep", "dp">>(o, l, ctx));
+        }));
+  }
+  std::vector<double> idle(l.runs.size(), 0.0);
+  if (l.pp > 1) {
+    const int p = l.pp, v = l.chunks, stages = p * v, layers = int(o.model.layers);
+    const double m = double(l.accumulation);
+    const auto blocks = [&](int g) {
+      const auto [first, last] = pipeline_layers(layers, stages, g);
+      return double(last - first);
+    };
+    const double block_f = stats[0].forward_flops[0] / m / blocks(0);
+    const double block_b = stats[0].backward_flops[0] / m / blocks(0);
+    const double head_f = stats[1].forward_flops[std::size_t(v - 1)] / m - blocks(stages - 1) * block_f;
+    const double head_b = stats[1].backward_flops[std::size_t(v - 1)] / m - blocks(stages - 1) * block_b;
+    std::vector<double> forward(static_cast<std::size_t>(stages)), backward(forward.size());
+    for (int g = 0; g < stages; ++g) {
+      forward[std::size_t(g)] = (blocks(g) * block_f + (g == stages - 1 ? head_f : 0)) / rate;
+      backward[std::size_t(g)] = (blocks(g) * block_b + (g == stages - 1 ? head_b : 0)) / rate;
+    }
+    const Schedule schedule = v > 1 ? Schedule::interleaved_one_f_one_b : Schedule::one_f_one_b;
+    const PipelineTimeline t = simulate_pipeline(
+        schedule, {.stages = p, .microbatches = int(l.accumulation), .chunks = v}, forward, backward);
+    idle = {t.makespan - t.busy.front(), t.makespan - t.busy.back()};
+  }
+  for (std::size_t i = 0; i < l.runs.size(); ++i) {
+    const DryRun& r = l.runs[i];
+    if (r.time.seconds + idle[i] > l.step) {
+      l.step = r.time.seconds + idle[i];
+      l.bubble = idle[i];
+      l.slowest = i;
+      l.hfu = r.flops / (l.step * o.cluster.peak_tflops * 1e12);
+    }
+    if (r.memory.peak_total > l.runs[l.worst].memory.peak_total) {
+      l.worst = i;
+    }
+  }
 }
 
 /// The model's flops a step over the whole cluster, as papers count them for MFU: 6 x the GEMMs'
@@ -273,6 +429,21 @@ double model_flops(const Model& m) {
   return 6 * params * tokens + attention;
 }
 
+/// Layout `l` planned: a pipeline without recomputation, and with it where that does not fit.
+void plan(const Options& o, Candidate& l) {
+  l.recompute = l.pp == 1 || o.recompute;
+  plan_once(o, l);
+  if (l.pp > 1 && !l.fits()) {
+    Candidate again = l;
+    again.runs.clear();
+    again.step = again.bubble = again.hfu = 0;
+    again.worst = again.slowest = 0;
+    again.recompute = true;
+    plan_once(o, again);
+    l = std::move(again);
+  }
+}
+
 std::string gib(std::int64_t bytes) {
   char s[32];
   std::snprintf(s, sizeof s, "%.1f", double(bytes) / double(1LL << 30));
@@ -282,20 +453,28 @@ std::string gib(std::int64_t bytes) {
 std::string row(const Candidate& l, double mfu) {
   char s[400];
   if (!l.error.empty()) {
-    std::snprintf(s, sizeof s, "%4d %3d %3d %3lld %4lld  cannot run: %s", l.dp, l.cp, l.tp,
-                  (long long)l.micro_batch, (long long)l.accumulation, l.error.c_str());
+    std::snprintf(s, sizeof s, "%4d %3d %3d %2d %3d %3d %3lld %4lld %3s  cannot run: %s", l.dp, l.replicas,
+                  l.pp, l.chunks, l.cp, l.tp, (long long)l.micro_batch, (long long)l.accumulation,
+                  l.recompute ? "yes" : "no", l.error.c_str());
     return s;
   }
-  const DryRun& r = l.run;
+  const DryRun& r = l.runs[l.worst];
+  double wall = 0;
+  for (const DryRun& d : l.runs) {
+    wall += d.wall_seconds;
+  }
   auto at = [&](MemoryCategory c) { return gib(r.memory.at_peak[std::size_t(c)]); };
-  std::snprintf(
-      s, sizeof s,
-      "%4d %3d %3d %3lld %4lld %7s %4s %6s %6s %6s %6s %6s %9.3f %9.3f %9.3f %9.3f %5.1f %5.1f %6.2f", l.dp,
-      l.cp, l.tp, (long long)l.micro_batch, (long long)l.accumulation, gib(r.memory.peak_total).c_str(),
-      r.fits ? "yes" : "no", at(MemoryCategory::parameters).c_str(), at(MemoryCategory::gradients).c_str(),
-      at(MemoryCategory::optimizer_state).c_str(), at(MemoryCategory::activations).c_str(),
-      at(MemoryCategory::communication).c_str(), double(r.bytes_nvlink) * 1e-9,
-      double(r.bytes_network) * 1e-9, r.time.seconds, r.time.exposed, 100 * mfu, 100 * r.hfu, r.wall_seconds);
+  std::snprintf(s, sizeof s,
+                "%4d %3d %3d %2d %3d %3d %3lld %4lld %3s %7s %4s %6s %6s %6s %6s %6s %8.2f %8.2f %8.3f %8.3f "
+                "%8.3f %5.1f "
+                "%5.1f %6.2f",
+                l.dp, l.replicas, l.pp, l.chunks, l.cp, l.tp, (long long)l.micro_batch,
+                (long long)l.accumulation, l.recompute ? "yes" : "no", gib(r.memory.peak_total).c_str(),
+                l.fits() ? "yes" : "no", at(MemoryCategory::parameters).c_str(),
+                at(MemoryCategory::gradients).c_str(), at(MemoryCategory::optimizer_state).c_str(),
+                at(MemoryCategory::activations).c_str(), at(MemoryCategory::communication).c_str(),
+                double(l.bytes(false)) * 1e-9, double(l.bytes(true)) * 1e-9, l.step, l.bubble,
+                l.runs[l.slowest].time.exposed, 100 * mfu, 100 * l.hfu, wall);
   return s;
 }
 
@@ -316,14 +495,13 @@ int main(int argc, char** argv) {
         100 * o.cluster.gemm_efficiency);
     std::vector<Candidate> layouts = enumerate(o);
     if (layouts.empty()) {
-      std::fprintf(stderr,
-                   "dtensor-plan: no layout divides this model and cluster (--tp, --cp, --micro-batch)\n");
+      std::fprintf(stderr, "dtensor-plan: no layout divides this model and cluster (--tp, --cp, --pp, "
+                           "--chunks, --micro-batch)\n");
       return 1;
     }
     for (Candidate& l : layouts) {
       try {
-        l.run = dry_run({.rank = 0, .world_size = world, .cluster = o.cluster},
-                        [&](DryRunContext& ctx) { steps(o, l, ctx); });
+        plan(o, l);
       } catch (const std::exception& e) {
         l.error = e.what();
         l.error = l.error.substr(0, l.error.find('\n'));
@@ -331,38 +509,51 @@ int main(int argc, char** argv) {
     }
     std::stable_sort(layouts.begin(), layouts.end(), [](const Candidate& a, const Candidate& b) {
       const auto key = [](const Candidate& l) {
-        return std::pair{l.error.empty() ? (l.run.fits ? 0 : 1) : 2,
-                         l.error.empty() ? l.run.time.seconds : 0.0};
+        return std::pair{l.error.empty() ? (l.fits() ? 0 : 1) : 2, l.error.empty() ? l.step : 0.0};
       };
       return key(a) < key(b);
     });
     const double flops_per_gpu = model_flops(o.model) / world;
     const auto mfu = [&](const Candidate& l) {
-      return l.run.time.seconds > 0 ? flops_per_gpu / (l.run.time.seconds * o.cluster.peak_tflops * 1e12)
-                                    : 0.0;
+      return l.step > 0 ? flops_per_gpu / (l.step * o.cluster.peak_tflops * 1e12) : 0.0;
     };
-    std::printf("\n%4s %3s %3s %3s %4s %7s %4s %6s %6s %6s %6s %6s %9s %9s %9s %9s %5s %5s %6s\n", "dp", "cp",
-                "tp", "mb", "acc", "peak", "fits", "param", "grad", "optim", "act", "comm", "NVLink",
-                "network", "step", "exposed", "MFU", "HFU", "dry");
-    std::printf("%4s %3s %3s %3s %4s %7s %4s %6s %6s %6s %6s %6s %9s %9s %9s %9s %5s %5s %6s\n", "", "", "",
-                "", "", "GiB", "", "GiB", "GiB", "GiB", "GiB", "GiB", "GB", "GB", "s", "s", "%", "%", "s");
+    const char* head =
+        "%4s %3s %3s %2s %3s %3s %3s %4s %3s %7s %4s %6s %6s %6s %6s %6s %8s %8s %8s %8s %8s %5s %5s %6s\n";
+    std::printf(head, "dp", "rep", "pp", "v", "cp", "tp", "mb", "acc", "rc", "peak", "fits", "param", "grad",
+                "optim", "act", "comm", "NVLink", "network", "step", "bubble", "exposed", "MFU", "HFU",
+                "dry");
+    std::printf(head, "", "", "", "", "", "", "", "", "", "GiB", "", "GiB", "GiB", "GiB", "GiB", "GiB", "GB",
+                "GB", "s", "s", "s", "%", "%", "s");
     for (std::size_t i = 0; i < layouts.size() && int(i) < o.top; ++i) {
       std::printf("%s\n", row(layouts[i], mfu(layouts[i])).c_str());
     }
     std::printf(
-        "(rank 0's tensors at the step's peak; bytes it receives a step; mb: sequences a micro-batch per dp "
-        "rank, acc: micro-batches a step; MFU: the model's flops, HFU: with the blocks' recomputation; "
-        "dry: the dry run's own seconds)\n");
+        "(memory: the tensors at the step's peak of the representative rank with the highest (the first "
+        "pipeline stage's or the last's); bytes: what it receives a step; v: model stages per pp rank "
+        "(1F1B with one, interleaved 1F1B with more); rep: HSDP's replicas (FSDP over dp / rep); mb: "
+        "sequences a micro-batch per dp rank, acc: "
+        "micro-batches a step; rc: the blocks' forward recomputed in the backward; bubble: pipeline idle; "
+        "MFU: the model's flops, HFU: the flops run by "
+        "the slower representative; dry: the dry runs' own seconds)\n");
     if (!o.json.empty()) {
       std::ofstream out(o.json);
       out << "{\"model\": \"" << o.model.name << "\", \"world_size\": " << world << ", \"cluster\": \""
           << o.cluster.name << "\", \"layouts\": [";
       for (std::size_t i = 0; i < layouts.size(); ++i) {
         const Candidate& l = layouts[i];
-        out << (i ? ", " : "") << "{\"dp\": " << l.dp << ", \"cp\": " << l.cp << ", \"tp\": " << l.tp
-            << ", \"micro_batch\": " << l.micro_batch << ", \"accumulation\": " << l.accumulation;
+        out << (i ? ", " : "") << "{\"dp\": " << l.dp << ", \"replicas\": " << l.replicas
+            << ", \"pp\": " << l.pp << ", \"chunks\": " << l.chunks << ", \"cp\": " << l.cp
+            << ", \"tp\": " << l.tp << ", \"micro_batch\": " << l.micro_batch
+            << ", \"accumulation\": " << l.accumulation
+            << ", \"recompute\": " << (l.recompute ? "true" : "false");
         if (l.error.empty()) {
-          out << ", \"mfu\": " << mfu(l) << ", \"dry_run\": " << l.run.to_json() << "}";
+          out << ", \"fits\": " << (l.fits() ? "true" : "false") << ", \"step_seconds\": " << l.step
+              << ", \"bubble_seconds\": " << l.bubble << ", \"mfu\": " << mfu(l) << ", \"hfu\": " << l.hfu
+              << ", \"dry_runs\": [";
+          for (std::size_t k = 0; k < l.runs.size(); ++k) {
+            out << (k ? ", " : "") << l.runs[k].to_json();
+          }
+          out << "]}";
         } else {
           std::string e;
           for (char ch : l.error) {

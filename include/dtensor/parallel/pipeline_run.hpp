@@ -72,6 +72,7 @@
 #include "dtensor/comm/process_group.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
+#include "dtensor/core/flop_counter.hpp"
 #include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/parallel/pipeline_schedule.hpp"
 #include "dtensor/tensor/dtensor.hpp"
@@ -102,6 +103,9 @@ struct PipelineRunStats {
   std::vector<PipelineAction> order;
   double total_s = 0;
   double compute_s = 0;
+  /// Per chunk, the flops (FlopCounter's) of its forwards and of its backwards over every micro-batch: a
+  /// dry run's stage costs for simulate_pipeline.
+  std::vector<double> forward_flops, backward_flops;
   double idle_fraction() const { return total_s > 0 ? 1.0 - compute_s / total_s : 0.0; }
 };
 
@@ -132,6 +136,8 @@ public:
 
   PipelineRunStats run() {
     PipelineRunStats st;
+    st.forward_flops.assign(std::size_t(o_.shape.chunks), 0.0);
+    st.backward_flops.assign(std::size_t(o_.shape.chunks), 0.0);
     if (o_.forward_only) {
       for (int mb = 0; mb < o_.shape.microbatches; ++mb) {
         for (int c = 0; c < o_.shape.chunks; ++c) {
@@ -207,8 +213,10 @@ private:
         in = receive(kForward, a.microbatch, g - 1, g);
       }
       const auto c0 = std::chrono::steady_clock::now();
+      const double f0 = FlopCounter::clock();
       Act out = chunks_.forward(a.chunk, a.microbatch, std::move(in));
       st.compute_s += seconds_since(c0);
+      st.forward_flops[std::size_t(a.chunk)] += FlopCounter::clock() - f0;
       if (g + 1 < stages_) {
         send(kForward, a.microbatch, g, g + 1, out);
       }
@@ -219,8 +227,10 @@ private:
       dout = receive(kBackward, a.microbatch, g + 1, g);
     }
     const auto c0 = std::chrono::steady_clock::now();
+    const double f0 = FlopCounter::clock();
     std::optional<Act> din = chunks_.backward(a.chunk, a.microbatch, std::move(dout));
     st.compute_s += seconds_since(c0);
+    st.backward_flops[std::size_t(a.chunk)] += FlopCounter::clock() - f0;
     if (g > 0) {
       DTENSOR_CHECK(din.has_value(), "run_pipeline: the backward of model stage " + std::to_string(g) +
                                          " (micro-batch " + std::to_string(a.microbatch) +

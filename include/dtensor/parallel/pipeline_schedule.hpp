@@ -131,14 +131,22 @@ struct PipelineTimeline {
   double idle_fraction(int r) const { return makespan > 0 ? 1.0 - busy[std::size_t(r)] / makespan : 0.0; }
 };
 
-/// The timeline of `schedule` (see PipelineTimeline). Throws Error naming the rank and its waiting step
-/// when the orders wait on each other (a schedule that would deadlock).
-inline PipelineTimeline simulate_pipeline(Schedule schedule, const PipelineShape& shape, double forward = 1,
-                                          double backward = 1) {
+/// The timeline of `schedule` with the forward and backward time of each model stage (p v of each; model
+/// stage c p + s is chunk c of rank s): stages of unequal cost, as a model's first and last stages are
+/// (the embedding, the head). Throws Error naming the rank and its waiting step when the orders wait on each
+/// other (a schedule that would deadlock).
+inline PipelineTimeline simulate_pipeline(Schedule schedule, const PipelineShape& shape,
+                                          const std::vector<double>& forward,
+                                          const std::vector<double>& backward) {
+  detail::check_pipeline_shape(schedule, shape);
   const int p = shape.stages;
   const int m = shape.microbatches;
   const int v = shape.chunks;
   const int g_count = p * v; // model stages
+  DTENSOR_CHECK(forward.size() == std::size_t(g_count) && backward.size() == std::size_t(g_count),
+                "simulate_pipeline: " + std::to_string(forward.size()) + " forward and " +
+                    std::to_string(backward.size()) + " backward times for " + std::to_string(g_count) +
+                    " model stages (" + std::to_string(p) + " ranks x " + std::to_string(v) + " chunks)");
   std::vector<std::vector<PipelineAction>> orders;
   for (int r = 0; r < p; ++r) {
     orders.push_back(pipeline_order(schedule, shape, r));
@@ -167,7 +175,7 @@ inline PipelineTimeline simulate_pipeline(Schedule schedule, const PipelineShape
         if (ready < 0) {
           break;
         }
-        const double cost = a.kind == PipelineAction::Kind::forward ? forward : backward;
+        const double cost = (a.kind == PipelineAction::Kind::forward ? forward : backward)[std::size_t(g)];
         const double start = std::max(ready, free_at[ri]);
         free_at[ri] = start + cost;
         t.busy[ri] += cost;
@@ -186,6 +194,14 @@ inline PipelineTimeline simulate_pipeline(Schedule schedule, const PipelineShape
     t.makespan = std::max(t.makespan, free_at[ri]);
   }
   return t;
+}
+
+/// The timeline of `schedule` with forward time `forward` and backward time `backward` on every model stage.
+inline PipelineTimeline simulate_pipeline(Schedule schedule, const PipelineShape& shape, double forward = 1,
+                                          double backward = 1) {
+  const std::size_t stages = std::size_t(std::max(shape.stages * shape.chunks, 0));
+  return simulate_pipeline(schedule, shape, std::vector<double>(stages, forward),
+                           std::vector<double>(stages, backward));
 }
 
 /// The layers [first, last) of model stage `stage` when `layers` layers are split over `stages` stages in

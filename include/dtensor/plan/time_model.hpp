@@ -86,6 +86,19 @@ inline ClusterModel dgx_h200() {
   return c;
 }
 
+/// A DGX A100 80 GB (the machines of Megatron-LM's and many published runs): 8 A100 SXM4 80 GB, NVLink 3
+/// through NVSwitch, one 200 Gb/s HDR InfiniBand adapter per GPU. The efficiencies and latencies are the
+/// DGX H100's (the same assumptions; NCCL's tuning.cc uses the same hardware latencies for both).
+inline ClusterModel dgx_a100() {
+  ClusterModel c = dgx_h100();
+  c.name = "dgx_a100";
+  c.gpu_memory_bytes = 80e9;     // A100 SXM4 80 GB datasheet: 80 GB HBM2e
+  c.peak_tflops = 312;           // A100 datasheet: BF16 tensor core 312 TFLOPS dense (624 with sparsity)
+  c.nvlink.bandwidth_GBps = 300; // A100 datasheet: NVLink 600 GB/s, both directions together
+  c.network.bandwidth_GBps = 25; // DGX A100 user guide: 8 x 200 Gb/s HDR ConnectX-6 for compute, one per GPU
+  return c;
+}
+
 /// Where a group's ranks sit: `ranks` over `nodes` nodes, ranks / nodes on each.
 struct GroupSpan {
   int ranks = 1;
@@ -209,7 +222,7 @@ inline double gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, const
 }
 
 /// A ClusterModel from a config file's text: `key = value` lines, `#` comments. `preset = dgx_h100` (or
-/// dgx_h200) starts from a preset, which must come first; the other keys set one field each: name,
+/// dgx_h200, dgx_a100) starts from a preset, which must come first; the other keys set one field each: name,
 /// gpus_per_node, gpu_memory_GB, peak_tflops, gemm_efficiency, bandwidth_efficiency, base_latency_us, and
 /// nvlink.* / network.* with bandwidth_GBps, ring_latency_us, tree_latency_us. Throws std::invalid_argument
 /// naming the line on an unknown key, a bad value or a line that is not `key = value`.
@@ -253,8 +266,10 @@ inline ClusterModel parse_cluster_model(std::string_view text) {
         c = dgx_h100();
       } else if (value == "dgx_h200") {
         c = dgx_h200();
+      } else if (value == "dgx_a100") {
+        c = dgx_a100();
       } else {
-        fail("unknown preset (dgx_h100, dgx_h200)");
+        fail("unknown preset (dgx_h100, dgx_h200, dgx_a100)");
       }
       continue;
     }

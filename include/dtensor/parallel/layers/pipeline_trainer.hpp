@@ -23,6 +23,7 @@
 //     gathered for all m micro-batches; the first m - 1 backwards of a chunk accumulate their gradients
 //     unsharded and its last reduce_scatters the sum (once per step, not per micro-batch: see
 //     pipeline_run.hpp for why).
+//   - With options.recompute each block keeps only its input and runs its forward again in its backward.
 //   - The loss of micro-batch k is scaled by 1 / m, so the step equals one on the m micro-batches together
 //     (nn::DdpTrainer's and nn::FsdpTrainer's step on the same span).
 //   - The clip is by the global norm over every stage: each stage's sum of squares (total_norm over its
@@ -64,6 +65,11 @@ struct PipelineTrainerOptions {
   Schedule schedule = Schedule::one_f_one_b;
   int chunks = 1;        ///< model stages per pp rank (v; more than 1 under interleaved 1F1B only)
   double max_norm = 1.0; ///< clip_grad_norm's bound over every stage (infinity: no clipping)
+  /// Activation recomputation (Megatron's --recompute-activations, torch's activation checkpointing): a
+  /// block keeps only its input from its forward and runs the forward again in its backward. A stage then
+  /// holds one activation per block and micro-batch in flight instead of every intermediate, for one more
+  /// forward of the blocks a step.
+  bool recompute = false;
 };
 
 /// PP x FSDP x TP training of an nn::LanguageModel (see the top of the file). C is the compute type: the
@@ -339,6 +345,19 @@ private:
           group.params());
       if (!grads) {
         h = layer.forward(h);
+        continue;
+      }
+      if (options_.recompute) {
+        Act input = h;
+        h = layer.forward(input);
+        block_backs.push_back([this, &group, block = std::size_t(k.first) + b, input = std::move(input),
+                               last](const Act& dy) {
+          const auto again = std::apply(
+              [&](const auto&... w) { return model_.blocks[block].with_parameters(w...); }, group.params());
+          auto [dx, g] = again.forward(input, with_backward).backward(dy);
+          deliver(group, last(), g);
+          return dx;
+        });
         continue;
       }
       auto [y, back] = layer.forward(h, with_backward);
