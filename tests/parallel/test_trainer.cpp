@@ -479,5 +479,7 @@ TEST_CASE("dtensor::dry_run: a rank alone on meta tensors holds, communicates an
   CHECK(big.hfu > 0);
   CHECK(big.hfu < 1);
   CHECK_THAT(big.to_string(), Catch::Contains("rank 5 of 1024") && Catch::Contains("exposed"));
-  CHECK_THAT(big.to_json(), Catch::Contains("\"world_size\": 1024") && Catch::Contains("\"at_peak\""));
+  CHECK_THAT(big.to_json(),
+             Catch::Contains("\"world_size\": 1024") && Catch::Contains("\"at_peak\"") &&
+                 Catch::Contains("\"comm\": [{\"op\": \"all_gather\", \"axes\": \"dp\", \"count\": "));
 }

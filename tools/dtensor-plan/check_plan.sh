@@ -2,7 +2,7 @@
 # dtensor-plan's test: the tiny model on 2 nodes of 4 GPUs. Every layout it lists dry-runs (no "cannot
 # run"), pipelines among them (1F1B and interleaved, each with two representative ranks and a bubble) and
 # HSDP, at least one fits in 1 GiB and none in 1 KiB, the best is listed first, and the JSON parses and
-# holds every layout with its dry runs.
+# holds every layout with its dry runs; a mixture of experts plans with its experts sharded over ep.
 # usage: check_plan.sh DTENSOR_PLAN DIR
 set -u
 plan=$1 dir=$2
@@ -14,7 +14,7 @@ cat "$dir/out"
 grep -q "cannot run" "$dir/out" && fail "a layout did not dry-run"
 rows=$(awk '$1 ~ /^[0-9]+$/' "$dir/out" | wc -l)
 [ "$rows" -ge 4 ] || fail "$rows layouts listed, want at least 4"
-awk '$1 ~ /^[0-9]+$/ { print $11; exit }' "$dir/out" | grep -qx yes || fail "the first layout does not fit 1 GiB"
+awk '$1 ~ /^[0-9]+$/ { print $12; exit }' "$dir/out" | grep -qx yes || fail "the first layout does not fit 1 GiB"
 python3 - "$dir/plan.json" "$rows" <<'PY' || fail "the JSON"
 import json, sys
 p = json.load(open(sys.argv[1]))
@@ -25,10 +25,13 @@ for l in ls:
     assert l["dp"] * l["pp"] * l["cp"] * l["tp"] == 8, l
     runs = l["dry_runs"]
     assert len(runs) == (1 if l["pp"] == 1 else 2), l
-    assert runs[0]["rank"] == 0 and runs[-1]["rank"] == (l["pp"] - 1) * l["cp"] * l["tp"], l
+    # the first and the last stage's rank at the last cp coordinate (the most causal attention)
+    assert [d["rank"] for d in runs] == [(s * l["cp"] + l["cp"] - 1) * l["tp"] for s in sorted({0, l["pp"] - 1})], l
     for d in runs:
         assert d["world_size"] == 8 and d["peak_bytes"] > 0 and d["flops"] > 0 and d["step_seconds"] > 0, d
         assert sum(d["at_peak"].values()) == d["peak_bytes"], d
+        assert sum(c["bytes"] for c in d["comm"]) == d["bytes_nvlink"] + d["bytes_network"], d
+        assert sum(c["count"] for c in d["comm"]) == d["ops"], d
     # the step: the slowest representative's timeline plus its pipeline idle (none without a pipeline)
     assert (l["bubble_seconds"] > 0) == (l["pp"] > 1), l
     assert l["recompute"] == (l["pp"] == 1), l  # a pipeline recomputes only where it does not fit
@@ -38,7 +41,23 @@ assert pipes >= {1, 2}, pipes
 # HSDP: 2 replicas of FSDP over dp / 2, with and without a pipeline
 assert {l["pp"] > 1 for l in ls if l["replicas"] == 2} == {False, True}, ls
 PY
+# A mixture of experts: expert parallel layouts (ep 1, 2, 4) with and without a pipeline, all of them run
+"$plan" --model tiny-moe --nodes 2 --gpus-per-node 4 --gpu-memory 1GiB --tp 1,2 --json "$dir/moe.json" \
+  >"$dir/moe" 2>&1 || { cat "$dir/moe"; fail "the MoE plan failed"; }
+grep -q "cannot run" "$dir/moe" && { cat "$dir/moe"; fail "a MoE layout did not dry-run"; }
+python3 - "$dir/moe.json" <<'PY' || fail "the MoE JSON"
+import json, sys
+ls = json.load(open(sys.argv[1]))["layouts"]
+assert {l["ep"] for l in ls} == {1, 2, 4}, {l["ep"] for l in ls}
+assert {l["pp"] > 1 for l in ls if l["ep"] > 1} == {False, True}, ls
+assert all(l["cp"] == 1 for l in ls), ls  # nn::Moe takes no context parallelism
+for l in ls:
+    assert l["dp"] % (l["replicas"] * l["ep"]) == 0 and l["dp"] * l["pp"] * l["tp"] == 8, l
+    # the experts' exchange: all_to_alls over ep exactly when the experts are sharded
+    a2a = [c for d in l["dry_runs"] for c in d["comm"] if c["op"] == "all_to_all" and c["axes"] == "ep"]
+    assert bool(a2a) == (l["ep"] > 1), (l, a2a)
+PY
 "$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 0.000001GiB >"$dir/small" 2>&1 || fail "1 KiB run"
-awk '$1 ~ /^[0-9]+$/ && $11 == "yes"' "$dir/small" | grep -q . && fail "a layout fits 1 KiB"
+awk '$1 ~ /^[0-9]+$/ && $12 == "yes"' "$dir/small" | grep -q . && fail "a layout fits 1 KiB"
 rm -rf "$dir"
 echo "check_plan: OK"

@@ -1,31 +1,37 @@
 // dtensor-plan: which layout of a GPT-style model fits on a cluster, what it moves over each link tier and
-// how long its step takes, from dry runs of the library's real training step (plan/dry_run.hpp): one rank
-// of the whole world runs the step alone on the fake backend with meta tensors, for every layout.
+// how long its step takes, from dry runs of the library's real training step (plan/dry_run.hpp): a rank of
+// the whole world runs the step alone on the fake backend with meta tensors, for every layout.
 //
 //   dtensor-plan --model llama-70b --nodes 128 --gpus-per-node 8 --gpu-memory 80GiB [--json plan.json]
 //
 // The model: nn::LanguageModel of nn::TransformerBlock (token embedding, RoPE, causal grouped-query
-// attention, SwiGLU MLP, RMSNorm, untied head), float parameters in FSDP shards, gathered and computed in
-// bfloat16, gradients reduced in float, AdamW. The layouts: FSDP over dp (or HSDP), pipeline stages over pp
+// attention, SwiGLU MLP or a mixture of SwiGLU experts, RMSNorm, untied head), float parameters in FSDP
+// shards, gathered and computed in bfloat16, gradients reduced in float, AdamW. The layouts: FSDP over dp
+// (or HSDP: replicas of FSDP), experts sharded over ep of the dp ranks (MoE), pipeline stages over pp
 // (nn::PipelineTrainer: 1F1B, or interleaved 1F1B with v model stages per pp rank), ring context parallel
-// over cp, tensor + sequence parallel over tp (within a node), and the micro-batch (the local batch split
-// into accumulation steps, the pipeline's micro-batches); dp x pp x cp x tp is every GPU, in that order
-// from outermost to innermost (Llama 3's). Without a pipeline nn::FsdpTrainer runs the step (prefetching
-// the next block's gather, resharding after the forward: torchtitan's default).
+// over cp (dense models), tensor + sequence parallel over tp (within a node), and the micro-batch (the local
+// batch split into accumulation steps, the pipeline's micro-batches). The mesh is (rep, dp, ep, pp, cp, tp),
+// outermost to innermost (Llama 3's order), and the batch is sharded over rep x dp x ep. Without a pipeline
+// nn::FsdpTrainer runs the step (prefetching the next block's gather, resharding after the forward and
+// recomputing it in the backward: torchtitan's default).
 //
-// The representative ranks: ranks of the same pipeline stage do the same work and move the same bytes (the
-// shards are even: each degree divides what it splits), so rank 0 stands for the first stage and, with a
-// pipeline, the last stage's first rank for the last (the head, the loss); the middle stages hold blocks
-// only. Each runs two steps and measures the second (which holds the optimizer's state). The step of a
-// representative is its timeline (compute at the cluster's GEMM rate plus the communication its schedule
-// does not hide: plan/comm_time.hpp) plus the time its stage idles in the pipeline (simulate_pipeline over
-// every model stage with the blocks' and the head's measured flops); the layout's is the slower one's.
-// Its table row: memory at the step's peak by category (the representative with the higher peak) and
-// whether it fits, bytes received per step over NVLink and over the network, the step, its pipeline idle
-// and exposed communication, MFU, HFU and the dry runs' own seconds; sorted by the step, those that fit
-// first.
+// The representative ranks: ranks of the same pipeline stage do the same work and move the same bytes (each
+// degree divides what it splits, so the shards are even; on meta tensors nn::Moe routes every expert its even
+// share), except along cp: ring attention's causal mask gives the rank with the sequence's last block the
+// most work, and the others wait for it at the ring's exchanges. So the first stage's rank at the last cp
+// coordinate stands for the first stage and, with a pipeline, the last stage's for the last (the head, the
+// loss); the middle stages hold blocks only. Each runs two steps and measures the second (which holds the
+// optimizer's state). The step of a representative is its timeline (compute at the cluster's GEMM rate plus
+// the communication its schedule does not hide: plan/comm_time.hpp) plus the time its stage idles in the
+// pipeline (simulate_pipeline over every model stage with the blocks' and the head's measured flops); the
+// layout's is the slower one's. A pipeline recomputes its blocks only where it does not fit without. Its
+// table row: memory at the step's peak by category (the representative with the higher peak) and whether it
+// fits, bytes received per step over NVLink and over the network, the step, its pipeline idle and exposed
+// communication, MFU (the model's flops), HFU (the flops run: a stage's mean, of the busiest cp rank) and the
+// dry runs' own seconds; sorted by the step, those that fit first.
 //
-// Flags (presets: llama-8b, llama-70b, llama-405b, gpt3-175b, tiny; explicit flags after --model override):
+// Flags (presets: llama-8b, llama-70b, llama-405b, gpt3-175b, mixtral-8x7b, tiny, tiny-moe; explicit flags
+// after --model override them):
 //   --layers --hidden --heads --kv-heads --ffn --vocab --seq N   the model and its sequence length
 //   --global-batch N       sequences a step (all dp ranks together)
 //   --nodes N --gpus-per-node G --gpu-memory 80GiB               the cluster (GiB or GB; default DGX H100)
@@ -34,6 +40,8 @@
 //   --tp a,b,... --cp a,b,... --pp a,b,... --chunks a,b,...      the degrees tried (defaults below); chunks:
 //   --micro-batch a,b,...                                        model stages per pp rank
 //   --replicas a,b,...     HSDP: dp as replicas x FSDP over dp / replicas (default 1: FSDP over all of dp)
+//   --experts N --top-k K --expert-ffn N                         a mixture of experts in every block
+//   --ep a,b,...           MoE: the experts sharded over this many of the dp ranks (default 1,2,4,8)
 //   --recompute            pipelines recompute the blocks' forward in the backward even where they fit
 //                          without (Megatron-LM's runs do)
 //   --json FILE            every layout as JSON
@@ -65,12 +73,17 @@ using namespace dtensor;
 
 namespace {
 
-// Llama 3's order, tp innermost; rep: HSDP's replicas (dp the FSDP shards within one)
-using Mesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"pp">, Axis<"cp">, Axis<"tp">>;
-using StageMesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"cp">, Axis<"tp">>; // one pipeline stage's
-using Layout =
-    nn::Layout<StageMesh, nn::TensorParallel<"tp">, nn::SequenceParallel, nn::ContextParallel<Ring<"cp">>>;
+// Llama 3's order, tp innermost; rep: HSDP's replicas, dp: the FSDP shards within one, ep: the experts'
+// shards (the batch over all three)
+using Mesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"ep">, Axis<"pp">, Axis<"cp">, Axis<"tp">>;
+using StageMesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"ep">, Axis<"cp">, Axis<"tp">>; // one stage's
+using Layout = nn::Layout<StageMesh, nn::TensorParallel<"tp">, nn::SequenceParallel,
+                          nn::ContextParallel<Ring<"cp">>, nn::ExpertParallel<"ep">>;
 using Gpt = nn::LanguageModel<float, Layout, nn::TransformerBlock>;
+// nn::Moe does not take context parallelism yet: MoE layouts keep cp at 1
+using MoeLayout =
+    nn::Layout<StageMesh, nn::TensorParallel<"tp">, nn::SequenceParallel, nn::ExpertParallel<"ep">>;
+using MoeGpt = nn::LanguageModel<float, MoeLayout, nn::MoeBlock>;
 
 struct Model {
   std::string name;
@@ -99,11 +112,22 @@ Model preset(const std::string& name) {
     // 12288, 96 heads, vocabulary 51200, sequences of 2048, batch 1536). Its MLP is 4h wide with GELU (two
     // h x 4h matrices); this SwiGLU MLP of 8h / 3 (three matrices) has the same parameters and flops.
     set(96, 12288, 96, 96, 8 * 12288 / 3, 51200, 2048, 1536);
+  } else if (name == "mixtral-8x7b") {
+    // Mixtral of Experts (Jiang et al. 2024), table 1: 32 layers, hidden 4096, 32 heads (8 kv), 8 experts of
+    // 14336, top 2, vocabulary 32000, RoPE base 1e6, dropless. The sequence (4096) and the batch (1024, 4M
+    // tokens) are this preset's: the paper does not give its training's.
+    set(32, 4096, 32, 8, 14336, 32000, 4096, 1024);
+    m.config.rope_base = 1e6;
+    m.config.moe = {.experts = 8, .top_k = 2, .ffn = 14336};
   } else if (name == "tiny") { // for tests: seconds on a laptop
     set(4, 64, 4, 2, 128, 256, 64, 16);
+  } else if (name == "tiny-moe") { // the same with 4 experts of 64, top 2
+    set(4, 64, 4, 2, 128, 256, 64, 16);
+    m.config.moe = {.experts = 4, .top_k = 2, .ffn = 64};
   } else {
-    throw std::invalid_argument("unknown --model " + name +
-                                " (llama-8b, llama-70b, llama-405b, gpt3-175b, tiny)");
+    throw std::invalid_argument(
+        "unknown --model " + name +
+        " (llama-8b, llama-70b, llama-405b, gpt3-175b, mixtral-8x7b, tiny, tiny-moe)");
   }
   return m;
 }
@@ -112,7 +136,8 @@ struct Options {
   Model model = preset("llama-8b");
   int nodes = 1;
   ClusterModel cluster = dgx_h100();
-  std::vector<int> tp{1, 2, 4, 8}, cp{1, 2, 4, 8}, pp{1, 2, 4, 8}, chunks{1, 2}, micro{1, 2, 4}, replicas{1};
+  std::vector<int> tp{1, 2, 4, 8}, cp{1, 2, 4, 8}, pp{1, 2, 4, 8}, chunks{1, 2}, micro{1, 2, 4}, replicas{1},
+      ep{1, 2, 4, 8};
   std::string json;
   int top = 20;
   bool recompute = false; ///< pipelines recompute the blocks even where they fit without
@@ -120,7 +145,8 @@ struct Options {
 
 struct Candidate {
   int dp = 1, pp = 1, chunks = 1, cp = 1, tp = 1;
-  int replicas = 1; ///< HSDP: dp is this many replicas of FSDP over dp / replicas (1: FSDP over all dp)
+  int replicas = 1; ///< HSDP: dp is this many replicas of FSDP over dp / (replicas ep) (1: no replicas)
+  int ep = 1;       ///< expert parallel: the experts sharded over this many of the dp ranks (MoE only)
   std::int64_t micro_batch = 1;  ///< sequences a micro-batch, per dp rank
   std::int64_t accumulation = 1; ///< micro-batches a step (the pipeline's m when pp > 1)
   /// The blocks' forward again in their backward: always under nn::FsdpTrainer (it reshards each block after
@@ -151,11 +177,12 @@ struct Candidate {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(
       stderr,
-      "dtensor-plan: %s\nusage: dtensor-plan [--model llama-8b|llama-70b|llama-405b|gpt3-175b|tiny] "
+      "dtensor-plan: %s\nusage: dtensor-plan [--model "
+      "llama-8b|llama-70b|llama-405b|gpt3-175b|mixtral-8x7b|tiny|tiny-moe] "
       "[--layers N] [--hidden N] [--heads N] [--kv-heads N] [--ffn N] [--vocab N] [--seq N] "
       "[--global-batch N] [--nodes N] [--gpus-per-node G] [--gpu-memory 80GiB] [--cluster FILE|dgx_a100] "
-      "[--tp a,b] [--cp a,b] [--pp a,b] [--chunks a,b] [--replicas a,b] [--micro-batch a,b] [--recompute] "
-      "[--json FILE] "
+      "[--experts N] [--top-k K] [--expert-ffn N] [--tp a,b] [--cp a,b] [--pp a,b] [--chunks a,b] "
+      "[--replicas a,b] [--ep a,b] [--micro-batch a,b] [--recompute] [--json FILE] "
       "[--top N]\n",
       why.c_str());
   std::exit(2);
@@ -237,6 +264,14 @@ Options parse(int argc, char** argv) {
       o.tp = int_list(value());
     } else if (a == "--cp") {
       o.cp = int_list(value());
+    } else if (a == "--experts") {
+      c.moe.experts = number();
+    } else if (a == "--top-k") {
+      c.moe.top_k = int(number());
+    } else if (a == "--expert-ffn") {
+      c.moe.ffn = number();
+    } else if (a == "--ep") {
+      o.ep = int_list(value());
     } else if (a == "--replicas") {
       o.replicas = int_list(value());
     } else if (a == "--pp") {
@@ -276,12 +311,13 @@ std::vector<Candidate> enumerate(const Options& o) {
   const int world = o.nodes * o.cluster.gpus_per_node;
   std::vector<Candidate> out;
   for (int tp : o.tp) {
-    if (tp < 1 || tp > o.cluster.gpus_per_node || c.heads % tp || c.kv_head_count() % tp || c.ffn % tp) {
+    if (tp < 1 || tp > o.cluster.gpus_per_node || c.heads % tp || c.kv_head_count() % tp || c.ffn % tp ||
+        (c.moe.experts > 0 && c.moe.ffn % tp)) {
       continue;
     }
     for (int pp : o.pp) {
       for (int cp : o.cp) {
-        if (pp < 1 || cp < 1 || o.model.seq % cp || world % (tp * cp * pp)) {
+        if (pp < 1 || cp < 1 || o.model.seq % cp || world % (tp * cp * pp) || (c.moe.experts > 0 && cp > 1)) {
           continue;
         }
         const int dp = world / (tp * cp * pp);
@@ -299,13 +335,18 @@ std::vector<Candidate> enumerate(const Options& o) {
               continue;
             }
             for (int r : o.replicas) {
-              if (r >= 1 && dp % r == 0 && (r == 1 || dp / r > 1)) {
+              for (int e : c.moe.experts > 0 ? o.ep : std::vector<int>{1}) {
+                if (r < 1 || e < 1 || dp % (r * e) || (e > 1 && c.moe.experts % e) ||
+                    (r > 1 && dp / (r * e) == 1)) {
+                  continue;
+                }
                 out.push_back({.dp = dp,
                                .pp = pp,
                                .chunks = v,
                                .cp = cp,
                                .tp = tp,
                                .replicas = r,
+                               .ep = e,
                                .micro_batch = mb,
                                .accumulation = m});
               }
@@ -318,14 +359,15 @@ std::vector<Candidate> enumerate(const Options& o) {
   return out;
 }
 
-/// The micro-batches of a step of layout `l`: ids (and targets) on the stage mesh.
-std::vector<std::pair<nn::ids_t<Layout>, nn::ids_t<Layout>>>
+/// The micro-batches of a step of layout `l`: ids (and targets) of layout L on the stage mesh.
+template <class L>
+std::vector<std::pair<nn::ids_t<L>, nn::ids_t<L>>>
 micro_batches(const Options& o, const Candidate& l, const DeviceMesh<StageMesh>& stage, Device device) {
-  std::vector<std::pair<nn::ids_t<Layout>, nn::ids_t<Layout>>> micro;
+  std::vector<std::pair<nn::ids_t<L>, nn::ids_t<L>>> micro;
   for (std::int64_t k = 0; k < l.accumulation; ++k) {
     auto ids = [&]<class... Q>(DTensor<std::int64_t, 2, StageMesh, Q...>*) {
       return zeros<std::int64_t, Q...>(stage, {l.micro_batch * l.dp, o.model.seq}, device);
-    }(static_cast<nn::ids_t<Layout>*>(nullptr));
+    }(static_cast<nn::ids_t<L>*>(nullptr));
     micro.emplace_back(ids, ids);
   }
   return micro;
@@ -333,14 +375,15 @@ micro_batches(const Options& o, const Candidate& l, const DeviceMesh<StageMesh>&
 
 /// Two steps of the layout in the dry run `ctx` under FSDP or HSDP `Policy`, the second measured: it holds
 /// the optimizer's state the first one made. With pp > 1, the second step's pipeline run (its chunks' flops).
-template <class Policy>
+template <class Gpt, class Policy>
 PipelineRunStats steps(const Options& o, const Candidate& l, DryRunContext& ctx) {
   const Device device = ctx.device();
-  const auto mesh = init_device_mesh<Mesh>(ctx.world(), l.replicas, l.dp / l.replicas, l.pp, l.cp, l.tp);
-  const auto stage = mesh.slice<"rep", "dp", "cp", "tp">();
+  const auto mesh =
+      init_device_mesh<Mesh>(ctx.world(), l.replicas, l.dp / (l.replicas * l.ep), l.ep, l.pp, l.cp, l.tp);
+  const auto stage = mesh.slice<"rep", "dp", "ep", "cp", "tp">();
   init::InitKeys keys(1);
   optim::AdamW opt({.lr = 1e-4});
-  const auto micro = micro_batches(o, l, stage, device);
+  const auto micro = micro_batches<typename Gpt::layout_type>(o, l, stage, device);
   if (l.pp == 1) {
     nn::FsdpTrainer<Gpt, Policy, bfloat16, float> trainer(
         stage, Gpt(stage, o.model.config, o.model.layers, keys, device),
@@ -371,14 +414,18 @@ void plan_once(const Options& o, Candidate& l) {
   const double rate = o.cluster.peak_tflops * 1e12 * o.cluster.gemm_efficiency;
   std::vector<PipelineRunStats> stats;
   for (int s : l.pp == 1 ? std::vector<int>{0} : std::vector<int>{0, l.pp - 1}) {
-    const int rank = s * l.cp * l.tp; // (rep 0, dp 0, pp s, cp 0, tp 0)
+    const int rank = (s * l.cp + l.cp - 1) * l.tp; // (rep 0, dp 0, ep 0, pp s, cp cp - 1, tp 0)
     l.runs.push_back(
         dry_run({.rank = rank, .world_size = world, .cluster = o.cluster}, [&](DryRunContext& ctx) {
-          stats.push_back(l.replicas == 1 ? steps<Fsdp<"dp">>(o, l, ctx)
-                                          : steps<Hsdp<"rep", "dp">>(o, l, ctx));
+          const bool hsdp = l.replicas > 1;
+          stats.push_back(o.model.config.moe.experts > 0 ? (hsdp ? steps<MoeGpt, Hsdp<"rep", "dp">>(o, l, ctx)
+                                                                 : steps<MoeGpt, Fsdp<"dp">>(o, l, ctx))
+                                                         : (hsdp ? steps<Gpt, Hsdp<"rep", "dp">>(o, l, ctx)
+                                                                 : steps<Gpt, Fsdp<"dp">>(o, l, ctx)));
         }));
   }
   std::vector<double> idle(l.runs.size(), 0.0);
+  double flops_per_rank = l.runs.front().flops; // the HFU's: the mean over the pipeline's stages
   if (l.pp > 1) {
     const int p = l.pp, v = l.chunks, stages = p * v, layers = int(o.model.layers);
     const double m = double(l.accumulation);
@@ -399,6 +446,11 @@ void plan_once(const Options& o, Candidate& l) {
     const PipelineTimeline t = simulate_pipeline(
         schedule, {.stages = p, .microbatches = int(l.accumulation), .chunks = v}, forward, backward);
     idle = {t.makespan - t.busy.front(), t.makespan - t.busy.back()};
+    double busy = 0; // every stage's compute, in flops
+    for (double b : t.busy) {
+      busy += b * rate;
+    }
+    flops_per_rank = busy / p;
   }
   for (std::size_t i = 0; i < l.runs.size(); ++i) {
     const DryRun& r = l.runs[i];
@@ -406,12 +458,12 @@ void plan_once(const Options& o, Candidate& l) {
       l.step = r.time.seconds + idle[i];
       l.bubble = idle[i];
       l.slowest = i;
-      l.hfu = r.flops / (l.step * o.cluster.peak_tflops * 1e12);
     }
     if (r.memory.peak_total > l.runs[l.worst].memory.peak_total) {
       l.worst = i;
     }
   }
+  l.hfu = flops_per_rank / (l.step * o.cluster.peak_tflops * 1e12);
 }
 
 /// The model's flops a step over the whole cluster, as papers count them for MFU: 6 x the GEMMs'
@@ -421,7 +473,9 @@ void plan_once(const Options& o, Candidate& l) {
 double model_flops(const Model& m) {
   const nn::TransformerConfig& c = m.config;
   const double h = double(c.hidden), hd = double(c.head_dim()), s = double(m.seq);
-  const double per_layer = h * h * 2 + 2 * h * double(c.kv_head_count()) * hd + 3 * h * double(c.ffn);
+  const double mlp = c.moe.experts > 0 ? c.moe.top_k * 3 * h * double(c.moe.ffn) + h * double(c.moe.experts)
+                                       : 3 * h * double(c.ffn); // the active experts' and the router's
+  const double per_layer = h * h * 2 + 2 * h * double(c.kv_head_count()) * hd + mlp;
   const double params = per_layer * double(m.layers) + h * double(c.vocab);
   const double tokens = double(m.global_batch) * s;
   const double attention =
@@ -453,9 +507,9 @@ std::string gib(std::int64_t bytes) {
 std::string row(const Candidate& l, double mfu) {
   char s[400];
   if (!l.error.empty()) {
-    std::snprintf(s, sizeof s, "%4d %3d %3d %2d %3d %3d %3lld %4lld %3s  cannot run: %s", l.dp, l.replicas,
-                  l.pp, l.chunks, l.cp, l.tp, (long long)l.micro_batch, (long long)l.accumulation,
-                  l.recompute ? "yes" : "no", l.error.c_str());
+    std::snprintf(s, sizeof s, "%4d %3d %2d %3d %2d %3d %3d %3lld %4lld %3s  cannot run: %s", l.dp,
+                  l.replicas, l.ep, l.pp, l.chunks, l.cp, l.tp, (long long)l.micro_batch,
+                  (long long)l.accumulation, l.recompute ? "yes" : "no", l.error.c_str());
     return s;
   }
   const DryRun& r = l.runs[l.worst];
@@ -464,17 +518,17 @@ std::string row(const Candidate& l, double mfu) {
     wall += d.wall_seconds;
   }
   auto at = [&](MemoryCategory c) { return gib(r.memory.at_peak[std::size_t(c)]); };
-  std::snprintf(s, sizeof s,
-                "%4d %3d %3d %2d %3d %3d %3lld %4lld %3s %7s %4s %6s %6s %6s %6s %6s %8.2f %8.2f %8.3f %8.3f "
-                "%8.3f %5.1f "
-                "%5.1f %6.2f",
-                l.dp, l.replicas, l.pp, l.chunks, l.cp, l.tp, (long long)l.micro_batch,
-                (long long)l.accumulation, l.recompute ? "yes" : "no", gib(r.memory.peak_total).c_str(),
-                l.fits() ? "yes" : "no", at(MemoryCategory::parameters).c_str(),
-                at(MemoryCategory::gradients).c_str(), at(MemoryCategory::optimizer_state).c_str(),
-                at(MemoryCategory::activations).c_str(), at(MemoryCategory::communication).c_str(),
-                double(l.bytes(false)) * 1e-9, double(l.bytes(true)) * 1e-9, l.step, l.bubble,
-                l.runs[l.slowest].time.exposed, 100 * mfu, 100 * l.hfu, wall);
+  std::snprintf(
+      s, sizeof s,
+      "%4d %3d %2d %3d %2d %3d %3d %3lld %4lld %3s %7s %4s %6s %6s %6s %6s %6s %8.2f %8.2f %8.3f %8.3f "
+      "%8.3f %5.1f "
+      "%5.1f %6.2f",
+      l.dp, l.replicas, l.ep, l.pp, l.chunks, l.cp, l.tp, (long long)l.micro_batch, (long long)l.accumulation,
+      l.recompute ? "yes" : "no", gib(r.memory.peak_total).c_str(), l.fits() ? "yes" : "no",
+      at(MemoryCategory::parameters).c_str(), at(MemoryCategory::gradients).c_str(),
+      at(MemoryCategory::optimizer_state).c_str(), at(MemoryCategory::activations).c_str(),
+      at(MemoryCategory::communication).c_str(), double(l.bytes(false)) * 1e-9, double(l.bytes(true)) * 1e-9,
+      l.step, l.bubble, l.runs[l.slowest].time.exposed, 100 * mfu, 100 * l.hfu, wall);
   return s;
 }
 
@@ -517,24 +571,25 @@ int main(int argc, char** argv) {
     const auto mfu = [&](const Candidate& l) {
       return l.step > 0 ? flops_per_gpu / (l.step * o.cluster.peak_tflops * 1e12) : 0.0;
     };
-    const char* head =
-        "%4s %3s %3s %2s %3s %3s %3s %4s %3s %7s %4s %6s %6s %6s %6s %6s %8s %8s %8s %8s %8s %5s %5s %6s\n";
-    std::printf(head, "dp", "rep", "pp", "v", "cp", "tp", "mb", "acc", "rc", "peak", "fits", "param", "grad",
-                "optim", "act", "comm", "NVLink", "network", "step", "bubble", "exposed", "MFU", "HFU",
-                "dry");
-    std::printf(head, "", "", "", "", "", "", "", "", "", "GiB", "", "GiB", "GiB", "GiB", "GiB", "GiB", "GB",
-                "GB", "s", "s", "s", "%", "%", "s");
+    const char* head = "%4s %3s %2s %3s %2s %3s %3s %3s %4s %3s %7s %4s %6s %6s %6s %6s %6s %8s %8s %8s %8s "
+                       "%8s %5s %5s %6s\n";
+    std::printf(head, "dp", "rep", "ep", "pp", "v", "cp", "tp", "mb", "acc", "rc", "peak", "fits", "param",
+                "grad", "optim", "act", "comm", "NVLink", "network", "step", "bubble", "exposed", "MFU",
+                "HFU", "dry");
+    std::printf(head, "", "", "", "", "", "", "", "", "", "", "GiB", "", "GiB", "GiB", "GiB", "GiB", "GiB",
+                "GB", "GB", "s", "s", "s", "%", "%", "s");
     for (std::size_t i = 0; i < layouts.size() && int(i) < o.top; ++i) {
       std::printf("%s\n", row(layouts[i], mfu(layouts[i])).c_str());
     }
     std::printf(
         "(memory: the tensors at the step's peak of the representative rank with the highest (the first "
         "pipeline stage's or the last's); bytes: what it receives a step; v: model stages per pp rank "
-        "(1F1B with one, interleaved 1F1B with more); rep: HSDP's replicas (FSDP over dp / rep); mb: "
+        "(1F1B with one, interleaved 1F1B with more); rep: HSDP's replicas (FSDP over dp / (rep ep)); ep: "
+        "the experts' shards; mb: "
         "sequences a micro-batch per dp rank, acc: "
         "micro-batches a step; rc: the blocks' forward recomputed in the backward; bubble: pipeline idle; "
-        "MFU: the model's flops, HFU: the flops run by "
-        "the slower representative; dry: the dry runs' own seconds)\n");
+        "MFU: the model's flops, HFU: the flops run, "
+        "recomputation included, a rank's mean; dry: the dry runs' own seconds)\n");
     if (!o.json.empty()) {
       std::ofstream out(o.json);
       out << "{\"model\": \"" << o.model.name << "\", \"world_size\": " << world << ", \"cluster\": \""
@@ -542,8 +597,8 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < layouts.size(); ++i) {
         const Candidate& l = layouts[i];
         out << (i ? ", " : "") << "{\"dp\": " << l.dp << ", \"replicas\": " << l.replicas
-            << ", \"pp\": " << l.pp << ", \"chunks\": " << l.chunks << ", \"cp\": " << l.cp
-            << ", \"tp\": " << l.tp << ", \"micro_batch\": " << l.micro_batch
+            << ", \"ep\": " << l.ep << ", \"pp\": " << l.pp << ", \"chunks\": " << l.chunks
+            << ", \"cp\": " << l.cp << ", \"tp\": " << l.tp << ", \"micro_batch\": " << l.micro_batch
             << ", \"accumulation\": " << l.accumulation
             << ", \"recompute\": " << (l.recompute ? "true" : "false");
         if (l.error.empty()) {

@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,7 +76,8 @@ struct DryRun {
     return memory.to_string() + time.to_string() + line;
   }
 
-  /// The same as one JSON object (bytes, seconds, flops; memory per category at the peak).
+  /// The same as one JSON object (bytes, seconds, flops; memory per category at the peak; the communication
+  /// per (op, axes): count, bytes received, seconds, exposed seconds).
   std::string to_json() const {
     std::string s = "{\"rank\": " + std::to_string(rank) + ", \"world_size\": " + std::to_string(world_size) +
                     ", \"peak_bytes\": " + std::to_string(memory.peak_total) +
@@ -92,7 +94,27 @@ struct DryRun {
                   flops, time.seconds, time.compute, time.comm, time.exposed, hfu,
                   static_cast<long long>(bytes_nvlink), static_cast<long long>(bytes_network), ops.size(),
                   wall_seconds);
-    return s + nums;
+    s += nums;
+    // the communication per (op, axes): count, bytes received, seconds and the exposed part
+    std::map<std::pair<std::string, std::string>, std::int64_t> bytes;
+    for (const CommDebugMode::Op& op : ops) {
+      bytes[{op.op, op.axes}] += op.bytes;
+    }
+    s.back() = ',';
+    s += " \"comm\": [";
+    bool first = true;
+    for (const auto& [key, row] : time.rows) {
+      char item[256];
+      std::snprintf(
+          item, sizeof item,
+          "%s{\"op\": \"%s\", \"axes\": \"%s\", \"count\": %lld, \"bytes\": %lld, \"seconds\": %.6g, "
+          "\"exposed_seconds\": %.6g}",
+          first ? "" : ", ", key.first.c_str(), key.second.c_str(), static_cast<long long>(row.count),
+          static_cast<long long>(bytes[key]), row.seconds, row.exposed);
+      s += item;
+      first = false;
+    }
+    return s + "]}";
   }
 };
 
