@@ -144,6 +144,8 @@ TEST_CASE("time model: a GEMM's 2mnk flops at the efficiency of the peak") {
   CHECK(gemm_seconds(8192, 4096, 1024, a) == Approx(2.0 * 8192 * 4096 * 1024 / (312e12 * 0.7)));
   CHECK(a.nvlink.bandwidth_GBps == 300);
   CHECK(a.network.bandwidth_GBps == 25);
+  CHECK(a.peak_tflops_tf32 == 156);
+  CHECK(parse_cluster_model("peak_tflops_tf32 = 400\n").peak_tflops_tf32 == 400);
 }
 
 TEST_CASE("time model: the config file: a preset, keys over it, comments, and errors naming the line") {

@@ -2,13 +2,14 @@
 # dtensor-plan's test: the tiny model on 2 nodes of 4 GPUs. Every layout it lists dry-runs (no "cannot
 # run"), pipelines among them (1F1B and interleaved, each with two representative ranks and a bubble) and
 # HSDP, at least one fits in 1 GiB and none in 1 KiB, the best is listed first, and the JSON parses and
-# holds every layout with its dry runs; a mixture of experts plans with its experts sharded over ep.
+# holds every layout with its dry runs (HSDP and DDP among them); a mixture of experts plans with its experts
+# sharded over ep; float compute gathers twice the bytes of bfloat16.
 # usage: check_plan.sh DTENSOR_PLAN DIR
 set -u
 plan=$1 dir=$2
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
 fail() { echo "check_plan: $*"; exit 1; }
-"$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 1GiB --replicas 1,2 --json "$dir/plan.json" >"$dir/out" 2>&1 ||
+"$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 1GiB --replicas 1,2,8 --json "$dir/plan.json" >"$dir/out" 2>&1 ||
   { cat "$dir/out"; fail "dtensor-plan failed"; }
 cat "$dir/out"
 grep -q "cannot run" "$dir/out" && fail "a layout did not dry-run"
@@ -38,8 +39,9 @@ for l in ls:
     assert l["step_seconds"] >= max(d["step_seconds"] for d in runs), l
 pipes = {l["chunks"] for l in ls if l["pp"] > 1}
 assert pipes >= {1, 2}, pipes
-# HSDP: 2 replicas of FSDP over dp / 2, with and without a pipeline
+# HSDP: 2 replicas of FSDP over dp / 2, with and without a pipeline; DDP: replicas = dp
 assert {l["pp"] > 1 for l in ls if l["replicas"] == 2} == {False, True}, ls
+assert any(l["replicas"] == l["dp"] == 8 for l in ls), ls
 PY
 # A mixture of experts: expert parallel layouts (ep 1, 2, 4) with and without a pipeline, all of them run
 "$plan" --model tiny-moe --nodes 2 --gpus-per-node 4 --gpu-memory 1GiB --tp 1,2 --json "$dir/moe.json" \
@@ -57,7 +59,24 @@ for l in ls:
     a2a = [c for d in l["dry_runs"] for c in d["comm"] if c["op"] == "all_to_all" and c["axes"] == "ep"]
     assert bool(a2a) == (l["ep"] > 1), (l, a2a)
 PY
-"$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 0.000001GiB >"$dir/small" 2>&1 || fail "1 KiB run"
+# float compute: the same layout gathers its FSDP shards in 4 bytes instead of 2 (the gradients are reduced
+# in float either way)
+for t in bf16 fp32; do
+  "$plan" --model tiny --nodes 2 --gpus-per-node 4 --tp 1 --cp 1 --pp 1 --micro-batch 2 --dtype $t \
+    --json "$dir/$t.json" >"$dir/$t" 2>&1 || { cat "$dir/$t"; fail "the $t plan failed"; }
+done
+python3 - "$dir/bf16.json" "$dir/fp32.json" <<'PY' || fail "bf16 against fp32"
+import json, sys
+def rows(f):
+    d = json.load(open(f))["layouts"][0]["dry_runs"][0]
+    return {(c["op"], c["axes"]): c["bytes"] for c in d["comm"]}
+b, f = rows(sys.argv[1]), rows(sys.argv[2])
+assert f[("all_gather", "dp")] == 2 * b[("all_gather", "dp")] > 0, (b, f)
+assert f[("reduce_scatter", "dp")] == b[("reduce_scatter", "dp")] > 0, (b, f)
+PY
+"$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 0.000001GiB --cp 1 --pp 1,2 --micro-batch 4 \
+  >"$dir/small" 2>&1 || fail "1 KiB run"
+awk '$1 ~ /^[0-9]+$/' "$dir/small" | grep -q . || fail "the 1 KiB run lists no layout"
 awk '$1 ~ /^[0-9]+$/ && $12 == "yes"' "$dir/small" | grep -q . && fail "a layout fits 1 KiB"
 rm -rf "$dir"
 echo "check_plan: OK"

@@ -6,14 +6,14 @@
 //
 // The model: nn::LanguageModel of nn::TransformerBlock (token embedding, RoPE, causal grouped-query
 // attention, SwiGLU MLP or a mixture of SwiGLU experts, RMSNorm, untied head), float parameters in FSDP
-// shards, gathered and computed in bfloat16, gradients reduced in float, AdamW. The layouts: FSDP over dp
-// (or HSDP: replicas of FSDP), experts sharded over ep of the dp ranks (MoE), pipeline stages over pp
-// (nn::PipelineTrainer: 1F1B, or interleaved 1F1B with v model stages per pp rank), ring context parallel
-// over cp (dense models), tensor + sequence parallel over tp (within a node), and the micro-batch (the local
-// batch split into accumulation steps, the pipeline's micro-batches). The mesh is (rep, dp, ep, pp, cp, tp),
-// outermost to innermost (Llama 3's order), and the batch is sharded over rep x dp x ep. Without a pipeline
-// nn::FsdpTrainer runs the step (prefetching the next block's gather, resharding after the forward and
-// recomputing it in the backward: torchtitan's default).
+// shards, gathered and computed in bfloat16 (--dtype fp32: float), gradients reduced in float, AdamW. The
+// layouts: FSDP over dp (or HSDP: replicas of FSDP; DDP where the replicas are all of dp), experts sharded
+// over ep of the dp ranks (MoE), pipeline stages over pp (nn::PipelineTrainer: 1F1B, or interleaved 1F1B with
+// v model stages per pp rank), ring context parallel over cp (dense models), tensor + sequence parallel over
+// tp (within a node), and the micro-batch (the local batch split into accumulation steps, the pipeline's
+// micro-batches). The mesh is (rep, dp, ep, pp, cp, tp), outermost to innermost (Llama 3's order), and the
+// batch is sharded over rep x dp x ep. Without a pipeline nn::FsdpTrainer runs the step (prefetching the next
+// block's gather, resharding after the forward and recomputing it in the backward: torchtitan's default).
 //
 // The representative ranks: ranks of the same pipeline stage do the same work and move the same bytes (each
 // degree divides what it splits, so the shards are even; on meta tensors nn::Moe routes every expert its even
@@ -42,6 +42,8 @@
 //   --replicas a,b,...     HSDP: dp as replicas x FSDP over dp / replicas (default 1: FSDP over all of dp)
 //   --experts N --top-k K --expert-ffn N                         a mixture of experts in every block
 //   --ep a,b,...           MoE: the experts sharded over this many of the dp ranks (default 1,2,4,8)
+//   --dtype bf16|fp32      the compute type (default bf16: float shards gathered and computed in bfloat16);
+//                          fp32 computes in float, at the cluster's TF32 rate
 //   --recompute            pipelines recompute the blocks' forward in the backward even where they fit
 //                          without (Megatron-LM's runs do)
 //   --json FILE            every layout as JSON
@@ -141,6 +143,7 @@ struct Options {
   std::string json;
   int top = 20;
   bool recompute = false; ///< pipelines recompute the blocks even where they fit without
+  bool fp32 = false;      ///< --dtype fp32: compute in float (TF32 GEMMs) instead of bfloat16
 };
 
 struct Candidate {
@@ -182,7 +185,7 @@ struct Candidate {
       "[--layers N] [--hidden N] [--heads N] [--kv-heads N] [--ffn N] [--vocab N] [--seq N] "
       "[--global-batch N] [--nodes N] [--gpus-per-node G] [--gpu-memory 80GiB] [--cluster FILE|dgx_a100] "
       "[--experts N] [--top-k K] [--expert-ffn N] [--tp a,b] [--cp a,b] [--pp a,b] [--chunks a,b] "
-      "[--replicas a,b] [--ep a,b] [--micro-batch a,b] [--recompute] [--json FILE] "
+      "[--replicas a,b] [--ep a,b] [--micro-batch a,b] [--dtype bf16|fp32] [--recompute] [--json FILE] "
       "[--top N]\n",
       why.c_str());
   std::exit(2);
@@ -280,6 +283,12 @@ Options parse(int argc, char** argv) {
       o.chunks = int_list(value());
     } else if (a == "--micro-batch") {
       o.micro = int_list(value());
+    } else if (a == "--dtype") {
+      const std::string v = value();
+      if (v != "bf16" && v != "fp32") {
+        usage("--dtype " + v + ": bf16 or fp32");
+      }
+      o.fp32 = v == "fp32";
     } else if (a == "--recompute") {
       o.recompute = true;
     } else if (a == "--json") {
@@ -295,6 +304,12 @@ Options parse(int argc, char** argv) {
   }
   if (memory > 0) {
     o.cluster.gpu_memory_bytes = memory;
+  }
+  if (o.fp32) { // the step's GEMMs in float: the cluster's TF32 rate
+    if (!(o.cluster.peak_tflops_tf32 > 0)) {
+      usage("--dtype fp32 needs the cluster's peak_tflops_tf32");
+    }
+    o.cluster.peak_tflops = o.cluster.peak_tflops_tf32;
   }
   if (o.nodes < 1 || o.model.layers < 1 || o.model.seq < 1 || o.model.global_batch < 1) {
     usage("--nodes, --layers, --seq and --global-batch must be positive");
@@ -336,8 +351,7 @@ std::vector<Candidate> enumerate(const Options& o) {
             }
             for (int r : o.replicas) {
               for (int e : c.moe.experts > 0 ? o.ep : std::vector<int>{1}) {
-                if (r < 1 || e < 1 || dp % (r * e) || (e > 1 && c.moe.experts % e) ||
-                    (r > 1 && dp / (r * e) == 1)) {
+                if (r < 1 || e < 1 || dp % (r * e) || (e > 1 && c.moe.experts % e)) {
                   continue;
                 }
                 out.push_back({.dp = dp,
@@ -375,7 +389,7 @@ micro_batches(const Options& o, const Candidate& l, const DeviceMesh<StageMesh>&
 
 /// Two steps of the layout in the dry run `ctx` under FSDP or HSDP `Policy`, the second measured: it holds
 /// the optimizer's state the first one made. With pp > 1, the second step's pipeline run (its chunks' flops).
-template <class Gpt, class Policy>
+template <class Gpt, class Policy, class C>
 PipelineRunStats steps(const Options& o, const Candidate& l, DryRunContext& ctx) {
   const Device device = ctx.device();
   const auto mesh =
@@ -385,7 +399,7 @@ PipelineRunStats steps(const Options& o, const Candidate& l, DryRunContext& ctx)
   optim::AdamW opt({.lr = 1e-4});
   const auto micro = micro_batches<typename Gpt::layout_type>(o, l, stage, device);
   if (l.pp == 1) {
-    nn::FsdpTrainer<Gpt, Policy, bfloat16, float> trainer(
+    nn::FsdpTrainer<Gpt, Policy, C, float> trainer(
         stage, Gpt(stage, o.model.config, o.model.layers, keys, device),
         {.schedule = {.prefetch = 1, .reshard_after_forward = true, .max_reductions = 2}});
     (void)trainer.step(std::span(micro), opt);
@@ -393,7 +407,7 @@ PipelineRunStats steps(const Options& o, const Candidate& l, DryRunContext& ctx)
     (void)trainer.step(std::span(micro), opt);
     return {};
   }
-  nn::PipelineTrainer<Gpt, Policy, bfloat16, float> trainer(
+  nn::PipelineTrainer<Gpt, Policy, C, float> trainer(
       mesh.group<"pp">(), stage, Gpt(stage, o.model.config, o.model.layers, keys, device),
       {.schedule = l.chunks > 1 ? Schedule::interleaved_one_f_one_b : Schedule::one_f_one_b,
        .chunks = l.chunks,
@@ -402,6 +416,16 @@ PipelineRunStats steps(const Options& o, const Candidate& l, DryRunContext& ctx)
   ctx.begin_step();
   (void)trainer.step(std::span(micro), opt);
   return trainer.last_run();
+}
+
+/// steps() of the model (dense or MoE) and the policy (FSDP or HSDP) of layout `l`, in compute type C.
+template <class C>
+PipelineRunStats steps_of(const Options& o, const Candidate& l, DryRunContext& ctx) {
+  const bool hsdp = l.replicas > 1;
+  if (o.model.config.moe.experts > 0) {
+    return hsdp ? steps<MoeGpt, Hsdp<"rep", "dp">, C>(o, l, ctx) : steps<MoeGpt, Fsdp<"dp">, C>(o, l, ctx);
+  }
+  return hsdp ? steps<Gpt, Hsdp<"rep", "dp">, C>(o, l, ctx) : steps<Gpt, Fsdp<"dp">, C>(o, l, ctx);
 }
 
 /// Dry-runs layout `l` as its representative ranks and estimates its step. With pp > 1 the pipeline's idle
@@ -417,11 +441,7 @@ void plan_once(const Options& o, Candidate& l) {
     const int rank = (s * l.cp + l.cp - 1) * l.tp; // (rep 0, dp 0, ep 0, pp s, cp cp - 1, tp 0)
     l.runs.push_back(
         dry_run({.rank = rank, .world_size = world, .cluster = o.cluster}, [&](DryRunContext& ctx) {
-          const bool hsdp = l.replicas > 1;
-          stats.push_back(o.model.config.moe.experts > 0 ? (hsdp ? steps<MoeGpt, Hsdp<"rep", "dp">>(o, l, ctx)
-                                                                 : steps<MoeGpt, Fsdp<"dp">>(o, l, ctx))
-                                                         : (hsdp ? steps<Gpt, Hsdp<"rep", "dp">>(o, l, ctx)
-                                                                 : steps<Gpt, Fsdp<"dp">>(o, l, ctx)));
+          stats.push_back(o.fp32 ? steps_of<float>(o, l, ctx) : steps_of<bfloat16>(o, l, ctx));
         }));
   }
   std::vector<double> idle(l.runs.size(), 0.0);
@@ -541,12 +561,13 @@ int main(int argc, char** argv) {
     const int world = o.nodes * o.cluster.gpus_per_node;
     std::printf(
         "model %s: %lld layers, hidden %lld, %lld heads (%lld kv), ffn %lld, vocab %lld; %lld sequences "
-        "of %lld a step\ncluster %s: %d nodes x %d GPUs (%d), %s GiB each, %.0f TFLOPS at %.0f %%\n",
+        "of %lld a step, %s compute\ncluster %s: %d nodes x %d GPUs (%d), %s GiB each, %.0f TFLOPS at %.0f "
+        "%%\n",
         o.model.name.c_str(), (long long)o.model.layers, (long long)c.hidden, (long long)c.heads,
         (long long)c.kv_head_count(), (long long)c.ffn, (long long)c.vocab, (long long)o.model.global_batch,
-        (long long)o.model.seq, o.cluster.name.c_str(), o.nodes, o.cluster.gpus_per_node, world,
-        gib(std::int64_t(o.cluster.gpu_memory_bytes)).c_str(), o.cluster.peak_tflops,
-        100 * o.cluster.gemm_efficiency);
+        (long long)o.model.seq, o.fp32 ? "float" : "bfloat16", o.cluster.name.c_str(), o.nodes,
+        o.cluster.gpus_per_node, world, gib(std::int64_t(o.cluster.gpu_memory_bytes)).c_str(),
+        o.cluster.peak_tflops, 100 * o.cluster.gemm_efficiency);
     std::vector<Candidate> layouts = enumerate(o);
     if (layouts.empty()) {
       std::fprintf(stderr, "dtensor-plan: no layout divides this model and cluster (--tp, --cp, --pp, "

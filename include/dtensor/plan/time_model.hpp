@@ -49,6 +49,8 @@ struct ClusterModel {
   double gpu_memory_bytes = 0;
   /// Dense peak of the training dtype (bfloat16), TFLOPS, and the fraction of it a large GEMM reaches.
   double peak_tflops = 0;
+  /// Dense peak of float GEMMs on the tensor cores (TF32), TFLOPS: a float-compute step's rate.
+  double peak_tflops_tf32 = 0;
   double gemm_efficiency = 1;
   /// The fraction of each tier's bandwidth that collectives reach (NCCL's bus bandwidth / link rate).
   double bandwidth_efficiency = 1;
@@ -65,6 +67,7 @@ inline ClusterModel dgx_h100() {
   c.gpus_per_node = 8;            // NVIDIA DGX H100 user guide: 8 x H100
   c.gpu_memory_bytes = 80e9;      // H100 SXM5 datasheet: 80 GB HBM3
   c.peak_tflops = 989;            // H100 SXM5 datasheet: BF16 1,979 TFLOPS with sparsity, half dense
+  c.peak_tflops_tf32 = 494.5;     // H100 SXM5 datasheet: TF32 989 TFLOPS with sparsity, half dense
   c.gemm_efficiency = 0.7;        // assumption: large cuBLAS BF16 GEMMs at about 70 % of dense peak
   c.bandwidth_efficiency = 0.8;   // assumption: nccl-tests bus bandwidth at about 80 % of the link rate
   c.base_latency_us = 8.4;        // NCCL tuning.cc: base latency of ring and tree, Simple protocol
@@ -94,6 +97,7 @@ inline ClusterModel dgx_a100() {
   c.name = "dgx_a100";
   c.gpu_memory_bytes = 80e9;     // A100 SXM4 80 GB datasheet: 80 GB HBM2e
   c.peak_tflops = 312;           // A100 datasheet: BF16 tensor core 312 TFLOPS dense (624 with sparsity)
+  c.peak_tflops_tf32 = 156;      // A100 datasheet: TF32 tensor core 156 TFLOPS dense (312 with sparsity)
   c.nvlink.bandwidth_GBps = 300; // A100 datasheet: NVLink 600 GB/s, both directions together
   c.network.bandwidth_GBps = 25; // DGX A100 user guide: 8 x 200 Gb/s HDR ConnectX-6 for compute, one per GPU
   return c;
@@ -223,9 +227,9 @@ inline double gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, const
 
 /// A ClusterModel from a config file's text: `key = value` lines, `#` comments. `preset = dgx_h100` (or
 /// dgx_h200, dgx_a100) starts from a preset, which must come first; the other keys set one field each: name,
-/// gpus_per_node, gpu_memory_GB, peak_tflops, gemm_efficiency, bandwidth_efficiency, base_latency_us, and
-/// nvlink.* / network.* with bandwidth_GBps, ring_latency_us, tree_latency_us. Throws std::invalid_argument
-/// naming the line on an unknown key, a bad value or a line that is not `key = value`.
+/// gpus_per_node, gpu_memory_GB, peak_tflops, peak_tflops_tf32, gemm_efficiency, bandwidth_efficiency,
+/// base_latency_us, and nvlink.* / network.* with bandwidth_GBps, ring_latency_us, tree_latency_us. Throws
+/// std::invalid_argument naming the line on an unknown key, a bad value or a line that is not `key = value`.
 inline ClusterModel parse_cluster_model(std::string_view text) {
   ClusterModel c = dgx_h100();
   int line_no = 0;
@@ -297,6 +301,8 @@ inline ClusterModel parse_cluster_model(std::string_view text) {
       c.gpu_memory_bytes = v * 1e9;
     } else if (key == "peak_tflops") {
       c.peak_tflops = v;
+    } else if (key == "peak_tflops_tf32") {
+      c.peak_tflops_tf32 = v;
     } else if (key == "gemm_efficiency" || key == "bandwidth_efficiency") {
       if (v > 1) {
         fail(key + " is a fraction, at most 1");
