@@ -77,6 +77,9 @@ PY
 "$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 0.000001GiB --cp 1 --pp 1,2 --micro-batch 4 \
   >"$dir/small" 2>&1 || fail "1 KiB run"
 awk '$1 ~ /^[0-9]+$/' "$dir/small" | grep -q . || fail "the 1 KiB run lists no layout"
+# a pipeline that does not fit is planned again recomputing (rc); FSDP always recomputes
+awk '$1 ~ /^[0-9]+$/ && $4 > 1' "$dir/small" | grep -q . || fail "the 1 KiB run lists no pipeline"
+awk '$1 ~ /^[0-9]+$/ && $10 != "yes"' "$dir/small" | grep -q . && fail "a layout of the 1 KiB run does not recompute"
 awk '$1 ~ /^[0-9]+$/ && $12 == "yes"' "$dir/small" | grep -q . && fail "a layout fits 1 KiB"
 rm -rf "$dir"
 echo "check_plan: OK"

@@ -37,9 +37,11 @@
 //   --nodes N --gpus-per-node G --gpu-memory 80GiB               the cluster (GiB or GB; default DGX H100)
 //   --cluster FILE|NAME    a ClusterModel config file (plan/time_model.hpp's keys) or a preset (dgx_h100,
 //                          dgx_h200, dgx_a100), before the flags above
-//   --tp a,b,... --cp a,b,... --pp a,b,... --chunks a,b,...      the degrees tried (defaults below); chunks:
-//   --micro-batch a,b,...                                        model stages per pp rank
-//   --replicas a,b,...     HSDP: dp as replicas x FSDP over dp / replicas (default 1: FSDP over all of dp)
+//   --tp a,b,... --cp a,b,... --pp a,b,...                      the degrees tried (default 1,2,4,8 each)
+//   --chunks a,b,...       model stages per pp rank (default 1,2)
+//   --micro-batch a,b,...  sequences a micro-batch per dp rank (default 1,2,4)
+//   --replicas a,b,...     HSDP: dp as replicas x FSDP over dp / (replicas ep) (default 1: FSDP over all of
+//                          dp; replicas = dp: DDP)
 //   --experts N --top-k K --expert-ffn N                         a mixture of experts in every block
 //   --ep a,b,...           MoE: the experts sharded over this many of the dp ranks (default 1,2,4,8)
 //   --dtype bf16|fp32      the compute type (default bf16: float shards gathered and computed in bfloat16);
@@ -155,8 +157,9 @@ struct Candidate {
   /// The blocks' forward again in their backward: always under nn::FsdpTrainer (it reshards each block after
   /// its forward); in a pipeline only where the layout does not fit without.
   bool recompute = true;
-  /// The representative ranks' dry runs: the first pipeline stage's rank 0, and with pp > 1 the last
-  /// stage's first rank (the embedding and the most micro-batches in flight; the head and the loss).
+  /// The representative ranks' dry runs: the first pipeline stage's rank at the last cp coordinate, and
+  /// with pp > 1 the last stage's (the embedding and the most micro-batches in flight; the head and the
+  /// loss). The last cp coordinate holds the sequence's last block: the most causal attention.
   std::vector<DryRun> runs{};
   double step = 0;   ///< the estimated step: the slowest representative's timeline plus its pipeline idle
   double bubble = 0; ///< of which the pipeline's idle time (simulate_pipeline)
@@ -507,7 +510,7 @@ double model_flops(const Model& m) {
 void plan(const Options& o, Candidate& l) {
   l.recompute = l.pp == 1 || o.recompute;
   plan_once(o, l);
-  if (l.pp > 1 && !l.fits()) {
+  if (l.pp > 1 && !l.fits() && !l.recompute) {
     Candidate again = l;
     again.runs.clear();
     again.step = again.bubble = again.hfu = 0;
@@ -604,7 +607,8 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "(memory: the tensors at the step's peak of the representative rank with the highest (the first "
-        "pipeline stage's or the last's); bytes: what it receives a step; v: model stages per pp rank "
+        "pipeline stage's or the last's); bytes: the most a representative receives a step; v: model stages "
+        "per pp rank "
         "(1F1B with one, interleaved 1F1B with more); rep: HSDP's replicas (FSDP over dp / (rep ep)); ep: "
         "the experts' shards; mb: "
         "sequences a micro-batch per dp rank, acc: "

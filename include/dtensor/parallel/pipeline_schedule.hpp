@@ -121,9 +121,9 @@ inline std::vector<PipelineAction> pipeline_order(Schedule schedule, const Pipel
   return order;
 }
 
-/// A timeline of the orders, run with forward time `forward` and backward time `backward` on every chunk
-/// and free transfers: each step starts when its rank is free and its inputs exist (the previous stage's
-/// forward of the micro-batch; the next stage's backward, or on the last stage its own forward).
+/// A timeline of the orders, run with a forward and a backward time per model stage (or one of each for
+/// every stage) and free transfers: each step starts when its rank is free and its inputs exist (the previous
+/// stage's forward of the micro-batch; the next stage's backward, or on the last stage its own forward).
 struct PipelineTimeline {
   double makespan = 0;
   std::vector<double> busy; ///< per rank: time computing
@@ -147,6 +147,12 @@ inline PipelineTimeline simulate_pipeline(Schedule schedule, const PipelineShape
                 "simulate_pipeline: " + std::to_string(forward.size()) + " forward and " +
                     std::to_string(backward.size()) + " backward times for " + std::to_string(g_count) +
                     " model stages (" + std::to_string(p) + " ranks x " + std::to_string(v) + " chunks)");
+  for (int g = 0; g < g_count; ++g) {
+    DTENSOR_CHECK(forward[std::size_t(g)] >= 0 && backward[std::size_t(g)] >= 0,
+                  "simulate_pipeline: model stage " + std::to_string(g) + "'s forward time " +
+                      std::to_string(forward[std::size_t(g)]) + " or backward time " +
+                      std::to_string(backward[std::size_t(g)]) + " is negative");
+  }
   std::vector<std::vector<PipelineAction>> orders;
   for (int r = 0; r < p; ++r) {
     orders.push_back(pipeline_order(schedule, shape, r));
