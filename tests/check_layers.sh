@@ -10,12 +10,11 @@
 #
 # No cycle: every edge between two folders goes to a strictly lower floor (an edge within a folder is not
 # one of the folder graph), so the folder graph is a DAG; a cycle would need an edge that goes up or
-# sideways, which this check reports. An unknown folder has no floor and is reported too, so a new folder
-# must be given one here.
-#
-# Forwarding headers (a moved header's old path: "// Deprecated: moved to <dtensor/...>" and the include
-# of the new path) are exempt, as the umbrella headers are: they point from the old floor to the new one.
-# So that no real edge runs through one, nothing under the include dir may include a forwarding header.
+# sideways, which this check reports. Only the umbrella headers at the top (dtensor.hpp, ops.hpp,
+# parallel.hpp: no folder, no floor) may include any folder; a header in a folder that includes an umbrella,
+# or a header of a higher floor or of a side-by-side folder, is reported. An unknown folder has no floor and
+# is reported too, whether a header lives in it or is included from it, so a new folder must be given one
+# here.
 #
 # usage: tests/check_layers.sh [include dir]
 set -euo pipefail
@@ -24,25 +23,18 @@ declare -A floor=([core]=0 [layout]=1 [local]=2 [rendezvous]=3 [backends]=4 [com
   [tensor]=8 [backward]=9 [ops]=10 [checkpoint]=10 [parallel]=11 [testing]=12)
 bad=0
 checked=0
-forwarders=$(grep -lE '^// Deprecated: moved to <dtensor/' -r "$root/dtensor" --include='*.hpp' |
-  sed -E "s#^$root/##" | sort || true)
-declare -A forwarding=()
-while IFS= read -r f; do
-  [[ -n $f ]] && forwarding[$f]=1
-done <<<"$forwarders"
 # Every include of every header at once: "file:dtensor/included/path" (no process per include).
 while IFS= read -r line; do
   f=${line%%:*}
   inc=${line#*:}
   inc=${inc#*dtensor/}
   rel=${f#"$root/dtensor/"}
-  if [[ -n ${forwarding[dtensor/$inc]:-} ]]; then
-    echo "layering: dtensor/$rel includes dtensor/$inc, a forwarding header: include its new path"
+  [[ $rel == */* ]] || continue # an umbrella header includes everything
+  if [[ $inc != */* ]]; then
+    echo "layering: dtensor/$rel includes dtensor/$inc, an umbrella header: include the header it needs"
     bad=1
+    continue
   fi
-  [[ $rel == */* ]] || continue                      # the umbrella header includes everything
-  [[ -n ${forwarding[dtensor/$rel]:-} ]] && continue # a forwarding header (above)
-  [[ $inc == */* ]] || continue                      # an umbrella included: no floor of its own
   layer=${rel%%/*}
   used=${inc%%/*}
   mine=${floor[$layer]:--1}
@@ -53,7 +45,10 @@ while IFS= read -r line; do
   fi
   theirs=${floor[$used]:--1}
   checked=$((checked + 1))
-  if ((theirs < 0 || theirs > mine)) || { [[ $layer != "$used" ]] && ((theirs == mine)); }; then
+  if ((theirs < 0)); then
+    echo "layering: dtensor/$rel includes dtensor/$inc, in $used/, a folder with no floor"
+    bad=1
+  elif ((theirs > mine)) || { [[ $layer != "$used" ]] && ((theirs == mine)); }; then
     echo "layering: dtensor/$rel ($layer) includes dtensor/$inc ($used), a layer above or beside it"
     bad=1
   fi
@@ -69,7 +64,7 @@ while IFS= read -r f; do
     bad=1
   fi
 done < <(find "$root/dtensor" -name '*.hpp' | sort)
-echo "layering: $checked includes checked, $(grep -c . <<<"$forwarders") forwarding headers exempt"
+echo "layering: $checked includes checked"
 if ((bad == 0)); then
   echo "layering: every edge between folders goes down a floor, so the folder graph has no cycle"
 fi

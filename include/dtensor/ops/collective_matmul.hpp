@@ -8,8 +8,8 @@
 //   auto [xg, a, u] = all_gather_linear(x, std::tie(w1, w3));   // xg: x [R] over tp, a = linear(xg, w1), ...
 //   // m (batch, seq, ffn) [S(2)]; w2 (hidden, ffn) [S(1)]: linear(m, w2) is Partial over tp
 //   auto y = linear_reduce_scatter<Y>(m, w2);   // Y: linear(m, w2)'s type with [S(1)] over tp
-//   auto [ys, back] = all_gather_linear(x, std::tie(w1, w3), with_backward);  // back(da, du): {dx, {dw1,
-//   dw3}}
+//   auto [ys, back] = all_gather_linear(x, std::tie(w1, w3), with_backward);  // ys: {a, u}
+//   auto [dx, dws] = back(da, du);                                             // dws: {dw1, dw3}
 //
 // The results are those of the unfused calls (x.redistribute to the gathered placements, then linear;
 // linear, then redistribute to Y) within rounding: the gathered x and the weights' gradients bit for bit,
@@ -402,8 +402,8 @@ Out linear_reduce_scatter(const M& m, const W& w) {
   };
   return Out(mesh, detail::reduce_scatter_blocks<T, R>(blocks, mesh.group(Ty::ax), partial, [] {}), c_shape);
 }
-/// With the backward: `auto [y, back] = linear_reduce_scatter<Out>(m, w, with_backward); auto [dm, dw] =
-/// back(dy);`.
+/// With the backward: `auto [y, back] = linear_reduce_scatter<Out>(m, w, with_backward);`, then
+/// `auto [dm, dw] = back(dy);`.
 template <AnyDTensor Out, AnyDTensor M, AnyDTensor W>
 auto linear_reduce_scatter(const M& m, const W& w, WithBackwardTag) {
   using Back = LinearScatterBackward<Out, M, W>;

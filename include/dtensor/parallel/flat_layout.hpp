@@ -2,10 +2,10 @@
 // FlatLayout: where the parameters of one FSDP group sit in its flat buffer, and which part of each one a
 // data-parallel rank holds. Plain value code, no tensors, no element type:
 //
-//   FlatLayout l({6 * 5, 6, 3 * 6, 3});     // four parameters' local numels: offsets 0, 30, 36, 54; 57 in
-//   all l.shard_begin(4, 1);                     // 15: torch.chunk of 57 over 4 ranks gives 15, 15, 15, 12
-//   l.shard_numel(4, 3);                     // 12 (uneven last shard, no padding)
-//   for (const FlatPiece& p : l.pieces(4, 1)) ...   // rank 1's elements [15, 30): param 0 at 15, 15 of them
+//   FlatLayout l({6 * 5, 6, 3 * 6, 3});  // four parameters' local numels: offsets 0, 30, 36, 54; 57 in all
+//   l.shard_begin(4, 1);                 // 15: torch.chunk of 57 over 4 ranks gives 15, 15, 15, 12
+//   l.shard_numel(4, 3);                 // 12 (uneven last shard, no padding)
+//   for (const FlatPiece& p : l.pieces(4, 1)) ...  // rank 1's elements [15, 30): param 0 at 15, 15 of them
 //
 // The flat buffer is the parameters' local tensors (each the block its tensor-parallel placements give
 // this rank, whole over the data-parallel axes) flattened and concatenated in order; it is sharded over the

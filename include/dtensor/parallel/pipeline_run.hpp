@@ -8,8 +8,9 @@
 //   const auto stage_mesh = mesh.slice<"dp", "tp">();           // this stage's (dp, tp) sub-mesh
 //   using Act = nn::act_t<L, float>;                            // L's mesh is (dp, tp)
 //   PipelineChunks<Act> chunks;
-//   chunks.forward = [&](int chunk, int mb, std::optional<Act> in) -> Act { ... };    // in: none on model
-//   stage 0 chunks.backward = [&](int chunk, int mb, std::optional<Act> dout) -> std::optional<Act> { ... };
+//   // in: none on model stage 0; dout: none on the last model stage (its own loss starts its backward)
+//   chunks.forward = [&](int chunk, int mb, std::optional<Act> in) -> Act { ... };
+//   chunks.backward = [&](int chunk, int mb, std::optional<Act> dout) -> std::optional<Act> { ... };
 //   run_pipeline(mesh.group<"pp">(), stage_mesh, chunks, {.schedule = Schedule::interleaved_one_f_one_b,
 //                .shape = {.stages = 2, .microbatches = 4, .chunks = 2}});
 //

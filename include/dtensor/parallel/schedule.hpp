@@ -14,9 +14,11 @@
 //   sched.backward(head, [&](const auto& g, const auto& w) {        // forward and backward of the head
 //     ...; dh = ...; return std::tuple{dg, dw};                     // the group's gradients, in order
 //   });
-//   for (b = last .. first) sched.backward(blocks[b], [&](const auto&... w) { ...; return std::tuple{...};
-//   }); sched.backward(emb, ...); sched.finish();                         // every reduction done:
-//   clip_grad_norm(groups...), opt.step
+//   for (b = last .. first) {
+//     sched.backward(blocks[b], [&](const auto&... w) { ...; return std::tuple{...}; });
+//   }
+//   sched.backward(emb, ...);
+//   sched.finish();                         // every reduction done: clip_grad_norm(groups...), opt.step
 //
 // forward(g, f): issues g's all_gather unless it is gathered or in flight, issues the next `prefetch`
 // groups' (forward order) so that they are in flight while g computes, waits for g's, calls f(params...)

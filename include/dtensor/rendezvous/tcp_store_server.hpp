@@ -3,8 +3,9 @@
 // number of clients by one background thread (an epoll loop). Usually owned by a TcpStore constructed with
 // is_server = true, or by dtensor-run.
 //
-//   dtensor::TcpStoreServer server(29500, {.bind_host = "127.0.0.1", .token = "job-secret"}); // 0: a free
-//   port dtensor::TcpStore client("127.0.0.1", server.port(), {.token = "job-secret"});
+//   // port 29500, or 0 for a free one (server.port() says which)
+//   dtensor::TcpStoreServer server(29500, {.bind_host = "127.0.0.1", .token = "job-secret"});
+//   dtensor::TcpStore client("127.0.0.1", server.port(), {.token = "job-secret"});
 //
 // Contract
 //  - Binds with SO_REUSEADDR, so a port left in TIME_WAIT by a previous run is reused at once; throws

@@ -9,8 +9,8 @@
 //   nn::TransformerBlock<float, L> block(mesh, config, keys);
 //   auto [y, back] = block.forward(h, with_backward);
 //   auto [dh, grads] = back(dy);                      // grads: std::tuple of 9 gradients
-//   FlatParamGroup<float, Mesh, Fsdp<"dp">, nn::params_of<decltype(block)>> group(...);   // see
-//   nn::flat_group
+//   using Group = FlatParamGroup<float, Mesh, Fsdp<"dp">, nn::params_of<decltype(block)>>;   // under FSDP
+//   Group group = std::apply([](const auto&... p) { return Group(p...); }, block.parameters());
 
 #include <cstdint>
 #include <tuple>

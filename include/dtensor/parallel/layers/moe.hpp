@@ -5,8 +5,10 @@
 //
 //   using L = nn::Layout<MeshShape<Axis<"dp">, Axis<"ep">>, nn::ExpertParallel<"ep">>;
 //   nn::Moe<float, L> moe(mesh, hidden, {.experts = 8, .top_k = 2, .ffn = 256, .aux_loss_coeff = 0.01},
-//   keys); auto [y, back] = moe.forward(x, with_backward); auto [dx, grads] = back(dy); // grads: router, W1,
-//   W3, W2 moe.stats().aux_loss;                            // the load-balancing loss of that forward
+//                         keys);
+//   auto [y, back] = moe.forward(x, with_backward);
+//   auto [dx, grads] = back(dy);   // grads: router, W1, W3, W2
+//   moe.stats().aux_loss;          // the load-balancing loss of that forward
 //
 // Parameters, and what each axis does to them (batch: every axis but tp; ep is one of them):
 //

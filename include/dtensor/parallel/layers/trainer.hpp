@@ -8,8 +8,7 @@
 //                                       other axes a gradient is Partial on (a second batch axis, cp, tp for
 //                                       the norms' weights under sequence parallelism) are reduced after it
 //   nn::FsdpTrainer<Model, Policy, C>   one FlatParamGroup per block, one for the embedding, one for the
-//   final
-//                                       norm and the head, sharded by Policy (Fsdp<"dp"> or Hsdp<"rep",
+//                                       final norm and the head, sharded by Policy (Fsdp<"dp"> or Hsdp<"rep",
 //                                       "dp">; the parameters' tp placements kept) and run by FsdpSchedule:
 //                                       the next group's all_gather in flight while one computes, each block
 //                                       resharded after its forward and gathered again for its backward
