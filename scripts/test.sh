@@ -3,15 +3,18 @@
 # of the interop tests), configures with every test dependency required (a missing one is a configure
 # error, never a silently skipped test), builds everything (tests, examples, benchmarks' smoke runs, every
 # CUDA translation unit where nvcc exists) and runs ctest. Every header compiled on its own is the next phase
-# of CI (.ci/run; alone: `cmake --build --preset headers` after this). Prints the time of each phase at the end.
+# of CI (.ci/run; alone: `cmake --build --preset headers` after this). Prints the time of each phase at the end,
+# in seconds and in calibration units (scripts/lib/ci.sh).
 # Extra arguments go to ctest, e.g. `scripts/test.sh -R layout` or `scripts/test.sh -L compile_fail`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/phases.sh
+source scripts/lib/ci.sh
 phases_begin
 
 status=0
 phase "test: install missing packages" scripts/deps.sh --tests
+calibrate # the unit every phase is also printed in (scripts/lib/ci.sh), once the compiler is installed
 phase "test: configure" cmake --preset default -DDTENSOR_REQUIRE_TEST_DEPS=ON
 phase "test: build" cmake --build --preset default
 phase "test: ctest" ctest --preset default "$@" || status=$?
