@@ -44,8 +44,10 @@
 #include <dtensor/parallel/layers/model.hpp>
 #include <dtensor/parallel/layers/trainer.hpp>
 #include <dtensor/parallel/optim.hpp>
+#include <dtensor/testing/validate_only.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -215,10 +217,38 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+/// The (rep, dp, tp) mesh of `o`'s layout on n ranks; exits 2 (usage) when there is none.
+std::array<int, 3> mesh_for(const Options& o, int n) {
+  int rep = o.layout == "hsdp" ? 2 : 1;
+  int tp = o.layout == "tp" || o.layout == "tp_cm" ? n : o.layout == "fsdp_tp" ? 2 : 1;
+  int dp = n / (rep * tp);
+  if (o.layout != "tp" && o.layout != "tp_cm" && o.layout != "ddp" && o.layout != "fsdp" &&
+      o.layout != "hsdp" && o.layout != "fsdp_tp") {
+    usage("unknown layout " + o.layout);
+  }
+  if (o.checkpoint && o.layout != "tp" && o.layout != "ddp") {
+    usage("--checkpoint is for tp and ddp (the FSDP layouts recompute a block's forward anyway)");
+  }
+  if (!o.mesh.empty() && std::sscanf(o.mesh.c_str(), "%d,%d,%d", &rep, &dp, &tp) != 3) {
+    usage("--mesh takes REP,DP,TP, not " + o.mesh);
+  }
+  if (rep * dp * tp != n || o.steps < 1) {
+    usage("the mesh (" + std::to_string(rep) + ", " + std::to_string(dp) + ", " + std::to_string(tp) +
+          ") does not have the " + std::to_string(n) + " ranks, or --steps < 1");
+  }
+  return {rep, dp, tp};
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
+  if (testing::validate_only()) { // gpu_check.sh --dry-run: the flags and the launch, nothing run
+    const auto [rep, dp, tp] = mesh_for(o, read_dist_env().world_size);
+    return testing::validated("06_train", "layout " + o.layout + " on (rep=" + std::to_string(rep) +
+                                              ", dp=" + std::to_string(dp) + ", tp=" + std::to_string(tp) +
+                                              "), " + std::to_string(o.steps) + " steps");
+  }
   InitOptions init; // the host build: the backend init_process_group picks (gloo; MPI under mpirun)
 #if DTENSOR_TRAIN_CUDA
   if (const CudaDevices visible = probe_cuda_devices(); visible.count == 0) {
@@ -243,23 +273,7 @@ int main(int argc, char** argv) {
 #endif
   const int n = world.size();
   const bool print = world.rank() == 0;
-  int rep = o.layout == "hsdp" ? 2 : 1;
-  int tp = o.layout == "tp" || o.layout == "tp_cm" ? n : o.layout == "fsdp_tp" ? 2 : 1;
-  int dp = n / (rep * tp);
-  if (o.layout != "tp" && o.layout != "tp_cm" && o.layout != "ddp" && o.layout != "fsdp" &&
-      o.layout != "hsdp" && o.layout != "fsdp_tp") {
-    usage("unknown layout " + o.layout);
-  }
-  if (o.checkpoint && o.layout != "tp" && o.layout != "ddp") {
-    usage("--checkpoint is for tp and ddp (the FSDP layouts recompute a block's forward anyway)");
-  }
-  if (!o.mesh.empty() && std::sscanf(o.mesh.c_str(), "%d,%d,%d", &rep, &dp, &tp) != 3) {
-    usage("--mesh takes REP,DP,TP, not " + o.mesh);
-  }
-  if (rep * dp * tp != n || o.steps < 1) {
-    usage("the mesh (" + std::to_string(rep) + ", " + std::to_string(dp) + ", " + std::to_string(tp) +
-          ") does not have the " + std::to_string(n) + " ranks, or --steps < 1");
-  }
+  const auto [rep, dp, tp] = mesh_for(o, n);
   if (print) {
     std::printf(
         "training 3 blocks (hidden %lld, ffn %lld, vocab %lld, %lld x %lld tokens a step, float on %s) "

@@ -1,52 +1,103 @@
 #!/usr/bin/env bash
-# gpu_prepare.sh: run on a CPU machine (Debian 12, network or apt available) to gather, into one
-# git-ignored folder, what the GPU test machine lacks (docs/design.md, Testing and machines:
-# no gloo, no Catch2, no apt, no network).
-# scripts/gpu_check.sh then uses that folder on the GPU machine.
+# gpu_prepare.sh: on a CPU machine with the CUDA Toolkit (nvcc 13, NCCL 2.28 under /usr/local/cuda; Debian 12),
+# build every program scripts/gpu_check.sh runs on the GPU machine, for sm_90 (H100, H200; with compute_90
+# PTX beside), and pack them into one git-ignored folder that travels with the repository (the device tool's
+# `carry`), so the device machine only runs them:
 #
-#   scripts/gpu_prepare.sh [DIR]        # DIR defaults to build-gpu-deps (ignored by git: build*/)
+#   scripts/gpu_prepare.sh [PACK_DIR]     # default build-gpu-pack (build tree: build-gpu-prep)
 #
-# The folder holds, with relative paths only (it may be copied anywhere):
-#   catch2/   Catch2 2.x's single header, its CMake helpers (Catch.cmake, CatchAddTests.cmake) and a
-#             Catch2Config.cmake whose Catch2::Catch2WithMain is compiled *on the GPU machine* by
-#             gpu_check.sh from src/catch_main.cpp (no binary compatibility to hope for)
-#   gloo/     gloo's headers, libgloo.so and the shared libraries it needs beyond glibc (hiredis,
-#             ibverbs, libnl), with a GlooConfig.cmake; gpu_check.sh uses them only if a probe program
-#             links and runs there (the NCCL tests do not need gloo)
-#   openblas/ OpenBLAS's cblas.h (with openblas_config.h), libopenblas.so.0 (Debian's pthread build, which
-#             picks its kernels for the CPU at run time) and the shared libraries it needs beyond glibc
-#             (libgfortran, libquadmath), libopenblas.so -> libopenblas.so.0, and a probe program: the
-#             host BLAS that dtensor::blas needs, which example_06_train_cuda links (its host GEMMs are
-#             instantiated next to the cuBLAS ones); gpu_check.sh uses it only if the probe links and
-#             runs there
-#   random123/ Random123's headers (rand, randn, dropout; header-only)
-#   dlpack/   dlpack/dlpack.h (core/dlpack.hpp; header-only)
-#   MANIFEST  where each piece came from, versions and checksums
-# NCCL is not included: on the GPU machine it comes from the nvidia-nccl-cu13 Python package.
+# PACK_DIR/dtensor-gpu.tar.xz holds:
+#   bin/      the programs, stripped: dtensor-run, nccl_suite, every CUDA test program, example_06_train_cuda,
+#             bench_nccl, bench_redistribution_cuda (the list comes from the build tree, scripts/lib/gpu_targets.sh,
+#             as the dry run's does); libstdc++ and libgcc linked in (-static-libstdc++ -static-libgcc);
+#             no MPI, no gloo (not on the GPU machine, not needed by these programs)
+#   lib/      the shared libraries of ours they need that the GPU machine lacks: OpenBLAS (Debian's pthread
+#             build; example_06_train_cuda's host GEMMs) and what it needs beyond glibc (libgfortran,
+#             libquadmath). CUDA's runtime and cuBLAS 13 and NCCL 2 come from the GPU machine.
+#   deps/     what building there needs, for the fallback when the machine is below the floor: Catch2 2.x's
+#             header and CMake helpers (its main compiled there), OpenBLAS's headers, Random123, DLPack
+#   TARGETS   the programs by role (sourced by gpu_check.sh)
+#   FLOOR     the newest glibc symbol version any packed file needs (checked there before anything runs)
+#   MANIFEST  commit, toolchain, sizes and checksums
+# The pack must stay under 64 MiB with the repository (the device tool's limit): this script fails above
+# 56 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-out=${1:-build-gpu-deps}
+source scripts/lib/gpu_targets.sh
+out=${1:-build-gpu-pack}
 case "$out" in /*) ;; *) out="$root/$out" ;; esac
+tree="$root/build-gpu-prep"
+stage="$tree/pack"
+limit_mib=56
 
-scripts/deps.sh # catch2, libgloo-dev, librandom123-dev and libdlpack-dev from Debian, when missing
+scripts/deps.sh # the compiler, Catch2, OpenBLAS, Random123 and DLPack from Debian, when missing
+nvcc=${CUDACXX:-/usr/local/cuda/bin/nvcc}
+[ -x "$nvcc" ] || { echo "gpu_prepare: no nvcc at $nvcc (set CUDACXX)"; exit 1; }
 
-rm -rf "$out"
-mkdir -p "$out/catch2/include/catch2" "$out/catch2/lib/cmake/Catch2" "$out/catch2/src" \
-         "$out/gloo/include" "$out/gloo/lib/cmake/Gloo"
+# ---- build ----------------------------------------------------------------------------------------------
+t0=$(date +%s)
+cmake -S "$root" -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DNCCL_ROOT=/usr/local/cuda \
+  -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_DISABLE_FIND_PACKAGE_Gloo=ON -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON \
+  -DDTENSOR_BUILD_TESTS=ON -DDTENSOR_BUILD_EXAMPLES=ON -DDTENSOR_BUILD_BENCH=ON \
+  -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" >"$tree.configure.log" 2>&1 ||
+  { tail -n 30 "$tree.configure.log"; exit 1; }
+gpu_targets "$tree"
+programs="$launcher_targets $cuda_tests $example_targets $bench_targets"
+echo "gpu_prepare: building $programs"
+cmake --build "$tree" -j "$(nproc)" --target $programs
+t1=$(date +%s)
 
-# ---- Catch2 -------------------------------------------------------------------------------------------
-cp /usr/include/catch2/catch.hpp "$out/catch2/include/catch2/"
-for f in Catch.cmake CatchAddTests.cmake ParseAndAddCatchTests.cmake Catch2ConfigVersion.cmake; do
-  cp "/usr/lib/cmake/Catch2/$f" "$out/catch2/lib/cmake/Catch2/"
+# ---- stage ----------------------------------------------------------------------------------------------
+rm -rf "$stage"
+mkdir -p "$stage/bin" "$stage/lib"
+for t in $programs; do
+  p=$(gpu_program "$tree" "$t")
+  [ -n "$p" ] || { echo "gpu_prepare: $t was not built"; exit 1; }
+  cp "$p" "$stage/bin/$t"
+  strip --strip-unneeded "$stage/bin/$t"
 done
-cat > "$out/catch2/src/catch_main.cpp" <<'EOF'
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-EOF
-cat > "$out/catch2/lib/cmake/Catch2/Catch2Config.cmake" <<'EOF'
-# Catch2 2.x for a machine without it (made by dtensor's scripts/gpu_prepare.sh). The header comes from
-# this folder; libCatch2WithMain.a must have been compiled on this machine (scripts/gpu_check.sh does).
+# Shared libraries beyond the system's and CUDA's: copied (OpenBLAS and its Fortran runtime).
+system_lib='^(libc|libm|libdl|librt|libpthread|ld-linux.*|libcudart|libcublas|libcublasLt|libnccl|libcuda)\.so'
+for p in "$stage"/bin/*; do
+  ldd "$p" | awk '/=> \// {print $1, $3}'
+done | sort -u | while read -r name path; do
+  [[ $name =~ $system_lib ]] && continue
+  cp -L "$path" "$stage/lib/$name"
+  for dep in $(ldd "$path" | awk '/=> \// {print $1 "=" $3}'); do
+    [[ ${dep%%=*} =~ $system_lib ]] || cp -L "${dep#*=}" "$stage/lib/${dep%%=*}"
+  done
+done
+{
+  echo "cuda_tests=\"$cuda_tests\""
+  echo "example_targets=\"$example_targets\""
+  echo "bench_targets=\"$bench_targets\""
+  echo "launcher_targets=\"$launcher_targets\""
+} >"$stage/TARGETS"
+
+# The floor: the newest GLIBC_ symbol version needed; libstdc++ must need none (linked in).
+needs=$(objdump -T "$stage"/bin/* "$stage"/lib/* 2>/dev/null | grep -oE 'GLIBC_[0-9.]+' | sed 's/GLIBC_//' | sort -uV | tail -1)
+cxx=$(objdump -T "$stage"/bin/* 2>/dev/null | grep -oE 'GLIBCXX_[0-9.]+' | sort -uV | tail -1 || true)
+if [ -n "$cxx" ]; then
+  echo "gpu_prepare: a program needs the machine's libstdc++ ($cxx): link it statically"
+  exit 1
+fi
+echo "glibc $needs" >"$stage/FLOOR"
+echo "libstdc++ linked in" >>"$stage/FLOOR"
+
+# ---- deps/ for the fallback build ---------------------------------------------------------------------
+d="$stage/deps"
+mkdir -p "$d/catch2/include/catch2" "$d/catch2/lib/cmake/Catch2" "$d/catch2/src" "$d/openblas/include" \
+         "$d/openblas/lib" "$d/random123/include" "$d/dlpack/include"
+cp /usr/include/catch2/catch.hpp "$d/catch2/include/catch2/"
+for f in Catch.cmake CatchAddTests.cmake ParseAndAddCatchTests.cmake Catch2ConfigVersion.cmake; do
+  cp "/usr/lib/cmake/Catch2/$f" "$d/catch2/lib/cmake/Catch2/"
+done
+printf '#define CATCH_CONFIG_MAIN\n#include <catch2/catch.hpp>\n' >"$d/catch2/src/catch_main.cpp"
+cat >"$d/catch2/lib/cmake/Catch2/Catch2Config.cmake" <<'EOF'
+# Catch2 2.x for a machine without it (made by dtensor's scripts/gpu_prepare.sh). The header comes from this
+# folder; libCatch2WithMain.a is compiled on that machine (scripts/gpu_check.sh's fallback does).
 get_filename_component(_catch2_prefix "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
 if(NOT TARGET Catch2::Catch2)
   add_library(Catch2::Catch2 INTERFACE IMPORTED)
@@ -54,105 +105,43 @@ if(NOT TARGET Catch2::Catch2)
 endif()
 if(NOT TARGET Catch2::Catch2WithMain)
   if(NOT EXISTS "${_catch2_prefix}/lib/libCatch2WithMain.a")
-    message(FATAL_ERROR "${_catch2_prefix}/lib/libCatch2WithMain.a is missing: run scripts/gpu_check.sh, "
-                        "which compiles it from ${_catch2_prefix}/src/catch_main.cpp")
+    message(FATAL_ERROR "${_catch2_prefix}/lib/libCatch2WithMain.a is missing: scripts/gpu_check.sh compiles "
+                        "it from ${_catch2_prefix}/src/catch_main.cpp")
   endif()
   add_library(Catch2::Catch2WithMain STATIC IMPORTED)
   set_target_properties(Catch2::Catch2WithMain PROPERTIES
-    IMPORTED_LOCATION "${_catch2_prefix}/lib/libCatch2WithMain.a"
-    INTERFACE_LINK_LIBRARIES Catch2::Catch2)
+    IMPORTED_LOCATION "${_catch2_prefix}/lib/libCatch2WithMain.a" INTERFACE_LINK_LIBRARIES Catch2::Catch2)
 endif()
 list(APPEND CMAKE_MODULE_PATH "${CMAKE_CURRENT_LIST_DIR}")
 set(Catch2_FOUND TRUE)
 EOF
-
-# ---- gloo ---------------------------------------------------------------------------------------------
-cp -r /usr/include/gloo "$out/gloo/include/"
-cp -P /usr/lib/libgloo.so* "$out/gloo/lib/"
-for dep in $(ldd /usr/lib/libgloo.so.0 | awk '/=>/ {print $3}'); do
-  case "$(basename "$dep")" in
-    libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) ;; # the machine's own
-    *) cp -L "$dep" "$out/gloo/lib/" ;;
-  esac
-done
-cat > "$out/gloo/lib/cmake/Gloo/GlooConfig.cmake" <<'EOF'
-# gloo 0.5 for a machine without it (made by dtensor's scripts/gpu_prepare.sh from Debian's libgloo-dev).
-get_filename_component(_gloo_prefix "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
-set(GLOO_VERSION "0.5.0")
-if(NOT TARGET gloo)
-  add_library(gloo SHARED IMPORTED)
-  set_target_properties(gloo PROPERTIES
-    IMPORTED_LOCATION "${_gloo_prefix}/lib/libgloo.so.0.5.0"
-    IMPORTED_SONAME "libgloo.so.0"
-    INTERFACE_INCLUDE_DIRECTORIES "${_gloo_prefix}/include"
-    INTERFACE_LINK_OPTIONS "-Wl,-rpath,${_gloo_prefix}/lib;-Wl,-rpath-link,${_gloo_prefix}/lib")
-endif()
-set(Gloo_FOUND TRUE)
-EOF
-cat > "$out/gloo/probe.cpp" <<'EOF'
-// Links and runs against the bundled gloo: a one-rank context over the TCP transport.
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/hash_store.h>
-#include <gloo/transport/tcp/device.h>
-#include <cstdio>
-int main() {
-  gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
-  auto dev = gloo::transport::tcp::CreateDevice(attr);
-  gloo::rendezvous::HashStore store;
-  auto ctx = std::make_shared<gloo::rendezvous::Context>(0, 1);
-  ctx->connectFullMesh(store, dev);
-  std::puts("gloo probe ok");
-}
-EOF
-
-# ---- OpenBLAS -----------------------------------------------------------------------------------------
 multiarch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
-blas_lib=$(readlink -f "/usr/lib/$multiarch/libopenblas.so.0")
 blas_inc=$(dirname "$(readlink -f "/usr/include/$multiarch/openblas_config.h")")
-mkdir -p "$out/openblas/include" "$out/openblas/lib"
-cp "$blas_inc/cblas.h" "$blas_inc/openblas_config.h" "$out/openblas/include/"
-cp -L "$blas_lib" "$out/openblas/lib/libopenblas.so.0"
-ln -s libopenblas.so.0 "$out/openblas/lib/libopenblas.so"
-for dep in $(ldd "$blas_lib" | awk '/=>/ {print $3}'); do
-  case "$(basename "$dep")" in
-    libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) ;; # the machine's own
-    *) cp -L "$dep" "$out/openblas/lib/" ;;
-  esac
-done
-cat > "$out/openblas/probe.cpp" <<'EOF'
-// Links and runs against the bundled OpenBLAS: one small sgemm and dgemm, checked.
-#include <cblas.h>
-#include <cstdio>
-int main() {
-  const float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
-  float c[4] = {};
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
-  const double x[2] = {1, 2}, y[2] = {3, 4};
-  double z[1] = {};
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, 1, 2, 1.0, x, 2, y, 1, 0.0, z, 1);
-  const bool ok = c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50 && z[0] == 11;
-  std::puts(ok ? "openblas probe ok" : "openblas probe: wrong results");
-  return ok ? 0 : 1;
-}
-EOF
+cp "$blas_inc/cblas.h" "$blas_inc/openblas_config.h" "$d/openblas/include/"
+for f in "$stage"/lib/*; do ln -s "../../../lib/${f##*/}" "$d/openblas/lib/${f##*/}"; done
+[ -e "$d/openblas/lib/libopenblas.so.0" ] && ln -s libopenblas.so.0 "$d/openblas/lib/libopenblas.so"
+cp -r /usr/include/Random123 "$d/random123/include/"
+cp -r /usr/include/dlpack "$d/dlpack/include/"
 
-# ---- Random123 ----------------------------------------------------------------------------------------
-mkdir -p "$out/random123/include"
-cp -r /usr/include/Random123 "$out/random123/include/"
-
-# ---- DLPack -------------------------------------------------------------------------------------------
-mkdir -p "$out/dlpack/include"
-cp -r /usr/include/dlpack "$out/dlpack/include/"
-
-# ---- manifest -----------------------------------------------------------------------------------------
 {
-  echo "made by scripts/gpu_prepare.sh on $(hostname) at $(date -u +%FT%TZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-  dpkg-query -W -f='${Package} ${Version}\n' catch2 libgloo-dev libgloo0 libopenblas-dev libopenblas0-pthread \
-    libgfortran5 librandom123-dev libdlpack-dev 2>/dev/null || true
-  echo "glibc of this machine: $(ldd --version | head -1)"
-  (cd "$out" && find . -type f ! -name MANIFEST -print0 | sort -z | xargs -0 sha256sum)
-} > "$out/MANIFEST"
+  echo "dtensor $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+changes'), built $(date -u +%FT%TZ) by scripts/gpu_prepare.sh"
+  echo "nvcc: $("$nvcc" --version | tail -1); c++: $(c++ --version | head -1); $(ldd --version | head -1)"
+  echo "sm_90 (+ compute_90 PTX); Release; floor: $(paste -sd';' "$stage/FLOOR")"
+  (cd "$stage" && find . -type f ! -name MANIFEST -print0 | sort -z | xargs -0 sha256sum)
+} >"$stage/MANIFEST"
 
-echo "gpu_prepare: wrote $out ($(du -sh "$out" | cut -f1)); copy it next to the repository on the GPU machine"
-echo "             (or pass it in the device tool's carry list) and run scripts/gpu_check.sh there"
+# ---- pack ---------------------------------------------------------------------------------------------
+mkdir -p "$out"
+rm -f "$out/dtensor-gpu.tar.xz"
+tar -cf - -C "$stage" . | xz -T0 -6 >"$out/dtensor-gpu.tar.xz"
+cp "$stage/MANIFEST" "$out/MANIFEST"
+bytes=$(stat -c %s "$out/dtensor-gpu.tar.xz")
+t2=$(date +%s)
+printf 'gpu_prepare: %s: %d programs, %.1f MiB packed (%s unpacked), floor %s; built in %d s, packed in %d s\n' \
+  "${out#$root/}/dtensor-gpu.tar.xz" "$(ls "$stage/bin" | wc -l)" "$(echo "$bytes / 1048576" | bc -l)" \
+  "$(du -sh "$stage" | cut -f1)" "$(head -1 "$stage/FLOOR")" $((t1 - t0)) $((t2 - t1))
+if ((bytes > limit_mib * 1048576)); then
+  echo "gpu_prepare: the pack is over $limit_mib MiB: it would not travel with the repository (64 MiB in all)"
+  exit 1
+fi
+echo "gpu_prepare: on the GPU machine: scripts/gpu_check.sh (the device tool: carry ${out#$root/})"

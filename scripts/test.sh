@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (the build's Debian packages and python3-torch, the other side
 # of the interop tests), configures with every test dependency required (a missing one is a configure
-# error, never a silently skipped test), builds everything (tests, examples, benchmarks' smoke runs, every
-# CUDA translation unit where nvcc exists) and runs ctest. Every header compiled on its own is the next phase
-# of CI (.ci/run; alone: `cmake --build --preset headers` after this). Prints the time of each phase at the end,
+# error, never a silently skipped test), builds everything but the programs nvcc compiles (tests, examples,
+# benchmarks' smoke runs; the device kernels run on the host through the emulated CUDA tests) and runs ctest.
+# CI's next phases: every header compiled on its own (`cmake --build --preset headers`), then the nvcc programs
+# and their tests (`cmake --build --preset cuda && ctest --preset cuda`). Prints the time of each phase at the end,
 # in seconds and in calibration units (scripts/lib/ci.sh).
 # Extra arguments go to ctest, e.g. `scripts/test.sh -R layout` or `scripts/test.sh -L compile_fail`.
 set -euo pipefail

@@ -19,6 +19,7 @@
 #include <dtensor/comm/init.hpp>
 #include <dtensor/core/cuda_devices.hpp>
 #include <dtensor/core/timeout.hpp>
+#include <dtensor/testing/validate_only.hpp>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -50,6 +51,18 @@ void check_nccl(ncclResult_t r, const char* what) {
 } // namespace
 
 int main(int argc, char** argv) {
+  const bench::Options opt = bench::parse_options(argc, argv);
+  if (!opt.args.empty()) {
+    std::fprintf(stderr, "bench_nccl: unknown argument '%s' (--scale S, --smoke, --out DIR, --max-bytes N)\n",
+                 opt.args.front().c_str());
+    return 2;
+  }
+  if (testing::validate_only()) { // gpu_check.sh --dry-run: the flags and the launch, nothing run
+    const DistEnv env = read_dist_env();
+    return testing::validated("bench_nccl", "up to " + std::to_string(opt.max_bytes) + " B, rank " +
+                                                std::to_string(env.rank) + " of " +
+                                                std::to_string(env.world_size));
+  }
   const CudaDevices visible = probe_cuda_devices();
   if (visible.unusable()) { // a GPU CUDA cannot use (an old driver) is an error, never a skip
     std::fprintf(stderr, "bench_nccl: CUDA cannot use this machine's GPU: %s\n", visible.reason().c_str());
@@ -60,7 +73,6 @@ int main(int argc, char** argv) {
     return 77;
   }
   const int devices = visible.count;
-  const bench::Options opt = bench::parse_options(argc, argv);
   const DistEnv env = read_dist_env();
   if (const char* h = std::getenv("DTENSOR_TEST_HOSTID_PER_RANK"); h && std::string(h) == "1") {
     ::setenv("NCCL_HOSTID", ("bench-rank-" + std::to_string(env.rank)).c_str(), 1);

@@ -55,6 +55,7 @@
 #include <dtensor/plan/search.hpp>
 #include <dtensor/plan/torch_reference.hpp>
 #include <dtensor/tensor/distribute.hpp>
+#include <dtensor/testing/validate_only.hpp>
 
 #if DTENSOR_HAS_NCCL && DTENSOR_HAS_CUDA
 #define BENCH_HAS_DEVICE 1
@@ -621,8 +622,11 @@ void cases_3d(Ctx& c, const DeviceMesh<Mesh3>& mesh3, std::int64_t er, std::int6
   Runner<Mesh3, L<S<0>, R, S<1>>, L<S<1>, S<0>, R>>::run(c, mesh3, ur, uc, " uneven");
 }
 
+/// setup()'s status when the launch check passed (dtensor/testing/validate_only.hpp): main exits 0.
+constexpr int kValidated = -1;
+
 /// --backend gloo|mpi|nccl and --device cpu|cuda (cuda implies nccl). Returns 0 to go on, else the exit
-/// status (77: skipped, 2: bad arguments).
+/// status (77: skipped, 2: bad arguments; kValidated).
 int setup(Ctx& c, InitOptions& io) {
   std::string backend;
 #if DTENSOR_HAS_GLOO
@@ -656,6 +660,13 @@ int setup(Ctx& c, InitOptions& io) {
   }
   c.backend = backend;
   io.backend = backend;
+  if (testing::validate_only()) { // gpu_check.sh --dry-run: the flags and the launch, nothing run
+    const DistEnv env = read_dist_env();
+    testing::validated("bench_redistribution", "--backend " + backend + " --device " + device + ", rank " +
+                                                   std::to_string(env.rank) + " of " +
+                                                   std::to_string(env.world_size));
+    return kValidated;
+  }
   if (device == "cpu") {
     return 0;
   }
@@ -693,7 +704,7 @@ int setup(Ctx& c, InitOptions& io) {
 int run(Ctx& c) {
   InitOptions io;
   if (const int rc = setup(c, io); rc != 0) {
-    return rc;
+    return rc == kValidated ? 0 : rc;
   }
   c.world = init_process_group(io);
   const int w = c.world.size();

@@ -166,6 +166,12 @@ def main():
     ap.add_argument("--timeout", type=float, default=float(os.environ.get("DTENSOR_TIMEOUT", "120")))
     ap.add_argument("--check", action="store_true", help="only say whether this machine can run it")
     args = ap.parse_args()
+    if os.environ.get("DTENSOR_GPU_CHECK_VALIDATE", "0") not in ("", "0"):
+        # gpu_check.sh --dry-run: the flags and the launch (torchrun's variables, if launched by it), nothing run
+        print("torch_dtensor_bench: valid: %s, rank %s of %s" % (
+            "--check" if args.check else "--scale %g --out %s" % (args.scale, args.out),
+            os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")), flush=True)
+        return 0
 
     why = check_environment()
     if why is not None:

@@ -11,8 +11,8 @@ calibration_name="cal" # 1 cal: the fastest of 3 compiles of scripts/lib/calibra
 
 # Budgets in calibration units, from the reference run (docs/testing.md#budgets): the seconds of the budget
 # over that run's calibration unit.
-test_budget_cal=${DTENSOR_TEST_BUDGET_CAL:-300}
-ci_budget_cal=${DTENSOR_CI_BUDGET_CAL:-700}
+test_budget_cal=${DTENSOR_TEST_BUDGET_CAL:-350}
+ci_budget_cal=${DTENSOR_CI_BUDGET_CAL:-820}
 
 # calibrate: times the unit once per phase log (a script nested in another that calibrated does not again)
 # and writes its seconds (two decimals) to $DTENSOR_PHASE_LOG.cal, where calibration_s reads it; its own

@@ -34,6 +34,7 @@
 #include "dtensor/backends/nccl/backend.hpp"
 #include "dtensor/comm/init.hpp"
 #include "dtensor/core/debug.hpp"
+#include "dtensor/testing/validate_only.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -432,10 +433,49 @@ int capture_watchdog_mode(const suite::Ctx& c) {
   return 0;
 }
 
+/// The modes (argv[1]) and the ranks each needs at least.
+struct Mode {
+  const char* name;
+  int min_ranks;
+};
+constexpr Mode kModes[] = {{"suite", 1},           {"timeout", 2},  {"connect_timeout", 2},
+                           {"init_timeout", 2},    {"mismatch", 2}, {"mismatch_detail", 2},
+                           {"capture_watchdog", 1}};
+
+/// The launch check (dtensor/testing/validate_only.hpp): one mode, known, on enough ranks.
+int validate_launch(int argc, char** argv) {
+  if (argc > 2) {
+    return testing::invalid("nccl_suite",
+                            "one argument (the mode) expected, got " + std::to_string(argc - 1));
+  }
+  const std::string mode = argc > 1 ? argv[1] : "suite";
+  const Mode* m = nullptr;
+  for (const Mode& k : kModes) {
+    m = mode == k.name ? &k : m;
+  }
+  if (m == nullptr) {
+    return testing::invalid("nccl_suite", "unknown mode '" + mode + "'");
+  }
+  const DistEnv env = read_dist_env();
+  if (env.world_size < m->min_ranks) {
+    return testing::invalid("nccl_suite", "mode " + mode + " needs " + std::to_string(m->min_ranks) +
+                                              " processes, the launch has " + std::to_string(env.world_size));
+  }
+  return testing::validated("nccl_suite", "mode " + mode + ", rank " + std::to_string(env.rank) + " of " +
+                                              std::to_string(env.world_size));
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "suite";
+  if (testing::validate_only()) {
+    try {
+      return validate_launch(argc, argv);
+    } catch (const std::exception& e) {
+      return testing::invalid("nccl_suite", e.what());
+    }
+  }
   try {
     test_support::require_cuda_device("nccl_suite " + mode); // exits 77 where there is no GPU at all
   } catch (const std::exception& e) {
