@@ -18,13 +18,14 @@
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/tensor.hpp"
 #include "dtensor/core/tensor_io.hpp"
+#include "dtensor/local/pointwise.hpp"
 
 #include "../support/cuda_device.hpp"
 
+// Thrust and cuBLAS bring CUDA's cuda_fp16.h, which declares a global ::half: name dtensor's in full here.
 using Catch::Contains;
 using dtensor::bfloat16;
 using dtensor::Device;
-using dtensor::half;
 using dtensor::Tensor;
 using dtensor::test_support::require_cuda_device;
 
@@ -56,18 +57,27 @@ bool is_device_pointer(const void* p) {
   return cudaPointerGetAttributes(&attributes, p) == cudaSuccess && attributes.type == cudaMemoryTypeDevice;
 }
 
-__global__ void convert_16bit(const float* in, std::uint16_t* h, std::uint16_t* b, float* h_back,
-                              float* b_back, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) {
-    const half hv = in[i];
+/// Element i: in[i] to half and bfloat16 (the bits) and back to float. A kernel launched by the library's
+/// launcher (local::launch), so an emulated build runs it too.
+struct Convert16Bit {
+  struct {
+    std::int64_t count;
+  } layout;
+  const float* in;
+  std::uint16_t* h;
+  std::uint16_t* b;
+  float* h_back;
+  float* b_back;
+
+  DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
+    const dtensor::half hv = in[i];
     const bfloat16 bv = in[i];
     h[i] = hv.bits;
     b[i] = bv.bits;
     h_back[i] = hv;
     b_back[i] = bv;
   }
-}
+};
 
 } // namespace
 
@@ -195,7 +205,8 @@ TEST_CASE("device tensors: fill", "[cuda]") {
                        Tensor<double, 1>::full({5003}, 2.5)));
   CHECK(dtensor::equal(Tensor<std::uint8_t, 1>::full({77}, 200, Device::cuda()),
                        Tensor<std::uint8_t, 1>::full({77}, 200)));
-  CHECK(dtensor::equal(Tensor<half, 1>::full({9}, 1.5f, Device::cuda()), Tensor<half, 1>::full({9}, 1.5f)));
+  CHECK(dtensor::equal(Tensor<dtensor::half, 1>::full({9}, 1.5f, Device::cuda()),
+                       Tensor<dtensor::half, 1>::full({9}, 1.5f)));
   CHECK(dtensor::equal(Tensor<std::int32_t, 1>::full({9}, -1, Device::cuda()),
                        Tensor<std::int32_t, 1>::full({9}, -1)));
 
@@ -209,7 +220,7 @@ TEST_CASE("device tensors: fill", "[cuda]") {
   CHECK(dtensor::equal(d, expected));
 }
 
-TEMPLATE_TEST_CASE("device tensors: every element type", "[cuda]", float, double, bfloat16, half,
+TEMPLATE_TEST_CASE("device tensors: every element type", "[cuda]", float, double, bfloat16, dtensor::half,
                    std::int32_t, std::int64_t, std::uint8_t) {
   require_cuda_device();
   using T = TestType;
@@ -241,11 +252,13 @@ TEST_CASE("16-bit float conversions agree between host and device", "[cuda]") {
   auto b_bits = Tensor<std::int32_t, 1>::zeros({n}, Device::cuda());
   auto h_back = Tensor<float, 1>::zeros({n}, Device::cuda());
   auto b_back = Tensor<float, 1>::zeros({n}, Device::cuda());
-  convert_16bit<<<(n + 255) / 256, 256>>>(d_in.data(), reinterpret_cast<std::uint16_t*>(h_bits.data()),
-                                          reinterpret_cast<std::uint16_t*>(b_bits.data()), h_back.data(),
-                                          b_back.data(), n);
-  REQUIRE(cudaGetLastError() == cudaSuccess);
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  dtensor::local::launch(Convert16Bit{{n},
+                                      d_in.data(),
+                                      reinterpret_cast<std::uint16_t*>(h_bits.data()),
+                                      reinterpret_cast<std::uint16_t*>(b_bits.data()),
+                                      h_back.data(),
+                                      b_back.data()},
+                         Device::cuda(), nullptr, "16-bit conversions");
   auto hb = h_bits.to(Device::cpu());
   auto bb = b_bits.to(Device::cpu());
   auto hf = h_back.to(Device::cpu());
@@ -254,7 +267,7 @@ TEST_CASE("16-bit float conversions agree between host and device", "[cuda]") {
   const auto* bb16 = reinterpret_cast<const std::uint16_t*>(bb.data());
   int mismatches = 0;
   for (int i = 0; i < n; ++i) {
-    const half hv = in[i];
+    const dtensor::half hv = in[i];
     const bfloat16 bv = in[i];
     const float hvf = hv;
     const float bvf = bv;

@@ -1,7 +1,8 @@
 #pragma once
 // Local attention of CUDA tensors (local/attention.hpp hands them here): the same forward and backward as
 // the host kernel, as Thrust kernels with one thread per row, in translation units compiled by nvcc with
-// the CUDA Toolkit's Thrust (DTENSOR_LOCAL_OPS_CUDA); elsewhere a CUDA tensor is an error saying so.
+// the CUDA Toolkit's Thrust, or emulated on the host (DTENSOR_LOCAL_OPS_CUDA, local/copy.hpp); elsewhere
+// a CUDA tensor is an error saying so.
 //
 //   forward, one thread per query row: an online softmax over the row's visible keys (running max m and
 //     sum l, the output accumulated in the compute type and rescaled by exp(m_old - m) when m grows);
@@ -19,7 +20,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -264,21 +264,10 @@ struct KeyRows {
   }
 };
 
-/// Runs f(r) for r in [0, rows) on `stream` of `device`, and waits.
+/// Runs f(r) for r in [0, rows) on `stream` of `device`, and waits (local/copy.hpp's launcher).
 template <class F>
 void launch_rows(const F& f, std::int64_t rows, Device device, cudaStream_t stream, const char* what) {
-  if (rows == 0) {
-    return;
-  }
-  detail::TensorDeviceGuard guard(device.index);
-  try {
-    thrust::for_each(thrust::cuda::par_nosync.on(stream), thrust::counting_iterator<std::int64_t>(0),
-                     thrust::counting_iterator<std::int64_t>(rows), f);
-  } catch (const std::exception& e) {
-    detail::throw_error(std::string(what) + " on " + device.to_string() +
-                        ": kernel launch failed: " + e.what());
-  }
-  detail::check_tensor_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", what);
+  launch_kernel(f, rows, device, stream, what);
 }
 
 /// t, contiguous, on its device, ordered after the work pending on its stream.

@@ -28,6 +28,9 @@
 //    thrust::cuda::par_nosync.on(stream of the destination), one element per index (neighbouring threads
 //    touch neighbouring elements), then a synchronize of that stream. Like Tensor's own copy and fill,
 //    these ops are synchronous.
+//  - Emulated (DTENSOR_EMULATE_DEVICE, core/config.hpp; tests only): CUDA tensors run the same kernels
+//    as in an nvcc TU, with their device paths (DTENSOR_ON_DEVICE), compiled for Thrust's host system and
+//    launched by the emulated CUDA runtime (tests/support/emulated_cuda), one element per index.
 //  - CUDA tensors in a TU compiled by a plain C++ compiler (DTENSOR_HAS_CUDA=1 without nvcc) cannot
 //    launch kernels: copy and fill go through Tensor::copy_from / Tensor::fill (cudaMemcpy2DAsync /
 //    cudaMemsetAsync, which need no kernel), and scale throws an Error asking for nvcc. Copies between
@@ -75,17 +78,25 @@
 #if defined(__CUDACC__) && DTENSOR_HAS_CUDA
 #define DTENSOR_LOCAL_OPS_CUDA 1
 #include <thrust/system/cuda/execution_policy.h>
+#elif DTENSOR_EMULATE_DEVICE
+#define DTENSOR_LOCAL_OPS_CUDA 1
 #else
 #define DTENSOR_LOCAL_OPS_CUDA 0
 #endif
 #else
+#if DTENSOR_EMULATE_DEVICE
+#error "DTENSOR_EMULATE_DEVICE needs Thrust (the CUDA Toolkit's CCCL headers): the kernels are Thrust code"
+#endif
 #define DTENSOR_LOCAL_OPS_THRUST 0
 #define DTENSOR_LOCAL_OPS_CUDA 0
 #endif
 
-// The kernels differ with the compiler (Thrust on CUDA tensors in nvcc TUs) and with Thrust's presence:
-// an inline namespace per variant keeps each TU's functions its own (see core/config.hpp).
-#if DTENSOR_LOCAL_OPS_CUDA
+// The kernels differ with the compiler (Thrust on CUDA tensors in nvcc TUs, or emulated: DTENSOR_ON_DEVICE
+// is a flag there) and with Thrust's presence: an inline namespace per variant keeps each TU's functions
+// its own (see core/config.hpp).
+#if DTENSOR_EMULATE_DEVICE
+#define DTENSOR_LOCAL_OPS_NS thrust_emulated
+#elif DTENSOR_LOCAL_OPS_CUDA
 #define DTENSOR_LOCAL_OPS_NS thrust_cuda
 #elif DTENSOR_LOCAL_OPS_THRUST
 #define DTENSOR_LOCAL_OPS_NS thrust_host
@@ -240,18 +251,20 @@ RunLayout<R, N> make_run_layout(const std::array<std::int64_t, R>& shape,
 /// dst[k] = src[k] for k < n (the two do not partially overlap).
 template <class T>
 DTENSOR_HOST_DEVICE void copy_elements(T* dst, const T* src, std::int64_t n) {
-#if defined(__CUDA_ARCH__)
-  for (std::int64_t k = 0; k < n; ++k) {
-    dst[k] = src[k];
-  }
-#else
-  if (n == 1) {
-    *dst = *src;
+  if (DTENSOR_ON_DEVICE) {
+    for (std::int64_t k = 0; k < n; ++k) {
+      dst[k] = src[k];
+    }
   } else {
-    std::memmove(static_cast<void*>(dst), static_cast<const void*>(src),
-                 static_cast<std::size_t>(n) * sizeof(T));
-  }
+#if !defined(__CUDA_ARCH__)
+    if (n == 1) {
+      *dst = *src;
+    } else {
+      std::memmove(static_cast<void*>(dst), static_cast<const void*>(src),
+                   static_cast<std::size_t>(n) * sizeof(T));
+    }
 #endif
+  }
 }
 
 /// Index i copies tile i: operand 0 is the destination, operand 1 the source.
@@ -354,21 +367,54 @@ void run_host(const F& f) {
 }
 
 #if DTENSOR_LOCAL_OPS_CUDA
-/// Runs f(i) for every i in [0, f.layout.count) as a kernel on `stream` of `device`, and waits for it.
+#if DTENSOR_EMULATE_DEVICE
+/// The emulated kernel of F: f(i) for every i in [0, count), args = {&f, &count}, run by the emulated
+/// runtime's cudaLaunchKernel. The indices run in descending order (a GPU's are in no order; the host
+/// launcher's ascend), and DTENSOR_ON_DEVICE is true meanwhile, so f takes its device path.
 template <class F>
-void run_cuda(const F& f, Device device, cudaStream_t stream, const char* what) {
-  if (f.layout.count == 0) {
+void emulated_kernel(void** args) {
+  const F& f = *static_cast<const F*>(args[0]);
+  const std::int64_t count = *static_cast<const std::int64_t*>(args[1]);
+  struct OnDevice {
+    OnDevice() { ::dtensor::detail::emulated_device_code = true; }
+    ~OnDevice() { ::dtensor::detail::emulated_device_code = false; }
+  } on_device;
+  thrust::for_each(thrust::cpp::par, thrust::counting_iterator<std::int64_t>(0),
+                   thrust::counting_iterator<std::int64_t>(count),
+                   [&f, count](std::int64_t i) { f(count - 1 - i); });
+}
+#endif
+
+/// Runs f(i) for every i in [0, count) as one kernel on `stream` of `device`, and waits for it: the one
+/// place where device work of the local kernels starts. nvcc: thrust::for_each on the CUDA system;
+/// emulated (DTENSOR_EMULATE_DEVICE): emulated_kernel<F> through cudaLaunchKernel.
+template <class F>
+void launch_kernel(const F& f, std::int64_t count, Device device, cudaStream_t stream, const char* what) {
+  if (count == 0) {
     return;
   }
   detail::TensorDeviceGuard guard(device.index);
+#if DTENSOR_EMULATE_DEVICE
+  const void* args[] = {&f, &count};
+  detail::check_tensor_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(&emulated_kernel<F>), dim3(1),
+                                             dim3(1), const_cast<void**>(args), 0, stream),
+                            "cudaLaunchKernel", what);
+#else
   try {
     thrust::for_each(thrust::cuda::par_nosync.on(stream), thrust::counting_iterator<std::int64_t>(0),
-                     thrust::counting_iterator<std::int64_t>(f.layout.count), f);
+                     thrust::counting_iterator<std::int64_t>(count), f);
   } catch (const std::exception& e) {
     detail::throw_error(std::string(what) + " on " + device.to_string() +
                         ": kernel launch failed: " + e.what());
   }
+#endif
   detail::check_tensor_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", what);
+}
+
+/// Runs f(i) for every i in [0, f.layout.count) as a kernel on `stream` of `device`, and waits for it.
+template <class F>
+void run_cuda(const F& f, Device device, cudaStream_t stream, const char* what) {
+  launch_kernel(f, f.layout.count, device, stream, what);
 }
 #endif
 

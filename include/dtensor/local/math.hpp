@@ -10,8 +10,8 @@
 //
 // exp, erf, select, sqrt_block and the generic forms are the contract; for C other than float (double, the
 // integer types) exp and erf are std::exp and std::erf, and in CUDA device code they are CUDA's own
-// (std::exp, std::erf there), so only host float results differ from the C library's, by at most the pinned
-// ulps.
+// (std::exp, std::erf there; the C library's in emulated device code, core/config.hpp), so only host float
+// results differ from the C library's, by at most the pinned ulps.
 //
 // How they work (the coefficients are minimax fits made for this file: a Remez exchange in double
 // against mpmath references, each coefficient rounded to float in turn and the others refitted):
@@ -123,43 +123,40 @@ inline void sqrt_block(double* v, int n) {
 /// e^x: exp_float for float on the host, std::exp otherwise (and in CUDA device code).
 template <class C>
 DTENSOR_HOST_DEVICE C exp(C x) {
-#if defined(__CUDA_ARCH__)
-  return std::exp(x);
-#else
+#if !defined(__CUDA_ARCH__)
   if constexpr (std::is_same_v<C, float>) {
-    return exp_float(x);
-  } else {
-    return std::exp(x);
+    if (!DTENSOR_ON_DEVICE) {
+      return exp_float(x);
+    }
   }
 #endif
+  return std::exp(x);
 }
 
 /// erf(x): erf_float for float on the host, std::erf otherwise (and in CUDA device code).
 template <class C>
 DTENSOR_HOST_DEVICE C erf(C x) {
-#if defined(__CUDA_ARCH__)
-  return std::erf(x);
-#else
+#if !defined(__CUDA_ARCH__)
   if constexpr (std::is_same_v<C, float>) {
-    return erf_float(x);
-  } else {
-    return std::erf(x);
+    if (!DTENSOR_ON_DEVICE) {
+      return erf_float(x);
+    }
   }
 #endif
+  return std::erf(x);
 }
 
 /// c ? a : b for any C: the mask select for float and double on the host, a plain conditional otherwise.
 template <class C>
 DTENSOR_HOST_DEVICE C choose(bool c, C a, C b) {
-#if defined(__CUDA_ARCH__)
-  return c ? a : b;
-#else
+#if !defined(__CUDA_ARCH__)
   if constexpr (std::is_same_v<C, float> || std::is_same_v<C, double>) {
-    return select(c, a, b);
-  } else {
-    return c ? a : b;
+    if (!DTENSOR_ON_DEVICE) {
+      return select(c, a, b);
+    }
   }
 #endif
+  return c ? a : b;
 }
 
 } // namespace dtensor::local::math

@@ -253,13 +253,15 @@ struct MapRuns {
     using C = compute_t<T>;
     for (std::int64_t r = 0; r < t.rows; ++r) {
       T* o = out + t.offset[0] + r * t.row_stride[0];
-#if defined(__CUDA_ARCH__)
-      for (std::int64_t k = 0; k < t.n; ++k) {
-        o[k] = T(f(static_cast<C>(in[K][t.offset[K + 1] + r * t.row_stride[K + 1] + k])...));
-      }
-#else
-      host_map_row<C>(o, t.n, f, in[K] + t.offset[K + 1] + r * t.row_stride[K + 1]...);
+      if (DTENSOR_ON_DEVICE) {
+        for (std::int64_t k = 0; k < t.n; ++k) {
+          o[k] = T(f(static_cast<C>(in[K][t.offset[K + 1] + r * t.row_stride[K + 1] + k])...));
+        }
+      } else {
+#if !defined(__CUDA_ARCH__)
+        host_map_row<C>(o, t.n, f, in[K] + t.offset[K + 1] + r * t.row_stride[K + 1]...);
 #endif
+      }
     }
   }
 };
@@ -346,14 +348,14 @@ struct ReduceRuns {
       T* o = out + t.offset[0] + r * t.row_stride[0];
       std::int64_t k = 0;
 #if !defined(__CUDA_ARCH__)
-      if (stride == 1) { // the innermost dim: host_lanes partial results per output
+      if (!DTENSOR_ON_DEVICE && stride == 1) { // the innermost dim: host_lanes partial results per output
         for (; k < t.n; ++k) {
           o[k] = T(finish(in_lanes<Op>(p + k)));
         }
         continue;
       }
       // An outer dim: a block of outputs at a time, every one reduced left to right.
-      for (; k + host_block <= t.n && len > 0; k += host_block) {
+      for (; !DTENSOR_ON_DEVICE && k + host_block <= t.n && len > 0; k += host_block) {
         compute_t<T> acc[host_block];
         for (int b = 0; b < host_block; ++b) {
           acc[b] = static_cast<compute_t<T>>(p[k + b]);
@@ -369,7 +371,7 @@ struct ReduceRuns {
         }
       }
 #endif
-      for (; k < t.n; ++k) {
+      for (; k < t.n; ++k) { // device code: each output left to right
         o[k] = T(finish(in_order<Op>(p + k)));
       }
     }

@@ -62,7 +62,7 @@ struct CrossEntropyRows {
     C s = 0;
     std::int64_t k = 0;
 #if !defined(__CUDA_ARCH__)
-    if (width >= 2 * host_lanes) {
+    if (!DTENSOR_ON_DEVICE && width >= 2 * host_lanes) {
       C acc[host_lanes] = {};
       for (; k + host_lanes <= width; k += host_lanes) {
         for (int j = 0; j < host_lanes; ++j) {
@@ -125,9 +125,11 @@ struct CrossEntropyGrad {
   }
 
   DTENSOR_HOST_DEVICE void row(std::int64_t r) const {
-#if defined(__CUDA_ARCH__)
-    (void)r; // CUDA launches an index per element
-#else
+    if (DTENSOR_ON_DEVICE) {
+      (void)r; // CUDA launches an index per element: device code has no row form
+      return;
+    }
+#if !defined(__CUDA_ARCH__)
     using C = compute_t<T>;
     T* d = dx + r * width;
     const T* xr = x + r * width;

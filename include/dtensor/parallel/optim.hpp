@@ -186,7 +186,7 @@ struct SgdRuns {
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
     const local::Tile<4> t = layout.locate(i);
 #if !defined(__CUDA_ARCH__)
-    if (master == nullptr) {
+    if (!DTENSOR_ON_DEVICE && master == nullptr) {
       for (std::int64_t r = 0; r < t.rows; ++r) {
         host_run(param + t.offset[0] + r * t.row_stride[0], grad + t.offset[1] + r * t.row_stride[1],
                  buf == nullptr ? nullptr : buf + t.offset[2] + r * t.row_stride[2], t.n);
@@ -290,7 +290,7 @@ struct AdamWRuns {
   DTENSOR_HOST_DEVICE void operator()(std::int64_t i) const {
     const local::Tile<6> t = layout.locate(i);
 #if !defined(__CUDA_ARCH__)
-    if (max_sq == nullptr && master == nullptr) {
+    if (!DTENSOR_ON_DEVICE && max_sq == nullptr && master == nullptr) {
       for (std::int64_t r = 0; r < t.rows; ++r) {
         host_run(param + t.offset[0] + r * t.row_stride[0], grad + t.offset[1] + r * t.row_stride[1],
                  exp_avg + t.offset[2] + r * t.row_stride[2], exp_avg_sq + t.offset[3] + r * t.row_stride[3],
