@@ -27,8 +27,9 @@
 #
 # The plan: each step below carries its expected seconds (a reserve: the sleeps the mode contains, plus
 # process start, CUDA context and NCCL set-up), and a step is not started when the budget has less left
-# (NOT RUN). The expected times of the prebuilt path add up to 232 s (the dry run prints the sum); the
-# budget is DTENSOR_GPU_BUDGET_S (default 300 s, 570 s when the programs must be built here).
+# (NOT RUN). The expected times of the prebuilt path add up to 222 s (the dry run prints the sum: 220 s,
+# without the pack's load check); the budget is DTENSOR_GPU_BUDGET_S (default 300 s, 570 s when the programs
+# must be built here).
 #
 # Floor of the pack (gpu_prepare.sh writes the exact one into the pack's FLOOR and this checks it): glibc
 # <= 2.36 (Debian 12, where it is built; the device image's Ubuntu 24.04 has 2.39), libstdc++ and libgcc

@@ -58,8 +58,10 @@ for t in $programs; do
   cp "$p" "$stage/bin/$t"
   strip --strip-unneeded "$stage/bin/$t"
 done
-# Shared libraries beyond the system's and CUDA's: copied (OpenBLAS and its Fortran runtime).
-system_lib='^(libc|libm|libdl|librt|libpthread|ld-linux.*|libcudart|libcublas|libcublasLt|libnccl|libcuda)\.so'
+# Shared libraries beyond the system's and CUDA's: copied (OpenBLAS and its Fortran runtime). Never the C++
+# runtime (libstdc++, libgcc_s): ours is linked in, and cuBLAS, NCCL and torch on that machine need its own,
+# newer one, which a copy of this machine's first on LD_LIBRARY_PATH would shadow.
+system_lib='^(libc|libm|libdl|librt|libpthread|ld-linux.*|libstdc\+\+|libgcc_s|libcudart|libcublas|libcublasLt|libnccl|libcuda)\.so'
 for p in "$stage"/bin/*; do
   ldd "$p" | awk '/=> \// {print $1, $3}'
 done | sort -u | while read -r name path; do
@@ -78,12 +80,16 @@ done
 
 # The floor: the newest GLIBC_ symbol version needed; libstdc++ must need none (linked in).
 needs=$(objdump -T "$stage"/bin/* "$stage"/lib/* 2>/dev/null | grep -oE 'GLIBC_[0-9.]+' | sed 's/GLIBC_//' | sort -uV | tail -1)
+needed_by=$(for f in "$stage"/bin/* "$stage"/lib/*; do
+              if objdump -T "$f" 2>/dev/null | grep -q "GLIBC_$needs[^.0-9]"; then echo "${f##*/}"; fi
+            done | paste -sd' ')
 cxx=$(objdump -T "$stage"/bin/* 2>/dev/null | grep -oE 'GLIBCXX_[0-9.]+' | sort -uV | tail -1 || true)
 if [ -n "$cxx" ]; then
   echo "gpu_prepare: a program needs the machine's libstdc++ ($cxx): link it statically"
   exit 1
 fi
 echo "glibc $needs" >"$stage/FLOOR"
+echo "(glibc $needs: $needed_by)" >>"$stage/FLOOR"
 echo "libstdc++ linked in" >>"$stage/FLOOR"
 
 # ---- deps/ for the fallback build ---------------------------------------------------------------------
