@@ -37,12 +37,13 @@ nvcc=${CUDACXX:-/usr/local/cuda/bin/nvcc}
 
 # ---- build ----------------------------------------------------------------------------------------------
 t0=$(date +%s)
+mkdir -p "$tree"
 cmake -S "$root" -B "$tree" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DNCCL_ROOT=/usr/local/cuda \
   -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_DISABLE_FIND_PACKAGE_Gloo=ON -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON \
   -DDTENSOR_BUILD_TESTS=ON -DDTENSOR_BUILD_EXAMPLES=ON -DDTENSOR_BUILD_BENCH=ON \
-  -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" >"$tree.configure.log" 2>&1 ||
-  { tail -n 30 "$tree.configure.log"; exit 1; }
+  -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" >"$tree/configure.log" 2>&1 ||
+  { tail -n 30 "$tree/configure.log"; exit 1; }
 gpu_targets "$tree"
 programs="$launcher_targets $cuda_tests $example_targets $bench_targets"
 echo "gpu_prepare: building $programs"
