@@ -4,8 +4,9 @@
 // max, min, product; NaN) and sum_to_rank; softmax, log_softmax, layer_norm and rms_norm forward and
 // backward (on CUDA a composition of map, reduce and expand; on the host row kernels); embedding's gather
 // and scatter; cross_entropy's row sums and its element-wise gradient (the host's is per row); MoE's row
-// gather and combine. And the emulation itself: host code cannot read device memory, a kernel cannot read
-// past an allocation or after a free, fresh device memory is poison.
+// gather and combine; the fake backend's collectives and redistributions on CUDA tensors. And the
+// emulation itself: host code cannot read device memory, a kernel cannot read past an allocation or after a
+// free, fresh device memory is poison.
 //
 // Shapes like the CUDA tests' (odd sizes, 37-67 wide rows that reach the host's 16-lane sums and 32-element
 // blocks and their tails), every floating type; integer-valued data where the order of a sum would blur
@@ -31,6 +32,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/init.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/tensor.hpp"
@@ -447,4 +449,34 @@ TEMPLATE_TEST_CASE("MoE's row gather and combine on CUDA tensors equal the host'
                   nd::combine_rows(rows, slot, weight, 25, 2), 0) == 0);
   CHECK(differing(nd::combine_rows(rows.to(gpu), slot, {}, 25, 2), nd::combine_rows(rows, slot, {}, 25, 2),
                   0) == 0);
+}
+
+TEST_CASE("the fake backend moves CUDA tensors of the emulated device: collectives and redistributions",
+          "[emulated][fake]") {
+  // Rank 1 of 4, alone (backends/fake): each op's data movement runs as one emulated kernel.
+  const dtensor::ProcessGroup world = dtensor::fake_world(1, 4);
+  const Tensor<float, 2> h = ints<float, 2>({3, 10}, 1);
+  const Tensor<float, 2> d = h.to(gpu);
+  dtensor::all_reduce(h, dtensor::ReduceOp::sum, world);
+  dtensor::all_reduce(d, dtensor::ReduceOp::sum, world);
+  CHECK(differing(d, h, 0) == 0);
+  const Tensor<float, 2> gh({12, 10});
+  const Tensor<float, 2> gd({12, 10}, gpu);
+  dtensor::all_gather_into_tensor(gh, h, world);
+  dtensor::all_gather_into_tensor(gd, d, world);
+  CHECK(differing(gd, gh, 0) == 0);
+  // A DTensor on a mesh of the 4 fake ranks: gathered (all_gather), then sharded on the other dim (local).
+  using Mesh4 = dtensor::MeshShape<dtensor::Axis<"x">>;
+  const auto mesh = dtensor::init_device_mesh<Mesh4>(world);
+  using S0 = dtensor::DTensor<float, 2, Mesh4, dtensor::Shard<0>>;
+  const Tensor<float, 2> block = ints<float, 2>({2, 10}, 2);
+  auto redistributed = [&](const Device& device) {
+    const S0 x(mesh, device.is_cpu() ? block : block.to(device), {8, 10});
+    const auto r = x.redistribute<dtensor::Replicate>();
+    return std::pair{r.local(), r.redistribute<dtensor::Shard<1>>().local()};
+  };
+  const auto [rh, sh] = redistributed(Device::cpu());
+  const auto [rd, sd] = redistributed(gpu);
+  CHECK(differing(rd, rh, 0) == 0);
+  CHECK(differing(sd, sh, 0) == 0);
 }

@@ -29,7 +29,9 @@
 // dry run of meta tensors. An op with a meta buffer among its host ones leaves its host buffers as they are.
 // new_group makes its group here. split needs every member's colour and key, which the other members are
 // not here to tell: Backend::split(color, key, every), as init_device_mesh calls it; the exchanging form
-// throws. Buffers are host memory (the data is copied on the host) or meta.
+// throws. Buffers are host memory (the data is copied on the host) or meta; in a program built with device
+// emulation (DTENSOR_EMULATE_DEVICE, core/config.hpp: tests), CUDA memory of the emulated device too, which
+// each op moves as one emulated kernel on the buffer's stream (NCCL's collectives are kernels too).
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/backends/generic/reduce.hpp"
@@ -38,6 +40,9 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
 #include "dtensor/core/timeout.hpp"
+#if DTENSOR_EMULATE_DEVICE
+#include "dtensor/local/copy.hpp"
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -143,12 +148,12 @@ protected:
     if (detail::any_meta(buf)) {
       return done();
     }
-    detail::reduce_copies(buf.data, buf.count, buf.dtype, op, size());
+    move_data(buf, [&] { detail::reduce_copies(buf.data, buf.count, buf.dtype, op, size()); });
     return done();
   }
   WorkPtr do_reduce(BufferRef buf, int root, ReduceOp op, const CommOptions&) override {
     if (rank_ == root && !detail::any_meta(buf)) {
-      detail::reduce_copies(buf.data, buf.count, buf.dtype, op, size());
+      move_data(buf, [&] { detail::reduce_copies(buf.data, buf.count, buf.dtype, op, size()); });
     }
     return done();
   }
@@ -161,13 +166,15 @@ protected:
     const std::size_t elem = dtype_size(in.dtype);
     // This member's own block first: `in` may be that block of `out` (in place).
     const std::int64_t mine = displs[static_cast<std::size_t>(rank_)];
-    std::memmove(detail::buffer_bytes(out, mine), in.data, static_cast<std::size_t>(in.count) * elem);
-    for (std::size_t i = 0; i < counts.size(); ++i) {
-      if (static_cast<int>(i) != rank_) {
-        detail::fill_repeating(detail::buffer_bytes(out, displs[i]), counts[i],
-                               detail::buffer_bytes(out, mine), in.count, elem);
+    move_data(out, [&] {
+      std::memmove(detail::buffer_bytes(out, mine), in.data, static_cast<std::size_t>(in.count) * elem);
+      for (std::size_t i = 0; i < counts.size(); ++i) {
+        if (static_cast<int>(i) != rank_) {
+          detail::fill_repeating(detail::buffer_bytes(out, displs[i]), counts[i],
+                                 detail::buffer_bytes(out, mine), in.count, elem);
+        }
       }
-    }
+    });
     return done();
   }
   WorkPtr do_reduce_scatter(BufferRef in, BufferRef out, std::span<const std::int64_t> counts,
@@ -176,9 +183,11 @@ protected:
       return done();
     }
     const auto me = static_cast<std::size_t>(rank_);
-    std::memmove(out.data, detail::buffer_bytes(in, displs[me]),
-                 static_cast<std::size_t>(counts[me]) * dtype_size(in.dtype));
-    detail::reduce_copies(out.data, out.count, out.dtype, op, size());
+    move_data(out, [&] {
+      std::memmove(out.data, detail::buffer_bytes(in, displs[me]),
+                   static_cast<std::size_t>(counts[me]) * dtype_size(in.dtype));
+      detail::reduce_copies(out.data, out.count, out.dtype, op, size());
+    });
     return done();
   }
   WorkPtr do_all_to_all(BufferRef in, std::span<const std::int64_t> send_counts,
@@ -188,28 +197,34 @@ protected:
     if (detail::any_meta(in, out)) {
       return done();
     }
-    for (std::size_t i = 0; i < send_counts.size(); ++i) {
-      detail::fill_repeating(detail::buffer_bytes(out, recv_displs[i]), recv_counts[i],
-                             detail::buffer_bytes(in, send_displs[i]), send_counts[i], dtype_size(in.dtype));
-    }
+    move_data(out, [&] {
+      for (std::size_t i = 0; i < send_counts.size(); ++i) {
+        detail::fill_repeating(detail::buffer_bytes(out, recv_displs[i]), recv_counts[i],
+                               detail::buffer_bytes(in, send_displs[i]), send_counts[i],
+                               dtype_size(in.dtype));
+      }
+    });
     return done();
   }
   WorkPtr do_gather(BufferRef in, std::span<const BufferRef> blocks, int root, const CommOptions&) override {
     if (rank_ == root && !detail::any_meta(in)) {
-      for (const BufferRef& b : blocks) {
-        if (detail::any_meta(b)) {
-          continue;
+      move_data(in, [&] {
+        for (const BufferRef& b : blocks) {
+          if (detail::any_meta(b)) {
+            continue;
+          }
+          detail::fill_repeating(detail::buffer_bytes(b), b.count, detail::buffer_bytes(in), in.count,
+                                 dtype_size(in.dtype));
         }
-        detail::fill_repeating(detail::buffer_bytes(b), b.count, detail::buffer_bytes(in), in.count,
-                               dtype_size(in.dtype));
-      }
+      });
     }
     return done();
   }
   WorkPtr do_scatter(std::span<const BufferRef> blocks, BufferRef out, int root,
                      const CommOptions&) override {
     if (rank_ == root && !detail::any_meta(out, blocks[static_cast<std::size_t>(root)])) {
-      std::memmove(out.data, blocks[static_cast<std::size_t>(root)].data, out.nbytes());
+      move_data(out,
+                [&] { std::memmove(out.data, blocks[static_cast<std::size_t>(root)].data, out.nbytes()); });
     }
     return done();
   }
@@ -226,7 +241,7 @@ protected:
         if (!used[s] && send.kind == P2PRequest::Kind::send && send.buffer.nbytes() == r.buffer.nbytes() &&
             send.buffer.device.is_meta() == r.buffer.device.is_meta()) {
           if (!detail::any_meta(r.buffer)) {
-            std::memmove(r.buffer.data, send.buffer.data, r.buffer.nbytes());
+            move_data(r.buffer, [&] { std::memmove(r.buffer.data, send.buffer.data, r.buffer.nbytes()); });
           }
           used[s] = true;
           break;
@@ -247,13 +262,36 @@ protected:
                 "running); call split(color, key, every) with every member's, as init_device_mesh does");
   }
   void check_memory(const char* op, const BufferRef& b, const char* what) const override {
-    DTENSOR_CHECK(!b.device.is_cuda(), where(op) + ": the " + what + " is on " + b.device.to_string() +
-                                           "; the fake backend copies data on the host: pass host memory "
-                                           "(or meta tensors)");
+    DTENSOR_CHECK(DTENSOR_EMULATE_DEVICE || !b.device.is_cuda(),
+                  where(op) + ": the " + what + " is on " + b.device.to_string() +
+                      "; the fake backend copies data on the host: pass host memory (or meta tensors)");
   }
 
 private:
   static WorkPtr done() { return std::make_shared<detail::DoneWork>(); }
+
+  /// Runs `move`, an op's data movement, where it may touch the bytes of `b` and of the op's other buffers:
+  /// on the host; for a CUDA buffer of the emulated device, as one kernel on b's stream (see the top).
+  template <class F>
+  static void move_data(const BufferRef& b, const F& move) {
+#if DTENSOR_EMULATE_DEVICE
+    if (b.device.is_cuda()) {
+      struct Kernel {
+        struct {
+          std::int64_t count;
+        } layout;
+        const F* move;
+        void operator()(std::int64_t) const { (*move)(); }
+      };
+      local::launch_kernel(Kernel{{1}, &move}, 1, b.device, static_cast<cudaStream_t>(b.stream),
+                           "fake backend");
+      return;
+    }
+#else
+    (void)b;
+#endif
+    move();
+  }
 
   std::vector<int> global_;
   int rank_;
