@@ -11,7 +11,8 @@
 #    ctest reads after Catch2's, so call this after the directory's last catch_discover_tests.
 #
 # Labels of dtensor's tests: gpu (needs a GPU, skips without one), nccl, mpi (under mpirun), compile_fail,
-# bench (benchmarks' smoke runs), slow. `ctest -LE slow` is the quick slice; `ctest -L compile_fail` one kind.
+# bench (benchmarks' smoke runs), emulated (the device kernels on the emulated device, docs/local.md), slow.
+# `ctest -LE slow` is the quick slice; `ctest -L compile_fail` one kind.
 
 set(DTENSOR_TEST_COSTS_FILE ${PROJECT_SOURCE_DIR}/tests/ctest_costs.txt)
 set(DTENSOR_SLOW_TEST_SECONDS 10)
