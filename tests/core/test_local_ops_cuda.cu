@@ -207,7 +207,8 @@ TEST_CASE("device scale, host <-> device copies, and a second stream", "[cuda][l
   auto back = Tensor<float, 2>::zeros({5, 3});
   local::copy(back, d.narrow(1, 2, 3));
   CHECK(dtensor::equal(back, h.narrow(1, 2, 3)));
-  // A tensor on its own stream: the kernel runs there and the op is still synchronous.
+  // A tensor on its own stream: the kernel runs there, stream-ordered after d's stream (local::copy joins
+  // the two), and reading it back waits for it.
   cudaStream_t s = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
   {

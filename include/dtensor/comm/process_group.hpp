@@ -273,10 +273,10 @@ private:
   WorkPtr on_stream(std::string_view what, const CommOptions& opts, EachBuffer&& each_buffer,
                     Submit&& submit) const {
     CommOptions o = opts;
-    const bool mixed = detail::choose_stream(o, each_buffer);
+    std::vector<void*> others = detail::choose_stream(o, each_buffer);
     WorkPtr w = CommWaitTimer::time(what, label_, [&] { return submit(o); });
-    if (mixed) {
-      w = std::make_shared<detail::StreamSyncedWork>(std::move(w), o.stream);
+    if (!others.empty()) {
+      w = std::make_shared<detail::StreamSyncedWork>(std::move(w), o.stream, std::move(others));
     }
     if (CommWaitTimer::any_active()) {
       w = std::make_shared<detail::TimedWork>(std::move(w), what, label_);

@@ -11,21 +11,25 @@
 // call returns), that stream waits for the op: memory released on it afterwards (cudaFreeAsync of a
 // Tensor) is ordered after the op. Its stream is, first found: CommOptions::stream, the stream of the
 // innermost StreamGuard of this thread, the stream of its buffers (a Tensor's own stream). When its buffers
-// are on different streams, the others are synchronised before the op and the op's stream after it, so
-// none of them can be written or released while the op uses it. Host backends ignore streams.
+// are on different streams, the op's stream waits for the others before the op and, once the op is waited
+// on, the others wait for the op (events: the host does not wait, core/cuda_sync.hpp), so none of them can
+// be written or released while the op uses it. Host backends ignore streams.
 
 #include "dtensor/backends/backend.hpp"
 #include "dtensor/core/config.hpp"
+#include "dtensor/core/cuda_sync.hpp"
 #include "dtensor/core/error.hpp"
 
 #if DTENSOR_HAS_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace dtensor {
 
@@ -58,32 +62,32 @@ inline void* current_stream() noexcept {
 
 namespace detail {
 
-inline void sync_stream(void* stream, const char* what) {
+/// `waiter` waits, on the device, for the work enqueued on `producer` (CUDA streams as void*).
+inline void order_streams([[maybe_unused]] void* waiter, [[maybe_unused]] void* producer) {
 #if DTENSOR_HAS_CUDA
-  const cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-  DTENSOR_CHECK(e == cudaSuccess,
-                std::string(what) + ": cudaStreamSynchronize failed: " + cudaGetErrorString(e));
-#else
-  (void)stream;
-  (void)what;
+  order_after(static_cast<cudaStream_t>(waiter), static_cast<cudaStream_t>(producer),
+              "collective on several streams");
 #endif
 }
 
-/// Completion of an op whose buffers were on several streams: waiting also synchronises the op's stream,
-/// so the other streams may release or rewrite their buffers afterwards.
+/// Completion of an op whose buffers were on several streams: waiting also makes each of the other streams
+/// wait for the op's, so they may release or rewrite their buffers afterwards.
 class StreamSyncedWork final : public WorkImpl {
 public:
-  StreamSyncedWork(std::shared_ptr<WorkImpl> inner, void* stream)
-      : inner_(std::move(inner)), stream_(stream) {}
+  StreamSyncedWork(std::shared_ptr<WorkImpl> inner, void* stream, std::vector<void*> others)
+      : inner_(std::move(inner)), stream_(stream), others_(std::move(others)) {}
   bool is_completed() override { return inner_->is_completed(); }
   void wait() override {
     inner_->wait();
-    sync_stream(stream_, "collective on several streams");
+    for (void* other : others_) {
+      order_streams(other, stream_);
+    }
   }
 
 private:
   std::shared_ptr<WorkImpl> inner_;
   void* stream_;
+  std::vector<void*> others_;
 };
 
 /// Callables that pass an op's buffers to f one by one, without copying them (for choose_stream).
@@ -106,15 +110,15 @@ inline auto each_buffer(const BufferRef& a, std::span<const BufferRef> more) {
 }
 
 /// Sets opts.stream for an op whose buffers `each_buffer(f)` passes to f one by one (see the top of this
-/// file). Returns true when device buffers are on other streams than the op's (they were synchronised;
-/// the caller wraps the op's completion in a StreamSyncedWork).
+/// file). Returns the other streams its device buffers are on (the op's stream now waits for them; the
+/// caller wraps the op's completion in a StreamSyncedWork when there are any).
 template <class EachBuffer>
-bool choose_stream(CommOptions& opts, EachBuffer&& each_buffer) {
+std::vector<void*> choose_stream(CommOptions& opts, EachBuffer&& each_buffer) {
   if (opts.stream == nullptr) {
     opts.stream = current_stream();
   }
   bool chosen = opts.stream != nullptr;
-  bool mixed = false;
+  std::vector<void*> others;
   each_buffer([&](const BufferRef& b) {
     if (!b.device.is_cuda()) {
       return;
@@ -122,12 +126,12 @@ bool choose_stream(CommOptions& opts, EachBuffer&& each_buffer) {
     if (!chosen) {
       opts.stream = b.stream;
       chosen = true;
-    } else if (b.stream != opts.stream) {
-      sync_stream(b.stream, "collective on several streams");
-      mixed = true;
+    } else if (b.stream != opts.stream && std::find(others.begin(), others.end(), b.stream) == others.end()) {
+      order_streams(opts.stream, b.stream);
+      others.push_back(b.stream);
     }
   });
-  return mixed;
+  return others;
 }
 
 } // namespace detail

@@ -9,9 +9,10 @@
 //   packed.copy_from(col);                          // strided copy, host or CUDA
 //   dtensor::Tensor<float, 2> back = packed.as<float, 2>();   // checked: dtype and rank must match
 //
-// Copies and fills are synchronous like Tensor's, and run the same code in every translation unit
-// (memmove on the host; cudaMemcpy2DAsync / cudaMemsetAsync on a CUDA tensor's stream, which need no
-// kernel, so nvcc and plain C++ TUs agree).
+// Copies and fills are ordered like Tensor's (synchronous on the host, stream-ordered on a GPU:
+// core/cuda_sync.hpp), and run the same code in every translation unit (memmove on the host;
+// cudaMemcpy2DAsync / cudaMemsetAsync on a CUDA tensor's stream, which need no kernel, so nvcc and plain
+// C++ TUs agree).
 
 #include <array>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include <utility>
 
 #include "dtensor/core/config.hpp"
+#include "dtensor/core/cuda_sync.hpp"
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
@@ -216,8 +218,8 @@ public:
     return r;
   }
 
-  /// Element-wise copy of `src` (same dtype and shape; strides and devices may differ). Synchronous. Into a
-  /// meta tensor: nothing to do; out of one (into memory): an error, it has no data.
+  /// Element-wise copy of `src` (same dtype and shape; strides and devices may differ), ordered as
+  /// Tensor::copy_from. Into a meta tensor: nothing to do; out of one (into memory): an error, it has no data.
   void copy_from(const AnyTensor& src) const {
     DTENSOR_CHECK(src.dtype_ == dtype_ && src.shape_ == shape_,
                   "AnyTensor::copy_from: destination " + std::string(dtype_name(dtype_)) + to_string(shape_) +
@@ -235,21 +237,14 @@ public:
       return;
     }
 #if DTENSOR_HAS_CUDA
-    const bool to_device = device_.is_cuda();
-    const cudaStream_t stream = to_device ? stream_ : src.stream_;
-    detail::TensorDeviceGuard guard(to_device ? device_.index : src.device_.index);
-    if (to_device && src.device_.is_cuda() && src.stream_ != stream_) {
-      detail::check_tensor_cuda(cudaStreamSynchronize(src.stream_), "cudaStreamSynchronize",
-                                "AnyTensor::copy_from");
-    }
-    detail::copy_cuda(data_, dst_strides, src.data_, src_strides, shape, element_size(), stream);
-    detail::check_tensor_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", "AnyTensor::copy_from");
+    detail::copy_cuda_ordered(data_, dst_strides, device_, stream_, src.data_, src_strides, src.device_,
+                              src.stream_, shape, element_size(), "AnyTensor::copy_from");
 #else
     detail::throw_no_cuda("AnyTensor::copy_from", device_.is_cuda() ? device_ : src.device_);
 #endif
   }
 
-  /// Sets every element to the element_size()-byte value at `value`. Synchronous.
+  /// Sets every element to the element_size()-byte value at `value` (ordered as Tensor::fill).
   void fill_bytes(const void* value) const {
     if (numel_ == 0 || device_.is_meta()) {
       return;
@@ -275,7 +270,7 @@ public:
 #if DTENSOR_HAS_CUDA
     detail::TensorDeviceGuard guard(device_.index);
     detail::fill_cuda(data_, value, es, numel_, stream_);
-    detail::check_tensor_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", "AnyTensor::fill");
+    detail::after_op(stream_, "AnyTensor::fill");
 #else
     detail::throw_no_cuda("AnyTensor::fill", device_);
 #endif

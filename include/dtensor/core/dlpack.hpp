@@ -34,6 +34,7 @@
 
 #include "dtensor/core/any_tensor.hpp"
 #include "dtensor/core/config.hpp"
+#include "dtensor/core/cuda_sync.hpp"
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
@@ -211,6 +212,12 @@ inline DLManagedTensor* to_dlpack_any(const AnyTensor& t) {
   DTENSOR_CHECK(!t.device().is_meta(), "to_dlpack: the tensor is a meta tensor (no data); DLPack has no "
                                        "device for it");
   const DLDataType dtype = dlpack_dtype(t.dtype());
+#if DTENSOR_HAS_CUDA
+  if (t.device().is_cuda()) { // DLPack 0.6 carries no stream: the data must be ready for any consumer
+    TensorDeviceGuard guard(t.device().index);
+    host_sync(t.stream(), "to_dlpack (DLPack carries no stream)");
+  }
+#endif
   auto* e = new DLPackExport;
   e->storage = t.storage();
   for (int d = 0; d < t.rank(); ++d) {

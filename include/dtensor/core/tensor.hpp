@@ -12,9 +12,11 @@
 // Semantics follow torch.Tensor: copying a Tensor copies the handle (the memory is shared), views
 // (narrow, view) share memory with their source, clone/to/contiguous-of-a-strided-tensor copy.
 // Host memory is 64-byte aligned (core/host_memory.hpp, which also says how freed memory is kept for
-// reuse). Device memory is stream ordered (cudaMallocAsync/cudaFreeAsync on
-// the tensor's stream, the legacy default stream unless one is given); operations that move data
-// (copy_from, fill, clone, to, zeros, full) are synchronous, like their torch counterparts on the CPU.
+// reuse). Device memory is stream ordered (cudaMallocAsync/cudaFreeAsync on the tensor's stream, the
+// legacy default stream unless one is given), and so is device work, as in torch: copy_from, fill, clone,
+// to, zeros and full enqueue on the tensor's stream and return; the host waits only where it reads the
+// result (a copy to host memory, item()) or copies out of pinned host memory (core/cuda_sync.hpp). On the
+// host they are synchronous.
 // Printing and comparison live in tensor_io.hpp, so this header stays cheap to include.
 
 #include <array>
@@ -31,6 +33,7 @@
 
 #include "dtensor/core/checked_int.hpp"
 #include "dtensor/core/config.hpp"
+#include "dtensor/core/cuda_sync.hpp"
 #include "dtensor/core/device.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
@@ -357,6 +360,36 @@ inline void fill_cuda(void* dst, const void* pattern, std::size_t element_size, 
   }
 }
 
+/// A copy between tensors of which at least one is on a GPU, stream-ordered (core/cuda_sync.hpp): on the
+/// destination's stream into a GPU (after the work pending on the source's stream, which then waits for the
+/// copy, so the source may be released or rewritten there), on the source's stream to the host. The host
+/// waits only for a copy to the host (it reads the result) or out of pinned host memory.
+template <std::size_t Rank>
+void copy_cuda_ordered(void* dst, const std::array<std::int64_t, Rank>& dst_strides, Device dst_device,
+                       cudaStream_t dst_stream, const void* src,
+                       const std::array<std::int64_t, Rank>& src_strides, Device src_device,
+                       cudaStream_t src_stream, const std::array<std::int64_t, Rank>& shape,
+                       std::size_t element_size, const char* what) {
+  const bool to_device = dst_device.is_cuda();
+  const cudaStream_t stream = to_device ? dst_stream : src_stream;
+  TensorDeviceGuard guard(to_device ? dst_device.index : src_device.index);
+  const bool both = to_device && src_device.is_cuda() && src_stream != dst_stream;
+  if (both) {
+    order_after(dst_stream, src_stream, what);
+  }
+  copy_cuda(dst, dst_strides, src, src_strides, shape, element_size, stream);
+  if (!to_device) {
+    host_sync(stream, std::string(what) + " (to the host)");
+  } else if (!src_device.is_cuda() && is_pinned_host(src)) {
+    host_sync(stream, std::string(what) + " (from pinned host memory)");
+  } else {
+    if (both) {
+      order_after(src_stream, dst_stream, what);
+    }
+    after_op(stream, what);
+  }
+}
+
 #endif // DTENSOR_HAS_CUDA
 
 } // namespace detail
@@ -617,7 +650,8 @@ public:
   }
 
   /// Copies `src` element by element into this tensor (or view). The shapes must match; strides and
-  /// devices may differ. Synchronous. The two must not partially overlap. Into a meta tensor: nothing to
+  /// devices may differ. Synchronous on the host and into host memory; into a GPU, stream-ordered (see
+  /// the top of this file). The two must not partially overlap. Into a meta tensor: nothing to
   /// do; out of one (into memory): an error, it has no data.
   void copy_from(const Tensor& src) {
     DTENSOR_CHECK(shape_ == src.shape_, "Tensor::copy_from: shape mismatch: destination " +
@@ -632,21 +666,14 @@ public:
       return;
     }
 #if DTENSOR_HAS_CUDA
-    const bool to_device = device_.is_cuda();
-    const cudaStream_t stream = to_device ? stream_ : src.stream_;
-    detail::TensorDeviceGuard guard(to_device ? device_.index : src.device_.index);
-    if (to_device && src.device_.is_cuda() && src.stream_ != stream_) { // order after work on src's stream
-      detail::check_tensor_cuda(cudaStreamSynchronize(src.stream_), "cudaStreamSynchronize",
-                                "Tensor::copy_from");
-    }
-    detail::copy_cuda(data_, strides_, src.data_, src.strides_, shape_, sizeof(T), stream);
-    detail::check_tensor_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", "Tensor::copy_from");
+    detail::copy_cuda_ordered(data_, strides_, device_, stream_, src.data_, src.strides_, src.device_,
+                              src.stream_, shape_, sizeof(T), "Tensor::copy_from");
 #else
     detail::throw_no_cuda("Tensor::copy_from", device_.is_cuda() ? device_ : src.device_);
 #endif
   }
 
-  /// Sets every element (of this view) to `value`. Synchronous.
+  /// Sets every element (of this view) to `value`. Synchronous on the host; on a GPU, stream-ordered.
   void fill(T value) {
     if (numel_ == 0 || device_.is_meta()) {
       return;
@@ -665,7 +692,7 @@ public:
     }
     detail::TensorDeviceGuard guard(device_.index);
     detail::fill_cuda(data_, &value, sizeof(T), numel_, stream_);
-    detail::check_tensor_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", "Tensor::fill");
+    detail::after_op(stream_, "Tensor::fill");
 #else
     detail::throw_no_cuda("Tensor::fill", device_);
 #endif

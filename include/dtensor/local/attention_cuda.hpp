@@ -14,7 +14,7 @@
 // Positions, the causal mask (key position <= query position), GQA and dropout (the keep of each weight from
 // its global (batch, head, query, key) index) are those of the host kernel, so both compute the same
 // attention; accumulation is in the compute type (float for bfloat16 and half). The kernels run on q's
-// stream and are synchronous, as the other local ops on CUDA tensors. One thread per row keeps memory at
+// stream, stream-ordered as the other local ops on CUDA tensors. One thread per row keeps memory at
 // O(rows x head_dim) and is simple to check; it is not a tiled flash-attention kernel (no shared-memory
 // blocks, no tensor cores).
 
@@ -264,20 +264,17 @@ struct KeyRows {
   }
 };
 
-/// Runs f(r) for r in [0, rows) on `stream` of `device`, and waits (local/copy.hpp's launcher).
+/// Runs f(r) for r in [0, rows) on `stream` of `device`, stream-ordered (local/copy.hpp's launcher).
 template <class F>
 void launch_rows(const F& f, std::int64_t rows, Device device, cudaStream_t stream, const char* what) {
   launch_kernel(f, rows, device, stream, what);
 }
 
-/// t, contiguous, on its device, ordered after the work pending on its stream.
+/// t, contiguous and on `stream`: t itself, or a copy on `stream` (local::copy joins the two streams), so
+/// the kernels' operands live on the stream they run on.
 template <class T, int R>
 Tensor<T, R> ready(const Tensor<T, R>& t, cudaStream_t stream) {
-  if (t.stream() != stream) {
-    detail::TensorDeviceGuard guard(t.device().index);
-    detail::check_tensor_cuda(cudaStreamSynchronize(t.stream()), "cudaStreamSynchronize", "attention");
-  }
-  if (t.is_contiguous()) {
+  if (t.is_contiguous() && t.stream() == stream) {
     return t;
   }
   Tensor<T, R> c(t.shape(), t.device(), stream);

@@ -26,8 +26,10 @@
 //    loop; a host tile is every row of the innermost outer dim.
 //  - CUDA tensors in a translation unit compiled by nvcc (with Thrust): thrust::for_each with
 //    thrust::cuda::par_nosync.on(stream of the destination), one element per index (neighbouring threads
-//    touch neighbouring elements), then a synchronize of that stream. Like Tensor's own copy and fill,
-//    these ops are synchronous.
+//    touch neighbouring elements), stream-ordered like Tensor's own copy and fill: the host does not wait
+//    (core/cuda_sync.hpp; DTENSOR_CUDA_SYNC_EACH_OP=1 makes it wait after each, for debugging). A source on
+//    another stream than the destination's is joined by events both ways (StreamJoin). On the host these
+//    ops are synchronous.
 //  - Emulated (DTENSOR_EMULATE_DEVICE, core/config.hpp; tests only): CUDA tensors run the same kernels
 //    as in an nvcc TU, with their device paths (DTENSOR_ON_DEVICE), compiled for Thrust's host system and
 //    launched by the emulated CUDA runtime (tests/support/emulated_cuda), one element per index.
@@ -53,6 +55,7 @@
 #include <type_traits>
 
 #include "dtensor/core/config.hpp"
+#include "dtensor/core/cuda_sync.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
@@ -385,8 +388,8 @@ void emulated_kernel(void** args) {
 }
 #endif
 
-/// Runs f(i) for every i in [0, count) as one kernel on `stream` of `device`, and waits for it: the one
-/// place where device work of the local kernels starts. nvcc: thrust::for_each on the CUDA system;
+/// Runs f(i) for every i in [0, count) as one kernel on `stream` of `device`, stream-ordered (the host
+/// does not wait; core/cuda_sync.hpp): the one place where device work of the local kernels starts. nvcc: thrust::for_each on the CUDA system;
 /// emulated (DTENSOR_EMULATE_DEVICE): emulated_kernel<F> through cudaLaunchKernel.
 template <class F>
 void launch_kernel(const F& f, std::int64_t count, Device device, cudaStream_t stream, const char* what) {
@@ -408,10 +411,40 @@ void launch_kernel(const F& f, std::int64_t count, Device device, cudaStream_t s
                         ": kernel launch failed: " + e.what());
   }
 #endif
-  detail::check_tensor_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", what);
+  detail::after_op(stream, what);
 }
 
-/// Runs f(i) for every i in [0, f.layout.count) as a kernel on `stream` of `device`, and waits for it.
+/// A kernel on `stream` that reads a tensor of another stream of `device`: `stream` waits for the work
+/// pending on `other` before the kernel, and `other` for the kernel after it, so the operand may be
+/// released or rewritten there (its memory is freed on its own stream). One stream: nothing.
+class StreamJoin {
+public:
+  StreamJoin(Device device, cudaStream_t stream, cudaStream_t other, const char* what)
+      : device_(device), stream_(stream), other_(other), what_(what) {
+    if (other_ != stream_) {
+      detail::TensorDeviceGuard guard(device_.index);
+      detail::order_after(stream_, other_, what_);
+    }
+  }
+  ~StreamJoin() {
+    if (other_ != stream_) {
+      try {
+        detail::TensorDeviceGuard guard(device_.index);
+        detail::order_after(other_, stream_, what_);
+      } catch (...) { // the stream's error surfaces at its next op
+      }
+    }
+  }
+  StreamJoin(const StreamJoin&) = delete;
+  StreamJoin& operator=(const StreamJoin&) = delete;
+
+private:
+  Device device_;
+  cudaStream_t stream_, other_;
+  const char* what_;
+};
+
+/// Runs f(i) for every i in [0, f.layout.count) as a kernel on `stream` of `device` (stream-ordered).
 template <class F>
 void run_cuda(const F& f, Device device, cudaStream_t stream, const char* what) {
   launch_kernel(f, f.layout.count, device, stream, what);
@@ -419,7 +452,8 @@ void run_cuda(const F& f, Device device, cudaStream_t stream, const char* what) 
 #endif
 
 /// Copies `src` element by element into `dst` (a tensor or view; Tensor is a handle, so a temporary view
-/// is fine). Shapes must match; strides may differ; the two must not partially overlap. Synchronous.
+/// is fine). Shapes must match; strides may differ; the two must not partially overlap. Synchronous on the
+/// host, stream-ordered on a GPU (the top of this file).
 /// Host to host is Tensor::copy_from; device to device on one GPU runs CopyRuns as a kernel in an nvcc TU;
 /// anything else is Tensor::copy_from.
 template <class T, int R>
@@ -432,10 +466,7 @@ void copy(const Tensor<T, R>& dst, const Tensor<T, R>& src) {
   }
 #if DTENSOR_LOCAL_OPS_CUDA
   if (dst.device() == src.device() && dst.device().is_cuda()) {
-    if (src.stream() != dst.stream()) { // order after pending work on src's stream
-      detail::TensorDeviceGuard guard(src.device().index);
-      detail::check_tensor_cuda(cudaStreamSynchronize(src.stream()), "cudaStreamSynchronize", "local::copy");
-    }
+    const StreamJoin join(dst.device(), dst.stream(), src.stream(), "local::copy");
     run_cuda(CopyRuns<T, R>{make_run_layout<R, 2>(dst.shape(), {dst.strides(), src.strides()}, cuda_tile),
                             dst.data(), src.data()},
              dst.device(), dst.stream(), "local::copy");
@@ -445,7 +476,7 @@ void copy(const Tensor<T, R>& dst, const Tensor<T, R>& src) {
   Tensor<T, R>(dst).copy_from(src);
 }
 
-/// Sets every element of `dst` (a tensor or view) to `value`. Synchronous. CUDA: FillRuns as a kernel in
+/// Sets every element of `dst` (a tensor or view) to `value` (ordered as copy). CUDA: FillRuns as a kernel in
 /// an nvcc TU; otherwise (and on the host) Tensor::fill.
 template <class T, int R>
 void fill(const Tensor<T, R>& dst, T value) {
@@ -464,7 +495,7 @@ void fill(const Tensor<T, R>& dst, T value) {
 }
 
 /// Multiplies every element of `t` (a tensor or view of a floating type) by `factor`, computing in float
-/// (double for double) and rounding back. Synchronous. CUDA tensors need an nvcc TU (a kernel).
+/// (double for double) and rounding back (ordered as copy). CUDA tensors need an nvcc TU (a kernel).
 template <class T, int R>
 void scale(const Tensor<T, R>& t, double factor) {
   static_assert(std::is_floating_point_v<T> || detail::is_reduced_float_v<T>,
@@ -491,7 +522,7 @@ void scale(const Tensor<T, R>& t, double factor) {
 
 /// dst = src converted element by element to dst's element type (float <-> bfloat16, half, double: through
 /// float, or double when either side is double; rounding to nearest even). Shapes must match; strides may
-/// differ; both on one device. Synchronous. CUDA tensors need an nvcc TU (a kernel).
+/// differ; both on one device (ordered as copy). CUDA tensors need an nvcc TU (a kernel).
 template <class D, class S, int R>
 void convert(const Tensor<D, R>& dst, const Tensor<S, R>& src) {
   static_assert((std::is_floating_point_v<D> || detail::is_reduced_float_v<D>)&&(
@@ -517,11 +548,7 @@ void convert(const Tensor<D, R>& dst, const Tensor<S, R>& src) {
       return;
     }
 #if DTENSOR_LOCAL_OPS_CUDA
-    if (src.stream() != dst.stream()) { // order after pending work on src's stream
-      detail::TensorDeviceGuard guard(src.device().index);
-      detail::check_tensor_cuda(cudaStreamSynchronize(src.stream()), "cudaStreamSynchronize",
-                                "local::convert");
-    }
+    const StreamJoin join(dst.device(), dst.stream(), src.stream(), "local::convert");
     run_cuda(
         ConvertRuns<D, S, R>{make_run_layout<R, 2>(dst.shape(), {dst.strides(), src.strides()}, cuda_tile),
                              dst.data(), src.data()},

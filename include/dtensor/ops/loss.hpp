@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "dtensor/backward/with_backward.hpp"
+#include "dtensor/core/cuda_sync.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/extents.hpp"
 #include "dtensor/layout/shard_spec.hpp"
@@ -320,6 +321,7 @@ cross_entropy_forward(const X& x, const Target& target,
   //    that shard the rows. Small: on the host. Meta logits: the same tensors, meta, and a NaN loss.
   const bool meta = xl.device().is_meta();
   const Device host = meta ? Device::meta() : Device::cpu();
+  const ::dtensor::detail::HostSyncScope reads("cross_entropy: the rows' maxima, sums and targets");
   const auto ms = m.to(host);
   const auto ss = stats.to(host);
   const auto ts = tl.to(host);
@@ -342,6 +344,7 @@ cross_entropy_forward(const X& x, const Target& target,
   // Reduced on the logits' device (NCCL reduces device memory only), read back on the host.
   const Tensor<double, 1> pair_on = xl.device().is_cuda() ? pair.to(xl.device()) : pair;
   const auto sums_on = redistribute_as<TotalDone, TotalPart>::run(TotalPart(mesh, pair_on, {2})).local();
+  const ::dtensor::detail::HostSyncScope read_sums("cross_entropy: the loss's sum and count");
   const Tensor<double, 1> sums = sums_on.device().is_cuda() ? sums_on.to(Device::cpu()) : sums_on;
   total = meta ? std::nan("") : sums.data()[0];
   count = meta ? 0 : sums.data()[1];

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "dtensor/comm/collectives.hpp"
+#include "dtensor/core/cuda_sync.hpp"
 #include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/tensor.hpp"
@@ -150,6 +151,7 @@ double local_norm_sum(const Tensor<T, R>& x, NormType type) {
   if (c.device().is_meta()) { // no values: no norm
     return std::nan("");
   }
+  const ::dtensor::detail::HostSyncScope read("clip_grad_norm: a gradient's local norm");
   const Tensor<double, 1> sums = host ? partial : partial.to(Device::cpu());
   double acc = 0;
   for (std::int64_t i = 0; i < sums.numel(); ++i) { // one value per tile
@@ -356,6 +358,7 @@ double total_norm(NormType type, const G0& g0, const G&... grads) {
       // On the gradients' device: NCCL reduces device memory only.
       Tensor<double, 1> total = Tensor<double, 1>::full({1}, acc, device);
       all_reduce(total, type.is_inf() ? ReduceOp::max : ReduceOp::sum, mesh->group_over(axes));
+      const ::dtensor::detail::HostSyncScope read("clip_grad_norm: the total norm");
       acc = device.is_meta() ? std::nan("") : total.item(); // meta gradients: no norm
     }
   }

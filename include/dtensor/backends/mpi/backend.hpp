@@ -50,6 +50,7 @@
 #include "dtensor/backends/split.hpp"
 #include "dtensor/backends/stuck_op_board.hpp"
 #include "dtensor/core/config.hpp"
+#include "dtensor/core/cuda_sync.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
 #include "dtensor/core/timeout.hpp"
@@ -606,6 +607,7 @@ private:
     }
 #if DTENSOR_HAS_CUDA
     if (!dst.device.is_cpu() || !src.device.is_cpu()) {
+      detail::count_host_sync("MPI backend: cudaMemcpy of a gather / scatter block");
       const cudaError_t e = cudaMemcpy(dst.data, src.data, src.nbytes(), cudaMemcpyDefault);
       DTENSOR_CHECK(e == cudaSuccess,
                     std::string("MPI backend: cudaMemcpy of a gather / scatter block failed: ") +
@@ -620,10 +622,7 @@ private:
   static void sync_stream([[maybe_unused]] const BufferRef& b) {
 #if DTENSOR_HAS_CUDA
     if (b.device.is_cuda()) {
-      const cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(b.stream));
-      DTENSOR_CHECK(e == cudaSuccess,
-                    std::string("MPI backend: cudaStreamSynchronize before an op failed: ") +
-                        cudaGetErrorString(e));
+      detail::host_sync(static_cast<cudaStream_t>(b.stream), "MPI backend: before an op on a CUDA buffer");
     }
 #endif
   }

@@ -15,6 +15,7 @@
 #include "dtensor/backends/nccl/types.hpp"
 #include "dtensor/backends/nccl/watchdog.hpp"
 #include "dtensor/backends/work.hpp"
+#include "dtensor/core/cuda_sync.hpp"
 #include "dtensor/core/error.hpp"
 
 #include <cuda_runtime_api.h>
@@ -243,6 +244,7 @@ public:
   void wait() override {
     CommGuard& comm = *comm_->guard();
     if (host_wait_) {
+      detail::count_host_sync("NCCL: a host wait (barrier, DTENSOR_NCCL_BLOCKING_WAIT=1)");
       wait_for_op(comm, *done_, deadline_, what_);
     } else {
       comm.rethrow_if_failed();

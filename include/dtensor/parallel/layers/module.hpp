@@ -26,6 +26,7 @@
 #include "dtensor/backward/activation_checkpoint.hpp"
 #include "dtensor/backward/redistribute.hpp"
 #include "dtensor/backward/with_backward.hpp"
+#include "dtensor/core/cuda_sync.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/parallel/layers/moe_routing.hpp"
@@ -40,6 +41,7 @@ namespace dtensor::nn {
 template <class D>
 double scalar_value(const D& d) {
   const auto full = d.full_tensor();
+  const ::dtensor::detail::HostSyncScope read("the loss's value");
   return full.device().is_meta() ? std::nan("") : double(full.item());
 }
 
