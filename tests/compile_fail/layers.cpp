@@ -1,8 +1,13 @@
 // Compile-fail cases for the transformer layers (parallel/layers/; format: see vocabulary.cpp): a layout
-// that cannot exist, and layers fed tensors of another layout's placements.
+// that cannot exist, layers fed tensors of another layout's placements, and models that miss a piece of the
+// trainers' contract.
 // Syntax only, never linked: the layers' products may use the BLAS (<cblas.h> is on the default path).
 #define DTENSOR_HAS_BLAS 1
 #include <dtensor/parallel/layers.hpp>
+
+#include <cstddef>
+#include <tuple>
+#include <vector>
 
 using namespace dtensor;
 using Mesh = MeshShape<Axis<"dp">, Axis<"cp">, Axis<"tp">>;
@@ -45,4 +50,55 @@ void f(const nn::Embedding<float, TpSp>& emb,
        const DTensor<std::int64_t, 2, Mesh, Shard<0>, Shard<0>, Shard<1>>& ids) {
   (void)emb.forward(ids);
 }
+#endif
+
+// The model contract (layers/contract.hpp): what a trainer asks of a model, one missing piece at a time.
+struct NoUnits {
+  auto loss_function() const { return nn::MseLoss{}; }
+};
+struct NoLoss {
+  nn::RmsNorm<float, TpSp> norm;
+  auto units() { return std::tie(norm); }
+};
+struct UnitsByValue {
+  nn::RmsNorm<float, TpSp> norm;
+  auto units() { return std::tuple{norm}; }
+  auto loss_function() const { return nn::MseLoss{}; }
+};
+struct NotAUnit {
+  nn::act_t<TpSp, float> forward(const nn::act_t<TpSp, float>& x) const { return x; }
+};
+struct WithNotAUnit {
+  NotAUnit layer;
+  auto units() { return std::tie(layer); }
+  auto loss_function() const { return nn::MseLoss{}; }
+};
+
+// The control: a model of the contract.
+struct Normed {
+  nn::RmsNorm<float, TpSp> norm;
+  std::vector<nn::RmsNorm<float, TpSp>> more;
+  auto units() { return std::tie(norm, more); }
+  auto loss_function() const { return nn::MseLoss{}; }
+};
+static_assert(nn::check_model<Normed>() && nn::Model<Normed> && !nn::Model<NoUnits> && !nn::Model<NoLoss>);
+
+//! CASE model_no_units nn::Model: the model has no units\(\): give it `auto units\(\)
+#ifdef CASE_model_no_units
+constexpr bool f = nn::check_model<NoUnits>();
+#endif
+
+//! CASE model_no_loss nn::Model: the model has no loss_function\(\)
+#ifdef CASE_model_no_loss
+std::size_t f = sizeof(nn::DdpTrainer<NoLoss, "dp">);
+#endif
+
+//! CASE model_units_by_value nn::Model: units\(\) returns std::tie\(...\) of the model.s members
+#ifdef CASE_model_units_by_value
+constexpr bool f = nn::check_model<UnitsByValue>();
+#endif
+
+//! CASE model_not_a_unit nn::Model: a unit declares `using parameter_types
+#ifdef CASE_model_not_a_unit
+std::size_t f = sizeof(nn::FsdpTrainer<WithNotAUnit, Fsdp<"dp">>);
 #endif

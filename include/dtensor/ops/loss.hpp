@@ -17,12 +17,18 @@
 // elsewhere). Rows whose target is ignore_index (-100, as torch) count neither in the sum nor in the mean.
 // The loss is a rank-0 DTensor, Replicate. The backward gives (softmax(x) - onehot(target)) * g / count,
 // placed like the logits, with no communication (the forward keeps the row statistics).
+//
+// mse_loss(y, target): the mean of (y - target)^2 over every element of the global tensors (torch's
+// mse_loss, reduction 'mean'), y and target of one DTensor type (any placements but Partial): each rank sums
+// the squares of its block in double, one all_reduce of one value over the axes that shard y completes the
+// sum. The backward gives 2 (y - target) g / numel, placed like y, with no communication.
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -32,6 +38,7 @@
 #include "dtensor/core/extents.hpp"
 #include "dtensor/layout/shard_spec.hpp"
 #include "dtensor/local/pointwise.hpp"
+#include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/typed_rules.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
@@ -411,6 +418,116 @@ auto cross_entropy(const X& logits, const Target& target, WithBackwardTag) {
   auto loss = detail::cross_entropy_forward(logits, target, &saved);
   using Back = CrossEntropyBackward<X, Target>;
   return WithBackward<decltype(loss), Back>{std::move(loss), Back(logits, std::move(saved))};
+}
+
+namespace detail {
+
+/// Placements of mse_loss's sum: Partial<sum> over the axes that shard y (any dim), Replicate elsewhere.
+template <class X, bool Done>
+struct MseTotal {
+  static constexpr PlacementList list() {
+    PlacementList l;
+    for (Placement p : X::placements) {
+      l.push_back(!Done && normalize(p, X::rank).is_shard() ? Placement::partial(ReduceOp::sum)
+                                                            : Placement::replicate());
+    }
+    return l;
+  }
+};
+
+template <class X>
+consteval bool check_mse() {
+  constexpr bool partial = [] {
+    for (Placement p : X::placements) {
+      if (p.is_partial()) {
+        return true;
+      }
+    }
+    return false;
+  }();
+  static_assert(!partial, "mse_loss: Partial y (the loss is not linear in it): redistribute<Replicate> or "
+                          "reduce_scatter it first");
+  return true;
+}
+
+} // namespace detail
+
+/// The backward of mse_loss: y's gradient 2 (y - target) g / numel for a loss gradient g (a number, or a
+/// rank-0 DTensor), placed like y.
+template <class X>
+class MseBackward {
+public:
+  MseBackward(X diff, double numel) : diff_(std::move(diff)), numel_(numel) {}
+
+  X operator()(double g = 1.0) const { return scale(diff_, numel_ > 0 ? 2.0 * g / numel_ : 0.0); }
+  template <AnyDTensor G>
+  requires(G::rank == 0) X operator()(const G& g) const {
+    const auto full = g.full_tensor().to(Device::cpu());
+    return (*this)(double(full.data()[0]));
+  }
+
+private:
+  X diff_;
+  double numel_;
+};
+
+namespace detail {
+
+/// The loss, y - target and the global element count.
+template <class X>
+auto mse_forward(const X& y, const X& target) {
+  static_assert(check_mse<X>());
+  using T = typename X::value_type;
+  using Shape = typename dtensor_traits<X>::shape_type;
+  DTENSOR_CHECK(y.global_shape() == target.global_shape(),
+                "mse_loss: y of global shape " + shape_string(to_extents(y.global_shape())) +
+                    " and a target of " + shape_string(to_extents(target.global_shape())) +
+                    ": the two must have one shape");
+  const auto d = sub(y, target);
+  const auto dl = d.local().contiguous();
+  const bool meta = dl.device().is_meta();
+  const Device host = meta ? Device::meta() : Device::cpu();
+  double total = 0;
+  {
+    const ::dtensor::detail::HostSyncScope reads("mse_loss: the differences");
+    const auto dh = dl.to(host);
+    for (std::int64_t i = 0; i < dh.numel() && !meta; ++i) {
+      total += double(dh.data()[i]) * double(dh.data()[i]);
+    }
+  }
+  double numel = 1;
+  for (const auto e : y.global_shape()) {
+    numel *= double(e);
+  }
+  using TotalPart = dtensor_from_t<double, 1, Shape, &MseTotal<X, false>::list>;
+  using TotalDone = dtensor_from_t<double, 1, Shape, &MseTotal<X, true>::list>;
+  Tensor<double, 1> one({1}, host);
+  if (!meta) {
+    one.data()[0] = total;
+  }
+  const Tensor<double, 1> one_on = dl.device().is_cuda() ? one.to(dl.device()) : one;
+  const auto sum_on = redistribute_as<TotalDone, TotalPart>::run(TotalPart(y.mesh(), one_on, {1})).local();
+  const ::dtensor::detail::HostSyncScope read_sum("mse_loss: the loss's sum");
+  const Tensor<double, 1> sum = sum_on.device().is_cuda() ? sum_on.to(Device::cpu()) : sum_on;
+  Tensor<T, 0> loss(std::array<std::int64_t, 0>{});
+  loss.data()[0] = T(meta ? std::nan("") : (numel > 0 ? sum.data()[0] / numel : std::nan("")));
+  return std::tuple{dtensor_from_t<T, 0, Shape, &LossReplicate<X>::list>(y.mesh(), loss.to(dl.device()),
+                                                                         std::array<std::int64_t, 0>{}),
+                    d, numel};
+}
+
+} // namespace detail
+
+/// The mean squared error of y against target (see the top of this file); a rank-0 Replicate DTensor.
+template <AnyDTensor X>
+auto mse_loss(const X& y, const X& target) {
+  return std::get<0>(detail::mse_forward(y, target));
+}
+template <AnyDTensor X>
+auto mse_loss(const X& y, const X& target, WithBackwardTag) {
+  auto [loss, diff, numel] = detail::mse_forward(y, target);
+  using Back = MseBackward<decltype(diff)>;
+  return WithBackward<decltype(loss), Back>{std::move(loss), Back(std::move(diff), numel)};
 }
 
 } // namespace dtensor

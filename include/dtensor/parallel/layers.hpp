@@ -13,15 +13,20 @@
 // (what every layer shares: Gradients, TransformerConfig, checkpointed), embedding.hpp, norm.hpp,
 // mlp.hpp, moe.hpp (nn::Moe: a mixture of experts over an expert-parallel axis; its routing in
 // moe_routing.hpp), attention.hpp, block.hpp (nn::TransformerBlock), mlp_block.hpp (nn::MlpBlock: a block
-// without attention), head.hpp; model.hpp (nn::LanguageModel: embedding, blocks, final norm, head) and
-// trainer.hpp (nn::DdpTrainer, nn::FsdpTrainer: its training step under DDP or FSDP/HSDP),
+// without attention), head.hpp, chain.hpp (nn::Chain: layers run as one), losses.hpp (nn::CrossEntropyLoss,
+// nn::MseLoss); contract.hpp (what a model is to the trainers: nn::Model, nn::Unit), model.hpp
+// (nn::LanguageModel: embedding, blocks, final norm and head) and trainer.hpp (nn::DdpTrainer,
+// nn::FsdpTrainer: the training step of any model under DDP or FSDP/HSDP),
 // pipeline_trainer.hpp (nn::PipelineTrainer: pipelined over a pp group, FSDP x TP inside each stage).
 
 #include "dtensor/parallel/layers/attention.hpp"
 #include "dtensor/parallel/layers/block.hpp"
+#include "dtensor/parallel/layers/chain.hpp"
+#include "dtensor/parallel/layers/contract.hpp"
 #include "dtensor/parallel/layers/embedding.hpp"
 #include "dtensor/parallel/layers/head.hpp"
 #include "dtensor/parallel/layers/layout.hpp"
+#include "dtensor/parallel/layers/losses.hpp"
 #include "dtensor/parallel/layers/mlp.hpp"
 #include "dtensor/parallel/layers/mlp_block.hpp"
 #include "dtensor/parallel/layers/model.hpp"

@@ -9,6 +9,7 @@
 //   nn::LmHead<float, L> head(mesh, vocab, hidden, keys.next());
 //   auto [loss, back] = head.forward(h, targets, with_backward);   // loss: a rank-0 DTensor, Replicate
 //   auto [dh, grads] = back(1.0);                                   // grads: std::tuple{dW}
+//   auto [z, zback] = head.forward(h, with_backward);              // the logits (a unit of a model)
 //   auto logits = head.logits(h);                                   // for sampling: logits.full_tensor()
 
 #include <cstdint>
@@ -51,32 +52,45 @@ public:
     return linear(detail::to_placements<gathered_t<L, T>>::run(x).output, weight);
   }
 
+  /// The logits with their backward (the head as a unit of a model, nn::CrossEntropyLoss after it): back(dz)
+  /// gives the input's gradient and W's for the logits' gradient dz.
+  template <class X>
+  auto forward(const X& x, WithBackwardTag) const {
+    static_assert(std::is_same_v<X, input_type>, "nn::LmHead: the input must be nn::act_t<L, T>");
+    if constexpr (L::collective_matmul) { // the all_gather on tp overlapped with the vocab GEMM
+      auto [z, z_back] = all_gather_linear(x, std::tie(weight), with_backward);
+      auto back = [z_back = std::move(z_back)](const auto& dz) {
+        auto [dx, dw] = z_back(dz);
+        return Gradients{detail::gradient_as<input_type>(dx), std::tuple{std::get<0>(std::move(dw))}};
+      };
+      return WithBackward<logits_t<L, T>, decltype(back)>{std::get<0>(std::move(z)), std::move(back)};
+    } else {
+      auto [xg, entry_back] = detail::to_placements<gathered_t<L, T>>::run(x); // all_gather on tp (sp)
+      auto [z, w_back] = linear(xg, weight, with_backward);                    // logits: the vocab over tp
+      auto back = [entry_back = std::move(entry_back), w_back = std::move(w_back)](const auto& dz) {
+        auto [dxg, dw] = w_back(dz);
+        return Gradients{detail::gradient_as<input_type>(entry_back(dxg)), std::tuple{std::move(dw)}};
+      };
+      return WithBackward<logits_t<L, T>, decltype(back)>{std::move(z), std::move(back)};
+    }
+  }
+  template <class X>
+  logits_t<L, T> forward(const X& x) const {
+    return logits(x);
+  }
+
   /// The mean cross-entropy against `targets` (nn::ids_t<L>; ignore_index rows do not count), with its
   /// backward: back(g) gives the input's gradient and W's for a loss gradient g (1.0: the loss itself).
   template <class X, class Targets>
   auto forward(const X& x, const Targets& targets, WithBackwardTag) const {
-    static_assert(std::is_same_v<X, input_type>, "nn::LmHead: the input must be nn::act_t<L, T>");
     static_assert(std::is_same_v<Targets, ids_t<L, typename Targets::value_type>>,
                   "nn::LmHead: the targets must be nn::ids_t<L>, placed like the ids");
-    if constexpr (L::collective_matmul) { // the all_gather on tp overlapped with the vocab GEMM
-      auto [z, z_back] = all_gather_linear(x, std::tie(weight), with_backward);
-      auto [loss, loss_back] = cross_entropy(std::get<0>(z), targets, with_backward);
-      auto back = [z_back = std::move(z_back), loss_back = std::move(loss_back)](double g = 1.0) {
-        auto [dx, dw] = z_back(loss_back(g));
-        return Gradients{detail::gradient_as<input_type>(dx), std::tuple{std::get<0>(std::move(dw))}};
-      };
-      return WithBackward<decltype(loss), decltype(back)>{std::move(loss), std::move(back)};
-    } else {
-      auto [xg, entry_back] = detail::to_placements<gathered_t<L, T>>::run(x); // all_gather on tp (sp)
-      auto [z, w_back] = linear(xg, weight, with_backward);                    // logits: the vocab over tp
-      auto [loss, loss_back] = cross_entropy(z, targets, with_backward);
-      auto back = [entry_back = std::move(entry_back), w_back = std::move(w_back),
-                   loss_back = std::move(loss_back)](double g = 1.0) {
-        auto [dxg, dw] = w_back(loss_back(g));
-        return Gradients{detail::gradient_as<input_type>(entry_back(dxg)), std::tuple{std::move(dw)}};
-      };
-      return WithBackward<decltype(loss), decltype(back)>{std::move(loss), std::move(back)};
-    }
+    auto [z, z_back] = forward(x, with_backward);
+    auto [loss, loss_back] = cross_entropy(z, targets, with_backward);
+    auto back = [z_back = std::move(z_back), loss_back = std::move(loss_back)](double g = 1.0) {
+      return z_back(loss_back(g));
+    };
+    return WithBackward<decltype(loss), decltype(back)>{std::move(loss), std::move(back)};
   }
   template <class X, class Targets>
   auto forward(const X& x, const Targets& targets) const {
