@@ -9,8 +9,11 @@
 // a run, one without parameters, a single unit: every form the contract allows), trained with nn::MseLoss.
 // - Against one rank: three AdamW steps with clipping under DdpTrainer (ddp over dp, tp), FsdpTrainer (fsdp,
 //   hsdp, fsdp x tp) on 1-4 ranks give the one-rank losses, gradient norms and final parameters within 1e-10
-//   (double), with uneven and empty shards (batch 3 over up to 4 batch ranks, ffn 10 over tp).
-// - Gradient accumulation: three micro-batches of one row equal the batch at once under both trainers.
+//   (double), with uneven and empty shards (batch 4 over up to 4 batch ranks, one-row micro-batches, ffn 10 over tp).
+// - Pipelined (nn::PipelineTrainer: the run of blocks cut into stages, the first unit with stage 0, the gate
+//   and the readout with the last): 1F1B, GPipe and interleaved 1F1B, with FSDP or TP inside the stages,
+//   equal the one-rank step on the same four micro-batches within 1e-10.
+// - Gradient accumulation: four micro-batches of one row equal the batch at once under both trainers.
 #include <catch2/catch.hpp>
 
 #include <dtensor/backward/redistribute.hpp>
@@ -20,10 +23,13 @@
 #include <dtensor/parallel/fsdp.hpp>
 #include <dtensor/parallel/layers/contract.hpp>
 #include <dtensor/parallel/layers/losses.hpp>
+#include <dtensor/parallel/layers/pipeline_trainer.hpp>
 #include <dtensor/parallel/layers/trainer.hpp>
 #include <dtensor/parallel/optim.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #include <dtensor/testing/run_ranks.hpp>
+
+#include "../support/model_runs.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -134,12 +140,8 @@ struct Regressor {
 static_assert(nn::Model<Regressor<double>>);
 static_assert(nn::Unit<Gate> && nn::Unit<Feedforward<float>>);
 
-constexpr std::int64_t kWidth = 6, kFfn = 10, kOutputs = 3, kBatch = 3;
-constexpr int kBlocks = 2, kSteps = 3;
-
-void expect(bool ok, const std::string& what) {
-  DTENSOR_CHECK(ok, what);
-}
+constexpr std::int64_t kWidth = 6, kFfn = 10, kOutputs = 3, kBatch = 4;
+constexpr int kBlocks = 4, kSteps = 3;
 
 /// Weight `seed` of type D: small values that differ per element, the same on any mesh.
 template <class D>
@@ -173,83 +175,64 @@ Rows<double> rows_of(const DeviceMesh<Mesh>& mesh, int step, bool target, std::i
   });
 }
 
-struct Run {
-  std::vector<double> losses, norms;
-  std::vector<std::vector<double>> params;
-};
+using testing::ModelRun;
 
-template <class Trainer>
-void read_params(Trainer& trainer, Run& run) {
-  trainer.with_gathered([&](auto& m) {
-    nn::for_each_tensor(nn::model_parameters(m), [&](const auto& w) {
-      const auto full = w.full_tensor();
-      run.params.emplace_back(full.data(), full.data() + full.numel());
-    });
-  });
+/// The step's batch: whole, or as four micro-batches of one row.
+std::vector<std::pair<Rows<double>, Rows<double>>> batch_of(const DeviceMesh<Mesh>& mesh, int step,
+                                                            bool micro) {
+  std::vector<std::pair<Rows<double>, Rows<double>>> batches;
+  if (!micro) {
+    batches.emplace_back(rows_of(mesh, step, false), rows_of(mesh, step, true));
+    return batches;
+  }
+  for (std::int64_t row = 0; row < kBatch; ++row) {
+    batches.emplace_back(rows_of(mesh, step, false, 1, row), rows_of(mesh, step, true, 1, row));
+  }
+  return batches;
 }
 
-/// kSteps steps; `micro`: each step as three micro-batches of one row.
 template <class Trainer>
-Run train(Trainer& trainer, bool micro = false) {
+ModelRun train(Trainer& trainer, const DeviceMesh<Mesh>& mesh, bool micro) {
   optim::AdamW opt({.lr = 2e-2, .weight_decay = 0.01});
-  Run run;
+  ModelRun run;
   for (int s = 0; s < kSteps; ++s) {
-    const auto& mesh = trainer.mesh();
-    nn::StepResult r;
-    if (micro) {
-      std::vector<std::pair<Rows<double>, Rows<double>>> batches;
-      for (std::int64_t row = 0; row < kBatch; ++row) {
-        batches.emplace_back(rows_of(mesh, s, false, 1, row), rows_of(mesh, s, true, 1, row));
-      }
-      r = trainer.step(std::span(batches), opt);
-    } else {
-      r = trainer.step(rows_of(mesh, s, false), rows_of(mesh, s, true), opt);
-    }
+    const auto batches = batch_of(mesh, s, micro);
+    const nn::StepResult r = micro ? trainer.step(std::span(batches), opt)
+                                   : trainer.step(batches[0].first, batches[0].second, opt);
     run.losses.push_back(r.loss);
     run.norms.push_back(r.grad_norm);
   }
-  read_params(trainer, run);
+  testing::read_params(trainer, run);
   return run;
 }
 
 enum class Layout { tp, ddp, fsdp, hsdp, fsdp_tp };
 
-Run run_layout(const DeviceMesh<Mesh>& mesh, Layout layout, bool micro = false) {
+ModelRun run_layout(const DeviceMesh<Mesh>& mesh, Layout layout, bool micro = false) {
   const nn::TrainerOptions options{.max_norm = 0.5,
                                    .ddp = {.bucket_cap_bytes = 256, .first_bucket_cap_bytes = 128}};
   if (layout == Layout::tp || layout == Layout::ddp) {
     nn::DdpTrainer<Regressor<double>, "dp"> trainer(mesh, make_model(mesh), options);
-    return train(trainer, micro);
+    return train(trainer, mesh, micro);
   }
   if (layout == Layout::hsdp) {
     nn::FsdpTrainer<Regressor<double>, Hsdp<"rep", "dp">> trainer(mesh, make_model(mesh), options);
-    return train(trainer, micro);
+    return train(trainer, mesh, micro);
   }
   nn::FsdpTrainer<Regressor<double>, Fsdp<"dp">> trainer(mesh, make_model(mesh), options);
-  return train(trainer, micro);
+  return train(trainer, mesh, micro);
 }
 
-void compare(const Run& got, const Run& want, const std::string& name) {
-  constexpr double tol = 1e-10;
-  for (int s = 0; s < kSteps; ++s) {
-    expect(std::abs(got.losses[s] - want.losses[s]) <= tol * std::abs(want.losses[s]),
-           name + ": step " + std::to_string(s) + "'s loss " + std::to_string(got.losses[s]) + ", one rank " +
-               std::to_string(want.losses[s]));
-    expect(std::abs(got.norms[s] - want.norms[s]) <= tol * std::abs(want.norms[s]),
-           name + ": step " + std::to_string(s) + "'s gradient norm " + std::to_string(got.norms[s]) +
-               ", one rank " + std::to_string(want.norms[s]));
-  }
-  expect(got.params.size() == want.params.size(), name + ": the number of parameters");
-  for (std::size_t i = 0; i < want.params.size(); ++i) {
-    expect(got.params[i].size() == want.params[i].size(),
-           name + ": parameter " + std::to_string(i) + "'s size");
-    for (std::size_t e = 0; e < want.params[i].size(); ++e) {
-      const double d = std::abs(got.params[i][e] - want.params[i][e]);
-      expect(d <= tol * std::max(1.0, std::abs(want.params[i][e])),
-             name + ": parameter " + std::to_string(i) + " element " + std::to_string(e) + " differs by " +
-                 std::to_string(d));
-    }
-  }
+using PMesh = MeshShape<Axis<"pp">, Axis<"rep">, Axis<"dp">, Axis<"tp">>;
+
+/// This pp rank's part of the model under nn::PipelineTrainer (FSDP over dp inside each stage), trained on
+/// the four micro-batches.
+ModelRun run_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int chunks) {
+  const auto stage = mesh.slice<"rep", "dp", "tp">();
+  nn::PipelineTrainer<Regressor<double>, Fsdp<"dp">> trainer(
+      mesh.group<"pp">(), stage, make_model(stage),
+      {.schedule = schedule, .chunks = chunks, .max_norm = 0.5});
+  return train(trainer, stage, true);
 }
 
 /// Step 0's loss by plain loops over the same numbers (no DTensor): the check of the one-rank run itself.
@@ -266,7 +249,7 @@ double plain_first_loss() {
     for (std::int64_t c = 0; c < kWidth; ++c) {
       h[std::size_t(c)] = value(r, c, false);
     }
-    for (int seed : {1, 10, 12}) { // the first Feedforward, then the blocks
+    for (int seed : {1, 10, 12, 14, 16}) { // the first Feedforward, then the blocks
       std::vector<double> a(kFfn, 0.0), out = h;
       for (std::int64_t f = 0; f < kFfn; ++f) {
         for (std::int64_t c = 0; c < kWidth; ++c) {
@@ -295,24 +278,45 @@ double plain_first_loss() {
   return total / double(kBatch * kOutputs);
 }
 
-const Run& reference() {
-  static const Run want = [] {
-    Run r;
+/// The one-rank run under DdpTrainer: on the whole batches, or on each step's four micro-batches.
+const ModelRun& reference(bool micro = false) {
+  static const ModelRun whole = [] {
+    ModelRun r;
     testing::run_ranks(
         1, [&](ProcessGroup& one) { r = run_layout(init_device_mesh<Mesh>(one, 1, 1, 1), Layout::ddp); });
     return r;
   }();
-  return want;
+  static const ModelRun split = [] {
+    ModelRun r;
+    testing::run_ranks(1, [&](ProcessGroup& one) {
+      r = run_layout(init_device_mesh<Mesh>(one, 1, 1, 1), Layout::ddp, true);
+    });
+    return r;
+  }();
+  return micro ? split : whole;
 }
 
 void check(Layout layout, int rep, int dp, int tp, const std::string& name, bool micro = false) {
-  const std::string where = name + (micro ? " in three micro-batches" : "") +
+  const std::string where = name + (micro ? " in four micro-batches" : "") +
                             " on (rep=" + std::to_string(rep) + ", dp=" + std::to_string(dp) +
                             ", tp=" + std::to_string(tp) + ")";
   INFO(where);
-  const Run& want = reference();
+  const ModelRun& want = reference(micro);
   testing::run_ranks(rep * dp * tp, [&](ProcessGroup& world) {
-    compare(run_layout(init_device_mesh<Mesh>(world, rep, dp, tp), layout, micro), want, where);
+    testing::compare_runs(run_layout(init_device_mesh<Mesh>(world, rep, dp, tp), layout, micro), want, where,
+                          1e-10);
+  });
+}
+
+void check_pipelined(int pp, int dp, int tp, Schedule schedule, int chunks) {
+  const std::string where = std::string("pipeline ") + schedule_name(schedule) + " x " +
+                            std::to_string(chunks) + " on (pp=" + std::to_string(pp) +
+                            ", dp=" + std::to_string(dp) + ", tp=" + std::to_string(tp) + ")";
+  INFO(where);
+  const ModelRun& want = reference(true);
+  testing::run_ranks(pp * dp * tp, [&](ProcessGroup& world) {
+    testing::compare_runs(run_pipelined(init_device_mesh<PMesh>(world, pp, 1, dp, tp), schedule, chunks),
+                          want, where, 1e-10);
   });
 }
 
@@ -320,7 +324,7 @@ void check(Layout layout, int rep, int dp, int tp, const std::string& name, bool
 
 TEST_CASE("Any model: a user's regression model trains under DDP, FSDP, HSDP and FSDP x TP as on one rank",
           "[parallel][trainer][any_model]") {
-  const Run& want = reference();
+  const ModelRun& want = reference();
   REQUIRE(want.losses.size() == std::size_t(kSteps));
   CHECK(want.losses.back() < want.losses.front()); // it learns
   CHECK(std::abs(want.losses.front() - plain_first_loss()) <= 1e-12 * plain_first_loss());
@@ -335,8 +339,18 @@ TEST_CASE("Any model: a user's regression model trains under DDP, FSDP, HSDP and
   check(Layout::fsdp_tp, 1, 2, 2, "fsdp x tp");
 }
 
-TEST_CASE("Any model: three micro-batches accumulate to the whole batch under both trainers",
+TEST_CASE("Any model: the user's model pipelined under 1F1B, GPipe and interleaved 1F1B, with FSDP or TP in "
+          "the stages, trains as on one rank",
+          "[parallel][trainer][any_model][pipeline]") {
+  check_pipelined(2, 1, 1, Schedule::one_f_one_b, 1);
+  check_pipelined(2, 2, 1, Schedule::gpipe, 1);
+  check_pipelined(2, 1, 2, Schedule::interleaved_one_f_one_b, 2);
+  check_pipelined(3, 1, 1, Schedule::one_f_one_b, 1);
+}
+
+TEST_CASE("Any model: four micro-batches accumulate to the whole batch under both trainers",
           "[parallel][trainer][any_model]") {
+  testing::compare_runs(reference(true), reference(false), "one rank, micro-batches against the batch", 1e-12);
   check(Layout::ddp, 1, 1, 1, "ddp", true);
   check(Layout::ddp, 1, 2, 2, "ddp x tp", true);
   check(Layout::fsdp, 1, 3, 1, "fsdp", true);

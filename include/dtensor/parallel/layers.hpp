@@ -14,7 +14,8 @@
 // mlp.hpp, moe.hpp (nn::Moe: a mixture of experts over an expert-parallel axis; its routing in
 // moe_routing.hpp), attention.hpp, block.hpp (nn::TransformerBlock), mlp_block.hpp (nn::MlpBlock: a block
 // without attention), head.hpp, chain.hpp (nn::Chain: layers run as one), losses.hpp (nn::CrossEntropyLoss,
-// nn::MseLoss); contract.hpp (what a model is to the trainers: nn::Model, nn::Unit), model.hpp
+// nn::MseLoss), vision.hpp (nn::VisionEncoder: a vision transformer; nn::PatchEmbedding, nn::ClassifierHead);
+// contract.hpp (what a model is to the trainers: nn::Model, nn::Unit), model.hpp
 // (nn::LanguageModel: embedding, blocks, final norm and head) and trainer.hpp (nn::DdpTrainer,
 // nn::FsdpTrainer: the training step of any model under DDP or FSDP/HSDP),
 // pipeline_trainer.hpp (nn::PipelineTrainer: pipelined over a pp group, FSDP x TP inside each stage).
@@ -36,3 +37,4 @@
 #include "dtensor/parallel/layers/norm.hpp"
 #include "dtensor/parallel/layers/pipeline_trainer.hpp"
 #include "dtensor/parallel/layers/trainer.hpp"
+#include "dtensor/parallel/layers/vision.hpp"

@@ -1,5 +1,6 @@
 #pragma once
-// nn::Attention: causal self-attention with grouped-query attention and RoPE, tensor parallel on the
+// nn::Attention: causal self-attention (or, config.causal false, an encoder's: every position sees every
+// other) with grouped-query attention and RoPE, tensor parallel on the
 // layout's tp axis (Megatron: q, k, v column parallel, so the heads are over tp and attention itself is
 // local; the output projection row parallel), sequence parallel as the layout says, and context parallel
 // in the layout's form (Ring<"cp"> or Ulysses<"cp">, ops/attention.hpp) when it names one.
@@ -7,7 +8,7 @@
 //   x (batch, seq, hidden) act_t --gather on tp (sp)--> x W_q^T, x W_k^T, x W_v^T   (batch, seq, heads * hd)
 //     --unflatten, transpose--> (batch, heads, seq, hd): batch over the data axes, heads over tp, seq over cp
 //     --rotary (q, k: positions are the global sequence indices, so every shard turns as one rank would)
-//     --causal attention (local, or the layout's context-parallel form)
+//     --attention (local, or the layout's context-parallel form)
 //     --transpose, flatten--> (batch, seq, heads * hd) --x W_o^T--> Partial over tp --reduce_scatter (sp) or
 //     all_reduce--> act_t
 //
@@ -176,7 +177,7 @@ private:
 
   template <class Q, class K, class V>
   auto attend(const Q& q, const K& k, const V& v) const {
-    const AttentionOptions o{.causal = true};
+    const AttentionOptions o{.causal = config.causal};
     if constexpr (std::is_void_v<typename L::cp_form>) {
       return scaled_dot_product_attention(q, k, v, o, with_backward);
     } else {

@@ -269,6 +269,10 @@ auto model_parameters(M& m) {
       m.units());
 }
 
+/// The output of model m's units on `input`, no backward (evaluation: the last unit's output, e.g. logits).
+template <Model M, class Input>
+auto model_forward(M& m, const Input& input);
+
 /// f(unit, element, index) for every unit of the model in the order of the forward: `element` the index of
 /// its element of units() (a std::integral_constant), `index` its place in a run (0 for a single unit).
 template <class Units, class F>
@@ -388,5 +392,11 @@ auto backprop_units(Units& units, const X& x, Tail& tail, On& on) {
 }
 
 } // namespace detail
+
+template <Model M, class Input>
+auto model_forward(M& m, const Input& input) {
+  auto units = m.units();
+  return detail::forward_units<0>(units, input);
+}
 
 } // namespace dtensor::nn

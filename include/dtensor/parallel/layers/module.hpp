@@ -67,6 +67,7 @@ struct TransformerConfig {
   double norm_eps = 1e-5;
   double rope_base = 10000;
   double init_std = 0.02; ///< weights normal(0, init_std); norm weights ones
+  bool causal = true;     ///< false: each position attends to every other (an encoder: nn::VisionEncoder)
   MoeConfig moe{};        ///< the experts of a block whose feed-forward is nn::Experts (nn::MoeBlock)
 
   std::int64_t head_dim() const noexcept { return heads > 0 ? hidden / heads : 0; }
