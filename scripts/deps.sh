@@ -4,13 +4,14 @@
 # missing (idempotent: does nothing when all are present). Needs root or sudo only when something is missing.
 #
 #   scripts/deps.sh           # what the build and the demo need
-#   scripts/deps.sh --tests   # and python3-torch, the peer of the interop tests (never a build dependency)
+#   scripts/deps.sh --tests   # and python3-torch, the peer of the interop tests (never a build dependency),
+#                             # and python3-sklearn, whose 8x8 digits examples/11_vision.cpp reads
 set -euo pipefail
 
 packages=(g++ lld cmake ninja-build catch2 libgloo-dev libopenblas-dev librandom123-dev libdlpack-dev
           nlohmann-json3-dev libopenmpi-dev openmpi-bin fortunes gnuplot-nox)
 if [[ ${1:-} == --tests ]]; then
-  packages+=(python3-torch)
+  packages+=(python3-torch python3-sklearn)
 fi
 missing=()
 for p in "${packages[@]}"; do
