@@ -13,7 +13,7 @@
 //                                        runs again in the backward; the FSDP layouts recompute anyway)
 //   --no-check                           skip the one-rank reference
 //
-// The model is nn::LanguageModel of nn::MlpBlock (parallel/layers/): a vocab-parallel embedding, 3 blocks of
+// The model is nn::LanguageModel of nn::MlpBlock (nn/): a vocab-parallel embedding, 3 blocks of
 // h + W2 gelu(W1 rms_norm(h)) in tensor + sequence parallel, a final rms_norm and the vocab-parallel head
 // with its loss (the logits stay sharded on the vocabulary). One mesh (rep, dp, tp) for every layout: the
 // batch is sharded over rep and dp, the sequence over tp between the tensor-parallel regions, the weights
@@ -30,7 +30,7 @@
 // function of the step (the targets a fixed map of the ids: a pattern the model learns). The check trains the
 // same model on one rank in this process (a one-rank group of the world's backend) and compares the loss of
 // every step and every final parameter (relative, 1e-4 in float); the program exits 1 otherwise.
-// tests/parallel/test_trainer.cpp runs the same model in double against one rank within 1e-10 and pins the
+// tests/train/test_trainer.cpp runs the same model in double against one rank within 1e-10 and pins the
 // collectives of a step in every layout; bench/train measures it against torch.
 //
 // On CUDA every tensor of the model lives on the rank's GPU (NCCL gives it: cuda:(LOCAL_RANK mod the visible
@@ -39,12 +39,13 @@
 // DTENSOR_TEST_HOSTID_PER_RANK=1 sets it from RANK.
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/parallel/fsdp.hpp>
-#include <dtensor/parallel/layers/mlp_block.hpp>
-#include <dtensor/parallel/layers/model.hpp>
-#include <dtensor/parallel/layers/trainer.hpp>
-#include <dtensor/parallel/optim.hpp>
+#include <dtensor/nn/mlp_block.hpp>
+#include <dtensor/nn/model.hpp>
 #include <dtensor/testing/validate_only.hpp>
+#include <dtensor/train/data_layout.hpp>
+#include <dtensor/train/fsdp.hpp>
+#include <dtensor/train/optim.hpp>
+#include <dtensor/train/trainer.hpp>
 
 #include <algorithm>
 #include <array>
@@ -147,19 +148,17 @@ Run train(Trainer& trainer, const Options& o, bool print) {
   return run;
 }
 
-/// Trains in `layout` on `mesh`: builds the model and the layout's trainer.
+/// tp_cm trains as tp (with the collective matmuls in the model's layout): the data layout of a --layout.
+nn::DataLayout data_layout(const std::string& layout) {
+  return nn::parse_data_layout(layout == "tp_cm" ? "tp" : layout);
+}
+
+/// Trains in `layout` on `mesh`: builds the model and the layout's trainer (train/data_layout.hpp).
 Run train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, const Options& o, bool print) {
   init::InitKeys keys(2024);
   const nn::TrainerOptions options{.max_norm = 0.5,
                                    .ddp = {.bucket_cap_bytes = 4096, .first_bucket_cap_bytes = 2048}};
-  if (layout == "fsdp" || layout == "fsdp_tp") {
-    nn::FsdpTrainer<Model<nn::MlpBlock>, Fsdp<"dp">> t(mesh, {mesh, o.model, 3, keys, o.device}, options);
-    return train(t, o, print);
-  } else if (layout == "hsdp") {
-    nn::FsdpTrainer<Model<nn::MlpBlock>, Hsdp<"rep", "dp">> t(mesh, {mesh, o.model, 3, keys, o.device},
-                                                              options);
-    return train(t, o, print);
-  } else if (o.checkpoint) {
+  if (o.checkpoint) { // tp or ddp: replicated parameters
     nn::DdpTrainer<Model<CheckpointedBlock>> t(mesh, {mesh, o.model, 3, keys, o.device}, options);
     return train(t, o, print);
   }
@@ -168,8 +167,8 @@ Run train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, const 
     nn::DdpTrainer<Overlapped> t(mesh, {mesh, o.model, 3, keys, o.device}, options);
     return train(t, o, print);
   }
-  nn::DdpTrainer<Model<nn::MlpBlock>> t(mesh, {mesh, o.model, 3, keys, o.device}, options);
-  return train(t, o, print);
+  return nn::with_trainer(data_layout(layout), mesh, Model<nn::MlpBlock>(mesh, o.model, 3, keys, o.device),
+                          options, [&](auto& trainer) { return train(trainer, o, print); });
 }
 
 [[noreturn]] void usage(const std::string& why) {
@@ -217,26 +216,26 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-/// The (rep, dp, tp) mesh of `o`'s layout on n ranks; exits 2 (usage) when there is none.
+/// The (rep, dp, tp) mesh of `o`'s layout on n ranks (--mesh, or the layout's); exits 2 (usage) when there is
+/// none.
 std::array<int, 3> mesh_for(const Options& o, int n) {
-  int rep = o.layout == "hsdp" ? 2 : 1;
-  int tp = o.layout == "tp" || o.layout == "tp_cm" ? n : o.layout == "fsdp_tp" ? 2 : 1;
-  int dp = n / (rep * tp);
-  if (o.layout != "tp" && o.layout != "tp_cm" && o.layout != "ddp" && o.layout != "fsdp" &&
-      o.layout != "hsdp" && o.layout != "fsdp_tp") {
-    usage("unknown layout " + o.layout);
+  std::array<int, 3> m{};
+  try {
+    m = nn::data_layout_mesh(data_layout(o.layout), n);
+  } catch (const Error& e) {
+    usage(e.what());
   }
   if (o.checkpoint && o.layout != "tp" && o.layout != "ddp") {
     usage("--checkpoint is for tp and ddp (the FSDP layouts recompute a block's forward anyway)");
   }
-  if (!o.mesh.empty() && std::sscanf(o.mesh.c_str(), "%d,%d,%d", &rep, &dp, &tp) != 3) {
+  if (!o.mesh.empty() && std::sscanf(o.mesh.c_str(), "%d,%d,%d", &m[0], &m[1], &m[2]) != 3) {
     usage("--mesh takes REP,DP,TP, not " + o.mesh);
   }
-  if (rep * dp * tp != n || o.steps < 1) {
-    usage("the mesh (" + std::to_string(rep) + ", " + std::to_string(dp) + ", " + std::to_string(tp) +
+  if (m[0] * m[1] * m[2] != n || o.steps < 1) {
+    usage("the mesh (" + std::to_string(m[0]) + ", " + std::to_string(m[1]) + ", " + std::to_string(m[2]) +
           ") does not have the " + std::to_string(n) + " ranks, or --steps < 1");
   }
-  return {rep, dp, tp};
+  return m;
 }
 
 } // namespace

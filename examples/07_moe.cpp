@@ -12,12 +12,12 @@
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/parallel/layers/block.hpp>
-#include <dtensor/parallel/layers/model.hpp>
-#include <dtensor/parallel/layers/moe.hpp>
-#include <dtensor/parallel/layers/trainer.hpp>
-#include <dtensor/parallel/optim.hpp>
+#include <dtensor/nn/block.hpp>
+#include <dtensor/nn/model.hpp>
+#include <dtensor/nn/moe.hpp>
 #include <dtensor/testing/run_ranks.hpp>
+#include <dtensor/train/optim.hpp>
+#include <dtensor/train/trainer.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // 08: a pipeline of DTensor stages. Four processes as a (pp = 2, tp = 2) mesh: each pp rank is a pipeline
 // stage whose blocks (nn::MlpBlock: RMSNorm and a SwiGLU MLP, tensor + sequence parallel over its tp pair)
 // run on its (tp) sub-mesh, and the activations cross the stages as DTensors with their placements
-// (run_pipeline, parallel/pipeline_run.hpp). The same 4 micro-batches run under GPipe, 1F1B (2 model stages,
+// (run_pipeline, train/pipeline_run.hpp). The same 4 micro-batches run under GPipe, 1F1B (2 model stages,
 // one per pp rank) and interleaved 1F1B (4 model stages, 2 chunks per pp rank); every micro-batch's output,
 // its input gradient and every block's parameter gradients are checked against the same blocks run one
 // after the other in this process, and each rank prints its order and idle fraction next to the bubble
@@ -12,8 +12,8 @@
 
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/parallel/layers/mlp_block.hpp>
-#include <dtensor/parallel/pipeline_run.hpp>
+#include <dtensor/nn/mlp_block.hpp>
+#include <dtensor/train/pipeline_run.hpp>
 
 #include <algorithm>
 #include <cmath>

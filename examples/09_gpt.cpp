@@ -33,7 +33,7 @@
 //   --csv FILE        rank 0 writes step, train loss, validation loss, tokens/s
 //   --data PATH       a text file, or a directory whose files are read in name order (default: the fortunes)
 //   --save DIR        at the end, save the training state (parameters, AdamW's state, the step) into the
-//                     sharded checkpoint DIR (parallel/train_state.hpp): layout-independent
+//                     sharded checkpoint DIR (train/train_state.hpp): layout-independent
 //   --resume DIR      start from the training state in DIR, saved by any layout on any number of ranks, and
 //                     train on to --steps (the batches are a function of the step, so the data goes on too)
 //   --comm-table P    every rank writes what it communicated in the training (CommDebugMode's table: op,
@@ -62,13 +62,13 @@
 #include <dtensor/comm/init.hpp>
 #include <dtensor/core/memory_tracker.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/parallel/fsdp.hpp>
-#include <dtensor/parallel/layers/block.hpp>
-#include <dtensor/parallel/layers/model.hpp>
-#include <dtensor/parallel/layers/pipeline_trainer.hpp>
-#include <dtensor/parallel/layers/trainer.hpp>
-#include <dtensor/parallel/optim.hpp>
-#include <dtensor/parallel/train_state.hpp>
+#include <dtensor/nn/block.hpp>
+#include <dtensor/nn/model.hpp>
+#include <dtensor/train/fsdp.hpp>
+#include <dtensor/train/optim.hpp>
+#include <dtensor/train/pipeline_trainer.hpp>
+#include <dtensor/train/train_state.hpp>
+#include <dtensor/train/trainer.hpp>
 
 #include <algorithm>
 #include <chrono>

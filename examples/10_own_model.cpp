@@ -1,7 +1,7 @@
 // 10: your own model under the library's trainers. The layers below are written here, as a user writes them:
 // their parameters are DTensors whose placements are part of their types, their forward returns its
 // backward (the library's ops do the communication their placements imply), and the model is an ordered list
-// of them plus a loss (parallel/layers/contract.hpp). Nothing in the library knows this model; FSDP x TP,
+// of them plus a loss (nn/contract.hpp). Nothing in the library knows this model; FSDP x TP,
 // DDP or HSDP train it as they train the GPT.
 //
 // Run as 4 processes: dtensor-run --nproc-per-node 4 ./example_10_own_model --layout fsdp_tp --check
@@ -16,13 +16,13 @@
 #include <dtensor/backward/redistribute.hpp>
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/nn/init.hpp>
+#include <dtensor/nn/losses.hpp>
 #include <dtensor/ops/matmul.hpp>
 #include <dtensor/ops/pointwise.hpp>
-#include <dtensor/parallel/layers/data_layout.hpp>
-#include <dtensor/parallel/layers/losses.hpp>
-#include <dtensor/parallel/optim.hpp>
-#include <dtensor/parallel/param_init.hpp>
 #include <dtensor/tensor/distribute.hpp>
+#include <dtensor/train/data_layout.hpp>
+#include <dtensor/train/optim.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -36,7 +36,7 @@
 
 using namespace dtensor;
 
-// ---- The model: ~90 lines ----
+// ---- The model: its types, two layers and the model (80 lines) ----
 
 using Mesh = MeshShape<Axis<"rep">, Axis<"dp">, Axis<"tp">>;
 template <class T>
@@ -58,17 +58,15 @@ W draw(const DeviceMesh<Mesh>& mesh, std::int64_t out, std::int64_t in, init::In
   return w;
 }
 
-/// x + W_o (silu(W_g x) * (W_u x)): a gated residual block, tensor parallel (W_g, W_u column, W_o row).
+/// x + W_o (silu(W_g x) * (W_u x)): a gated residual block, tensor parallel (W_g, W_u column, W_o row). Its
+/// parameters are listed once (nn::Layer makes parameters() and with_parameters() of them).
 template <class T>
-struct GatedResidual {
+struct GatedResidual : nn::Layer<GatedResidual<T>> {
   ColumnW<T> gate, up;
   RowW<T> out;
 
-  using parameter_types = std::tuple<ColumnW<T>, ColumnW<T>, RowW<T>>;
-  auto parameters() { return std::tie(gate, up, out); }
-  template <class U>
-  GatedResidual<U> with_parameters(const ColumnW<U>& g, const ColumnW<U>& u, const RowW<U>& o) const {
-    return {g, u, o};
+  static constexpr auto parameter_members() {
+    return std::tuple{&GatedResidual::gate, &GatedResidual::up, &GatedResidual::out};
   }
 
   auto forward(const Rows<T>& x, WithBackwardTag) const {
@@ -91,20 +89,14 @@ struct GatedResidual {
     };
     return WithBackward<Rows<T>, decltype(back)>{std::move(y), std::move(back)};
   }
-  Rows<T> forward(const Rows<T>& x) const { return forward(x, with_backward).output; }
 };
 
 /// x W^T with a replicated W: in and out projections.
 template <class T>
-struct Dense {
+struct Dense : nn::Layer<Dense<T>> {
   FullW<T> w;
 
-  using parameter_types = std::tuple<FullW<T>>;
-  auto parameters() { return std::tie(w); }
-  template <class U>
-  Dense<U> with_parameters(const FullW<U>& v) const {
-    return {v};
-  }
+  static constexpr auto parameter_members() { return std::tuple{&Dense::w}; }
   auto forward(const Rows<T>& x, WithBackwardTag) const {
     auto [y, back] = linear(x, w, with_backward);
     auto grads = [back = std::move(back)](const Rows<T>& dy) {
@@ -113,7 +105,6 @@ struct Dense {
     };
     return WithBackward<Rows<T>, decltype(grads)>{std::move(y), std::move(grads)};
   }
-  Rows<T> forward(const Rows<T>& x) const { return linear(x, w); }
 };
 
 /// The model: its units in order and its loss.
@@ -123,9 +114,11 @@ struct Regressor {
   Dense<float> head;                        // 32 -> 2 outputs
 
   Regressor(const DeviceMesh<Mesh>& mesh, init::InitKeys& keys)
-      : in{draw<FullW<float>>(mesh, 32, 8, keys)}, head{draw<FullW<float>>(mesh, 2, 32, keys)} {
+      : in{{}, draw<FullW<float>>(mesh, 32, 8, keys)}, head{{}, draw<FullW<float>>(mesh, 2, 32, keys)} {
     for (int b = 0; b < 3; ++b) {
-      blocks.push_back({draw<ColumnW<float>>(mesh, 64, 32, keys), draw<ColumnW<float>>(mesh, 64, 32, keys),
+      blocks.push_back({{},
+                        draw<ColumnW<float>>(mesh, 64, 32, keys),
+                        draw<ColumnW<float>>(mesh, 64, 32, keys),
                         draw<RowW<float>>(mesh, 32, 64, keys)});
     }
   }

@@ -5,7 +5,7 @@
 //
 // Run as 4 processes: dtensor-run --nproc-per-node 4 ./example_11_vision --layout fsdp_tp
 //   --layout tp|ddp|fsdp|hsdp|fsdp_tp   how the parameters are held and reduced (default fsdp; see
-//                                       parallel/layers/data_layout.hpp)
+//                                       train/data_layout.hpp)
 //   --steps N                           training steps (default 600), --batch B images a step (default 64)
 //   --lr R --clip C                     AdamW's peak learning rate (default 3e-3), the clip (default 1)
 //   --check                             also train on one rank and compare the losses and final parameters
@@ -21,10 +21,10 @@
 // batch over rep and dp, the patches over tp between the tensor-parallel regions (sequence parallelism).
 #include <dtensor/comm/init.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/parallel/layers/data_layout.hpp>
-#include <dtensor/parallel/layers/vision.hpp>
-#include <dtensor/parallel/optim.hpp>
+#include <dtensor/nn/vision.hpp>
 #include <dtensor/tensor/distribute.hpp>
+#include <dtensor/train/data_layout.hpp>
+#include <dtensor/train/optim.hpp>
 
 #include <algorithm>
 #include <array>

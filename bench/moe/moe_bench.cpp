@@ -19,7 +19,7 @@
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/init.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/parallel/layers/moe.hpp"
+#include "dtensor/nn/moe.hpp"
 
 namespace {
 

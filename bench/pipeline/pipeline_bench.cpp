@@ -1,4 +1,4 @@
-// The pipeline bubble of run_pipeline on DTensors (parallel/pipeline_run.hpp: a header and a shard per
+// The pipeline bubble of run_pipeline on DTensors (train/pipeline_run.hpp: a header and a shard per
 // boundary crossing, asynchronous sends) measured against the formula: 4 stages (in-process rank threads,
 // gloo), 1-16 micro-batches, each stage's forward a fixed 2 ms and its backward 4 ms of sleep (a stand-in
 // for compute that does not compete for this machine's 2 cores, so what is measured is the schedule), tiny
@@ -18,8 +18,8 @@
 #include <utility>
 
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/parallel/pipeline_run.hpp"
 #include "dtensor/testing/run_ranks.hpp"
+#include "dtensor/train/pipeline_run.hpp"
 
 #include "../common/harness.hpp"
 

@@ -22,7 +22,7 @@
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/comm/init.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/parallel/pipeline_run.hpp"
+#include "dtensor/train/pipeline_run.hpp"
 
 #include "../common/harness.hpp"
 

@@ -117,7 +117,7 @@ def main():
                 rec["vs_gloo_paired_ratio"] = med(vs_gloo) if vs_gloo else None
             rec["date"], rec["host"] = time.strftime("%Y-%m-%d", time.gmtime()), socket.gethostname()
             rec["check"] = "FAILED" if any(p.startswith(f"{name}:") for p in problems) else \
-                "ok: numerics and collectives pinned by tests/parallel/test_trainer" + ("; torch equal to one process" if t else "")
+                "ok: numerics and collectives pinned by tests/train/test_trainer" + ("; torch equal to one process" if t else "")
             out.append(rec)
     if args.out:
         path = os.path.join(args.out, f"{args.name}_n{args.ranks}.json")

@@ -6,12 +6,12 @@
 
 #include <dtensor/comm/wait_timer.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/parallel/fsdp.hpp>
-#include <dtensor/parallel/layers/model.hpp>
-#include <dtensor/parallel/layers/module.hpp>
-#include <dtensor/parallel/layers/trainer.hpp>
-#include <dtensor/parallel/optim.hpp>
-#include <dtensor/parallel/schedule.hpp>
+#include <dtensor/nn/model.hpp>
+#include <dtensor/nn/module.hpp>
+#include <dtensor/train/fsdp.hpp>
+#include <dtensor/train/fsdp_schedule.hpp>
+#include <dtensor/train/optim.hpp>
+#include <dtensor/train/trainer.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -2,7 +2,7 @@
 // SwiGLU MLP), every layout's trainer instantiated here.
 #include "train_bench.hpp"
 
-#include <dtensor/parallel/layers/block.hpp>
+#include <dtensor/nn/block.hpp>
 
 namespace bench::train {
 

@@ -2,7 +2,7 @@
 // every layout's trainer instantiated here.
 #include "train_bench.hpp"
 
-#include <dtensor/parallel/layers/mlp_block.hpp>
+#include <dtensor/nn/mlp_block.hpp>
 
 namespace bench::train {
 

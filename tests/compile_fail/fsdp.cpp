@@ -1,5 +1,5 @@
-// Compile-fail cases for FSDP (parallel/fsdp.hpp; format: see vocabulary.cpp).
-#include <dtensor/parallel/fsdp.hpp>
+// Compile-fail cases for FSDP (train/fsdp.hpp; format: see vocabulary.cpp).
+#include <dtensor/train/fsdp.hpp>
 
 using namespace dtensor;
 using Mesh = MeshShape<Axis<"dp">, Axis<"tp", 2>>;

@@ -9,7 +9,7 @@
 #include "../core/test_tensor_cuda.cu"
 #include "../ops/test_local_gemm_cuda.cu"
 #include "../ops/test_random_cuda.cu"
-#include "../parallel/test_optim_cuda.cu"
+#include "../train/test_optim_cuda.cu"
 
 static_assert(DTENSOR_EMULATE_DEVICE == 1 && DTENSOR_LOCAL_OPS_CUDA == 1,
               "built in emulation: CUDA tensors run the device kernels on the host");

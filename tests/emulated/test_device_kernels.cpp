@@ -39,12 +39,13 @@
 #include "dtensor/core/tensor_io.hpp"
 #include "dtensor/local/copy.hpp"
 #include "dtensor/local/pointwise.hpp"
+#include "dtensor/local/rows.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/nn/moe.hpp"
 #include "dtensor/ops/embedding.hpp"
 #include "dtensor/ops/loss.hpp"
 #include "dtensor/ops/norm.hpp"
 #include "dtensor/ops/softmax.hpp"
-#include "dtensor/parallel/layers/moe.hpp"
 
 #include "../support/emulated_cuda/emulated_cuda.hpp"
 #include "../support/random_bytes.hpp"
@@ -426,10 +427,9 @@ TEMPLATE_TEST_CASE("embedding and cross_entropy of CUDA tensors equal the host's
   check_ids.template operator()<std::int64_t>();
 }
 
-TEMPLATE_TEST_CASE("MoE's row gather and combine on CUDA tensors equal the host's", "[emulated][moe]", float,
-                   double, bfloat16) {
+TEMPLATE_TEST_CASE("local::gather_rows and combine_rows (MoE's) on CUDA tensors equal the host's",
+                   "[emulated][moe]", float, double, bfloat16) {
   using T = TestType;
-  namespace nd = dtensor::nn::detail;
   const Tensor<T, 2> in = ints<T, 2>({37, 5}, 1);
   std::vector<std::int64_t> index;
   std::vector<double> weight;
@@ -437,18 +437,19 @@ TEMPLATE_TEST_CASE("MoE's row gather and combine on CUDA tensors equal the host'
     index.push_back((r * 3) % 25);
     weight.push_back(r % 4 == 0 ? 0.5 : r % 4 == 1 ? -1.0 : 0.25);
   }
-  CHECK(differing(nd::gather_rows(in.to(gpu), index), nd::gather_rows(in, index), 0) == 0);
-  CHECK(differing(nd::gather_rows(in.to(gpu), index, weight), nd::gather_rows(in, index, weight), 0) == 0);
+  CHECK(differing(local::gather_rows(in.to(gpu), index), local::gather_rows(in, index), 0) == 0);
+  CHECK(differing(local::gather_rows(in.to(gpu), index, weight), local::gather_rows(in, index, weight), 0) ==
+        0);
   // 25 tokens with k = 2 slots each into 50 rows; slot -1: a dropped assignment
   const Tensor<T, 2> rows = ints<T, 2>({50, 5}, 2);
   std::vector<std::int64_t> slot;
   for (std::int64_t s = 0; s < 50; ++s) {
     slot.push_back(s % 9 == 4 ? -1 : (s * 13) % 50);
   }
-  CHECK(differing(nd::combine_rows(rows.to(gpu), slot, weight, 25, 2),
-                  nd::combine_rows(rows, slot, weight, 25, 2), 0) == 0);
-  CHECK(differing(nd::combine_rows(rows.to(gpu), slot, {}, 25, 2), nd::combine_rows(rows, slot, {}, 25, 2),
-                  0) == 0);
+  CHECK(differing(local::combine_rows(rows.to(gpu), slot, weight, 25, 2),
+                  local::combine_rows(rows, slot, weight, 25, 2), 0) == 0);
+  CHECK(differing(local::combine_rows(rows.to(gpu), slot, {}, 25, 2),
+                  local::combine_rows(rows, slot, {}, 25, 2), 0) == 0);
 }
 
 TEST_CASE("the fake backend moves CUDA tensors of the emulated device: collectives and redistributions",

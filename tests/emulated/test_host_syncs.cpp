@@ -15,12 +15,12 @@
 #include "dtensor/comm/init.hpp"
 #include "dtensor/core/cuda_sync.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
-#include "dtensor/parallel/fsdp.hpp"
-#include "dtensor/parallel/layers/mlp_block.hpp"
-#include "dtensor/parallel/layers/model.hpp"
-#include "dtensor/parallel/layers/trainer.hpp"
-#include "dtensor/parallel/optim.hpp"
+#include "dtensor/nn/mlp_block.hpp"
+#include "dtensor/nn/model.hpp"
 #include "dtensor/tensor/distribute.hpp"
+#include "dtensor/train/fsdp.hpp"
+#include "dtensor/train/optim.hpp"
+#include "dtensor/train/trainer.hpp"
 
 #include "../support/emulated_cuda/emulated_cuda.hpp"
 

@@ -1,15 +1,17 @@
 #pragma once
-// What the trainer tests of models of the contract share (tests/parallel/test_any_model.cpp,
+// What the trainer tests of models of the contract share (tests/train/test_any_model.cpp,
 // test_vision.cpp): a run's losses, gradient norms and final parameters, read from any trainer, and their
 // comparison with the one-rank run. Parameters are keyed by their index in nn::model_parameters' order, so
 // a pipeline stage compares the parameters it holds.
 #include <dtensor/core/error.hpp>
-#include <dtensor/parallel/layers/contract.hpp>
-#include <dtensor/parallel/layers/trainer.hpp>
+#include <dtensor/nn/contract.hpp>
+#include <dtensor/train/optim.hpp>
+#include <dtensor/train/trainer.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,24 @@ void read_params(Trainer& trainer, ModelRun& run) {
       nn::for_each_tensor(nn::model_parameters(m), [&](const auto& w) { run.params[i++] = full_values(w); });
     });
   }
+}
+
+/// `steps` AdamW steps (lr 2e-2, weight decay 0.01) of `trainer` on batch_of(step): a std::vector of (input,
+/// target) pairs, trained as micro-batches when `micro` (else its first pair as the batch). Then the
+/// parameters.
+template <class Trainer, class BatchOf>
+ModelRun train_steps(Trainer& trainer, int steps, bool micro, BatchOf&& batch_of) {
+  optim::AdamW opt({.lr = 2e-2, .weight_decay = 0.01});
+  ModelRun run;
+  for (int s = 0; s < steps; ++s) {
+    const auto batches = batch_of(s);
+    const nn::StepResult r = micro ? trainer.step(std::span(batches), opt)
+                                   : trainer.step(batches[0].first, batches[0].second, opt);
+    run.losses.push_back(r.loss);
+    run.norms.push_back(r.grad_norm);
+  }
+  read_params(trainer, run);
+  return run;
 }
 
 /// got equals want within `tol` (relative): every loss and norm, and every parameter got holds.

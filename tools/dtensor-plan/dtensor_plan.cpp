@@ -52,14 +52,14 @@
 //   --top N                rows printed (default 20; the JSON has all)
 
 #include <dtensor/mesh/device_mesh.hpp>
-#include <dtensor/parallel/fsdp.hpp>
-#include <dtensor/parallel/layers/block.hpp>
-#include <dtensor/parallel/layers/model.hpp>
-#include <dtensor/parallel/layers/pipeline_trainer.hpp>
-#include <dtensor/parallel/layers/trainer.hpp>
-#include <dtensor/parallel/optim.hpp>
-#include <dtensor/parallel/pipeline_schedule.hpp>
+#include <dtensor/nn/block.hpp>
+#include <dtensor/nn/model.hpp>
 #include <dtensor/plan/dry_run.hpp>
+#include <dtensor/train/fsdp.hpp>
+#include <dtensor/train/optim.hpp>
+#include <dtensor/train/pipeline_schedule.hpp>
+#include <dtensor/train/pipeline_trainer.hpp>
+#include <dtensor/train/trainer.hpp>
 
 #include <algorithm>
 #include <cstdint>

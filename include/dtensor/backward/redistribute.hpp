@@ -280,4 +280,19 @@ redistribute_with_backward(const DTensor<T, Rank, Shape, P...>& x) {
   return {x.template redistribute<Q...>(), {x.mesh(), x.global_shape()}};
 }
 
+namespace detail {
+
+/// redistribute_with_backward to the placements of the DTensor type D.
+template <class D>
+struct with_backward_to;
+template <class T, int R, class Shape, class... Q>
+struct with_backward_to<DTensor<T, R, Shape, Q...>> {
+  template <class X>
+  static auto run(const X& x) {
+    return redistribute_with_backward<Q...>(x);
+  }
+};
+
+} // namespace detail
+
 } // namespace dtensor
