@@ -65,6 +65,7 @@
 #include <dtensor/nn/block.hpp>
 #include <dtensor/nn/model.hpp>
 #include <dtensor/train/fsdp.hpp>
+#include <dtensor/train/lr_schedule.hpp>
 #include <dtensor/train/optim.hpp>
 #include <dtensor/train/pipeline_trainer.hpp>
 #include <dtensor/train/train_state.hpp>
@@ -269,12 +270,8 @@ struct Run {
 /// The learning rate of step s: linear warmup over the first tenth (at most 20 steps), then cosine decay
 /// to a tenth.
 double lr_at(const Options& o, int s) {
-  const int warm = std::min(20, std::max(1, o.steps / 10));
-  if (s < warm) {
-    return o.lr * (s + 1) / warm;
-  }
-  const double t = double(s - warm) / std::max(1, o.steps - warm);
-  return o.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(3.141592653589793 * t)));
+  return optim::WarmupCosine{
+      .peak = o.lr, .warmup = std::min(20, std::max(1, o.steps / 10)), .steps = o.steps}(s);
 }
 
 /// The full tensors of a model's parameters, as floats (a meta model's: gathered, and empty).

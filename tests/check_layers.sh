@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The layer picture (docs/design.md, Layering), checked: a header may include only headers of its own layer or
-# of the layers below it. core <- layout <- local <- rendezvous <- backends <- comm <- mesh, plan <- exec
-# <- tensor <- backward <- ops, checkpoint <- nn <- train <- testing (mesh and plan, ops and checkpoint are
-# side by side and do not include each other). nn/ holds layers and models (the model contract), train/
-# what trains them (the trainers, FSDP, DDP, optimizers, pipelines, the training state). layout/ holds placements and the layout algebra: how the
-# blocks of a tensor sit on a mesh (ShardSpec: one dim split over several axes) and how one layout's
-# blocks map onto another's (the exchange geometry). local/ holds the kernels a rank runs on its own
-# tensors (copies, maps, reductions, GEMM, random fills). backward/ holds what a backward pass is made of:
-# WithBackward, the dual of a placement and of a redistribution, collectives paired with their adjoint.
+# of the layers below it. core <- layout <- local <- rendezvous <- backends <- comm <- mesh, plan <- exec <-
+# tensor <- backward <- ops, checkpoint <- nn <- train <- testing (mesh and plan, ops and checkpoint are side
+# by side and do not include each other). nn/ holds layers and models (the model contract), train/ what trains
+# them (the trainers, FSDP, DDP, optimizers, pipelines, the training state). layout/ holds placements and the
+# layout algebra: how the blocks of a tensor sit on a mesh (ShardSpec: one dim split over several axes) and
+# how one layout's blocks map onto another's (the exchange geometry). local/ holds the kernels a rank runs on
+# its own tensors (copies, maps, reductions, GEMM, random fills). backward/ holds what a backward pass is made
+# of: WithBackward, the dual of a placement and of a redistribution, collectives paired with their adjoint.
 #
-# No cycle: every edge between two folders goes to a strictly lower floor (an edge within a folder is not
-# one of the folder graph), so the folder graph is a DAG; a cycle would need an edge that goes up or
-# sideways, which this check reports. Only the umbrella headers at the top (dtensor.hpp, ops.hpp, nn.hpp,
-# train.hpp, parallel.hpp: no folder, no floor) may include any folder; a header in a folder that includes an umbrella,
+# No cycle: every edge between two folders goes to a strictly lower floor (an edge within a folder is not one
+# of the folder graph), so the folder graph is a DAG; a cycle would need an edge that goes up or sideways,
+# which this check reports. Only the umbrella headers at the top (dtensor.hpp, ops.hpp, nn.hpp, train.hpp,
+# parallel.hpp: no folder, no floor) may include any folder; a header in a folder that includes an umbrella,
 # or a header of a higher floor or of a side-by-side folder, is reported. An unknown folder has no floor and
 # is reported too, whether a header lives in it or is included from it, so a new folder must be given one
 # here.

@@ -1,11 +1,12 @@
 #pragma once
 // Training on DTensors: the trainers of any model of nn's contract (train/trainer.hpp: nn::DdpTrainer,
-// nn::FsdpTrainer; train/pipeline_trainer.hpp: nn::PipelineTrainer; train/data_layout.hpp: a layout name
-// to its mesh and trainer) and what they are made of: FSDP / HSDP groups (fsdp.hpp, flat_layout.hpp) and
-// their schedule (fsdp_schedule.hpp), DDP's bucketed asynchronous gradient reduction (ddp.hpp), optimizers
-// on sharded parameters (optim.hpp: SGD, AdamW), gradient clipping by the global norm (clip.hpp), pipeline
-// schedules and their runner (pipeline_schedule.hpp, pipeline_run.hpp), and the training state's save and
-// resume (train_state.hpp, with dtensor::checkpoint). The models and layers are <dtensor/nn.hpp>.
+// nn::FsdpTrainer; train/pipeline_trainer.hpp: nn::PipelineTrainer; train/data_layout.hpp: a layout name to
+// its mesh and trainer) and what they are made of: FSDP / HSDP groups (fsdp.hpp, flat_layout.hpp) and their
+// schedule (fsdp_schedule.hpp), DDP's bucketed asynchronous gradient reduction (ddp.hpp), optimizers on
+// sharded parameters (optim.hpp: SGD, AdamW) and learning-rate schedules (lr_schedule.hpp), gradient clipping
+// by the global norm (clip.hpp), pipeline schedules and their runner (pipeline_schedule.hpp,
+// pipeline_run.hpp), and the training state's save and resume (train_state.hpp, with dtensor::checkpoint).
+// The models and layers are <dtensor/nn.hpp>.
 
 #include "dtensor/train/clip.hpp"
 #include "dtensor/train/data_layout.hpp"
@@ -13,6 +14,7 @@
 #include "dtensor/train/flat_layout.hpp"
 #include "dtensor/train/fsdp.hpp"
 #include "dtensor/train/fsdp_schedule.hpp"
+#include "dtensor/train/lr_schedule.hpp"
 #include "dtensor/train/optim.hpp"
 #include "dtensor/train/pipeline_run.hpp"
 #include "dtensor/train/pipeline_schedule.hpp"

@@ -1,12 +1,12 @@
-// nn::VisionEncoder (nn/vision.hpp) under every trainer: a vision transformer (a linear patch
-// embedding, encoder blocks with non-causal attention, a mean-pooled classifier, cross-entropy on class labels)
-// on a (rep, dp, tp) mesh with tensor and sequence parallelism.
+// nn::VisionEncoder (nn/vision.hpp) under every trainer: a vision transformer (a linear patch embedding,
+// encoder blocks with non-causal attention, a mean-pooled classifier, cross-entropy on class labels) on a
+// (rep, dp, tp) mesh with tensor and sequence parallelism.
 // - Against one rank: three AdamW steps with clipping under DdpTrainer (ddp over dp; tp), FsdpTrainer (fsdp,
-//   hsdp, fsdp x tp) and PipelineTrainer (1F1B and GPipe over 2 stages, FSDP inside) give the one-rank losses,
-//   gradient norms and final parameters within 1e-10 (double), with uneven and empty shards (batch 3 over up
-//   to 4 batch ranks; one-row micro-batches under the pipeline).
-// - Without tensor parallelism the encoder's attention is non-causal: the first patch's features depend on the
-//   last patch (a causal encoder's would not).
+//   hsdp, fsdp x tp) and PipelineTrainer (1F1B and GPipe over 2 stages, FSDP inside) give the one-rank
+//   losses, gradient norms and final parameters within 1e-10 (double), with uneven and empty shards (batch 3
+//   over up to 4 batch ranks; one-row micro-batches under the pipeline).
+// - The encoder's attention is non-causal: the first patch's features depend on the last patch (a causal
+//   encoder's would not).
 // - dtensor::dry_run plans it: each rank of FSDP x TP alone on meta tensors holds, communicates and computes
 //   what it does in the real run (two AdamW steps; peak bytes, the communication table, the flops).
 // The example examples/11_vision.cpp trains it on the 8x8 digits of scikit-learn and reports its accuracy.

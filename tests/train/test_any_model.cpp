@@ -9,7 +9,8 @@
 // a run, one without parameters, a single unit: every form the contract allows), trained with nn::MseLoss.
 // - Against one rank: three AdamW steps with clipping under DdpTrainer (ddp over dp, tp), FsdpTrainer (fsdp,
 //   hsdp, fsdp x tp) on 1-4 ranks give the one-rank losses, gradient norms and final parameters within 1e-10
-//   (double), with uneven and empty shards (batch 4 over up to 4 batch ranks, one-row micro-batches, ffn 10 over tp).
+//   (double), with uneven and empty shards (batch 4 over up to 4 batch ranks, one-row micro-batches, ffn 10
+//   over tp).
 // - Pipelined (nn::PipelineTrainer: the run of blocks cut into stages, the first unit with stage 0, the gate
 //   and the readout with the last): 1F1B, GPipe and interleaved 1F1B, with FSDP or TP inside the stages,
 //   equal the one-rank step on the same four micro-batches within 1e-10.

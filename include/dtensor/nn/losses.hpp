@@ -5,7 +5,7 @@
 // micro-batches). Any callable of that form is a loss: a user's own is written the same way.
 //
 //   auto loss_function() const { return nn::MseLoss{}; }            // regression
-//   auto loss_function() const { return nn::CrossEntropyLoss{}; }    // classes or a vocabulary, sharded or not
+//   auto loss_function() const { return nn::CrossEntropyLoss{}; }    // classes or a vocabulary, sharded
 #include "dtensor/backward/with_backward.hpp"
 #include "dtensor/ops/loss.hpp"
 

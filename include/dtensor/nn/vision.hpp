@@ -1,6 +1,6 @@
 #pragma once
-// A vision transformer encoder (ViT) as layers of dtensor::nn in the layout L: images cut into patches come in
-// as a sequence (batch, patches, patch values), placed as activations (nn::images_t = nn::act_t: the batch
+// A vision transformer encoder (ViT) as layers of dtensor::nn in the layout L: images cut into patches come
+// in as a sequence (batch, patches, patch values), placed as activations (nn::images_t = nn::act_t: the batch
 // over the data axes, the patches over cp, and over tp under sequence parallelism);
 //
 //   nn::PatchEmbedding<T, L>    a linear map of each patch to the hidden size (W (hidden, patch values),

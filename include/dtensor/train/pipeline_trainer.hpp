@@ -13,12 +13,12 @@
 //   double val = trainer.loss(input, target);                         // forward only, every rank
 //
 // The stages are cut at unit boundaries: the model's units() holds one run of blocks (a std::vector), split
-// into p v model stages (p the pp group's size, v = chunks; pipeline_layers: the first `blocks % (p v)` stages
-// get one block more); the units before the run go with model stage 0, those after it with the last. pp rank
-// s holds the chunks of model stages c p + s. The constructor keeps this rank's units, one FlatParamGroup per
-// unit with parameters (as nn::FsdpTrainer groups them), sharded by Policy over the stage's mesh; the other
-// units' parameters are released. A step runs the m micro-batches in the schedule's order (run_pipeline,
-// train/pipeline_run.hpp) with the run's activations (in C) crossing each boundary:
+// into p v model stages (p the pp group's size, v = chunks; pipeline_layers: the first `blocks % (p v)`
+// stages get one block more); the units before the run go with model stage 0, those after it with the last.
+// pp rank s holds the chunks of model stages c p + s. The constructor keeps this rank's units, one
+// FlatParamGroup per unit with parameters (as nn::FsdpTrainer groups them), sharded by Policy over the
+// stage's mesh; the other units' parameters are released. A step runs the m micro-batches in the schedule's
+// order (run_pipeline, train/pipeline_run.hpp) with the run's activations (in C) crossing each boundary:
 //   - FSDP inside a stage: every group's all_gather is started at the beginning of the step (all of this
 //     rank's groups, one pipeline stage's worth of parameters) and waited for at first use; the groups stay
 //     gathered for all m micro-batches; the first m - 1 backwards of a chunk accumulate their gradients

@@ -537,9 +537,9 @@ private:
           g, [&](const auto&... p) { return detail::forward_only(u.with_parameters(p...), x); });
     }
   }
-  /// Unit u's backward under `sched` for the output gradient `dy()` (a callable: the last unit's is the loss's
-  /// backward, run after its forward): its forward run again from x, its gradients to its group's reduction;
-  /// x's gradient.
+  /// Unit u's backward under `sched` for the output gradient `dy(y)` (a callable: the last unit's is the
+  /// loss's backward, run after its forward): its forward run again from x, its gradients to its group's
+  /// reduction; x's gradient.
   template <class U, class G, class X, class Dy>
   static auto unit_backward(FsdpSchedule& sched, const U& u, G& g, const X& x, Dy&& dy) {
     auto run = [&](const auto&... p) {
