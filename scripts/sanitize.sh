@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The sanitizer runs of the test command (issue 18): the tests of the layers that own memory, threads and
 # sockets, built and run under ASan + UBSan and under TSan. A documented subset of the suite, to stay
-# inside CI's time budget on 2 cores: the compute layers (ops/, parallel/) are pure index arithmetic over
+# inside CI's time budget on 2 cores: the compute layers (ops/, nn/, train/) are pure index arithmetic over
 # the same Tensor code and run under ASan + UBSan only through the layers listed here.
 #
 #   scripts/sanitize.sh            # both configurations
@@ -22,17 +22,17 @@ phase "sanitize: install missing packages" scripts/deps.sh
 # dtensor-run (launcher, store rendezvous, gloo suite, faults) and under mpirun (the MPI backend, its
 # store and faults; ASan + UBSan only: Open MPI's own threads are not instrumented, so TSan cannot see
 # their synchronisation, and tests/sanitizers/lsan.supp names the memory Open MPI keeps past exit).
-asan_targets=(core_test_tensor core_test_local_ops rendezvous_test_store backends_test_nccl_watchdog comm_test_collectives comm_test_p2p
+asan_targets=(core_test_tensor local_test_copy rendezvous_test_store backends_test_nccl_watchdog comm_test_collectives comm_test_p2p
               comm_test_errors comm_test_mismatch comm_test_groups comm_test_backend_front comm_test_object tensor_test_dtensor
-              parallel_test_ddp run_test_init run_rank_program run_launcher_test run_gloo_suite
+              train_test_ddp run_test_init run_rank_program run_launcher_test run_gloo_suite
               run_fault_program dtensor-run run_mpi_suite run_test_mpi_store run_mpi_fault_program)
-asan_tests='^(core|rendezvous|backends|comm|tensor|parallel|run)/'
+asan_tests='^(core|local|rendezvous|backends|comm|tensor|train|run)/'
 # The threaded tests: store server, the NCCL watchdog's policy (against fakes), backend executors and
 # completers, async work, DDP's bucket hooks.
 tsan_targets=(rendezvous_test_store backends_test_nccl_watchdog comm_test_collectives comm_test_p2p comm_test_errors
               comm_test_mismatch comm_test_object
-              comm_test_groups comm_test_backend_front parallel_test_ddp)
-tsan_tests='^(rendezvous/|backends/|comm/|parallel/)'
+              comm_test_groups comm_test_backend_front train_test_ddp)
+tsan_tests='^(rendezvous/|backends/|comm/|train/)'
 
 # The tests under mpirun, started by it or by dtensor-run (Open MPI's stacks need the slow unwinder for
 # lsan.supp to match them).

@@ -19,7 +19,7 @@
 // The factors: a Partial<avg> axis of Src divides the gradient by the axis size; one that appears in Dst
 // only (R -> P(avg), which keeps the value on every coordinate: n copies, each counted 1/n) multiplies it.
 //
-// The pairing that makes this the adjoint (tests/tensor/test_backward.cpp checks it over every plan):
+// The pairing that makes this the adjoint (tests/backward/test_backward.cpp checks it over every plan):
 // <x, g> = sum over global elements of sum_full(x) * value(g), where sum_full reduces x's Partial axes by
 // sum whatever their op and value(g) is the gradient's global tensor. Then <A x, dy> = <x, A^T dy>.
 

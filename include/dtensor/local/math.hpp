@@ -1,6 +1,6 @@
 #pragma once
 // Elementary functions for the local kernels, written so that the host loops calling them vectorise:
-// float exp and erf within 2 ulp of the correctly rounded value (tests/ops/test_local_math.cpp sweeps
+// float exp and erf within 2 ulp of the correctly rounded value (tests/local/test_math.cpp sweeps
 // every float of their domains and pins the maximum), with no tables, no calls and no branches (a
 // choice between two computed values is a bit-mask select), so GCC 12 vectorises a loop over them at
 // -O2 and -O3 (local/pointwise.hpp runs its host maps in fixed-size blocks for that).

@@ -1,5 +1,5 @@
 // The local GEMM (local/gemm.hpp) on Device::cuda(0) through cuBLAS, against the host GEMM (itself
-// checked against a triple loop in test_local_gemm.cpp): every element type, rank 2 and batched (rank 3 x
+// checked against a triple loop in test_gemm.cpp): every element type, rank 2 and batched (rank 3 x
 // rank 2, rank 3 x rank 3), the four transposes, operands and outputs contiguous, padded, column-major
 // and strided (copied), alpha and beta, empty m, n and k, with c on a non-default stream. Integer data:
 // cuBLAS accumulates bfloat16 and half in float too, so the results must be equal bit for bit. Every test
