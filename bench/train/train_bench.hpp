@@ -5,9 +5,11 @@
 #include <dtensor/testing/heap_counter_api.hpp>
 
 #include <dtensor/comm/wait_timer.hpp>
+#include <dtensor/core/nest.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/nn/model.hpp>
 #include <dtensor/nn/module.hpp>
+#include <dtensor/train/data_layout.hpp>
 #include <dtensor/train/fsdp.hpp>
 #include <dtensor/train/fsdp_schedule.hpp>
 #include <dtensor/train/optim.hpp>
@@ -19,6 +21,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <sys/resource.h>
@@ -121,6 +124,13 @@ struct CheckpointedOf {
   using type = nn::Checkpointed<Block<T, Layout>>;
 };
 
+/// What a trainer's state() holds: replicated parameters (DTensors) and FSDP groups.
+template <class V>
+        struct ParamSource : std::bool_constant < AnyDTensor<V> ||
+    requires(const V& v) {
+  v.local_param();
+} > {};
+
 /// Trains a LanguageModel<float, L, Block> of kBlocks blocks in `layout` (o.checkpoint: every block
 /// nn::Checkpointed, tp and ddp; o.mixed: bfloat16 compute, fsdp and fsdp_tp) and measures it.
 template <template <class, class> class Block, bool Overlap = false>
@@ -131,47 +141,37 @@ Measured train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, c
   const nn::TrainerOptions options{.max_norm = 0.5,
                                    .ddp = {.bucket_cap_bytes = 4096, .first_bucket_cap_bytes = 2048},
                                    .schedule = o.schedule};
-  auto sharded = [&](auto& t) {
+  // The parameter elements this rank holds: an FSDP group's shard, a replicated parameter's local tensor.
+  auto measure = [&](auto& t) {
     std::int64_t n = 0;
-    std::apply(
-        [&](auto& e, auto& blocks, auto& h) {
-          n += e.local_param().numel() + h.local_param().numel();
-          for (auto& g : blocks) {
-            n += g.local_param().numel();
-          }
-        },
-        t.state());
+    dtensor::detail::for_each_leaf<ParamSource>(t.state(), [&](const auto& s) {
+      if constexpr (AnyDTensor<std::remove_cvref_t<decltype(s)>>) {
+        n += s.local().numel();
+      } else {
+        n += s.local_param().numel();
+      }
+    });
     return run(t, o, n);
   };
   if ((layout == "fsdp" || layout == "fsdp_tp") && o.mixed) {
     nn::FsdpTrainer<Model, Fsdp<"dp">, bfloat16> t(mesh, Model(mesh, o.model, kBlocks, keys), options);
-    return sharded(t);
-  } else if (layout == "fsdp" || layout == "fsdp_tp") {
-    nn::FsdpTrainer<Model, Fsdp<"dp">> t(mesh, Model(mesh, o.model, kBlocks, keys), options);
-    return sharded(t);
-  } else if (layout == "hsdp") {
-    nn::FsdpTrainer<Model, Hsdp<"rep", "dp">> t(mesh, Model(mesh, o.model, kBlocks, keys), options);
-    return sharded(t);
+    return measure(t);
   }
-  auto replicated = [&](auto& t) {
-    std::int64_t n = 0;
-    nn::for_each_tensor(std::get<0>(t.state()), [&](const auto& w) { n += w.local().numel(); });
-    return run(t, o, n);
-  };
   if (o.checkpoint) { // every block keeps its input only and runs again in the backward
     using Ckpt = nn::LanguageModel<float, L, CheckpointedOf<Block>::template type>;
     nn::DdpTrainer<Ckpt, "dp"> t(mesh, Ckpt(mesh, o.model, kBlocks, keys), options);
-    return replicated(t);
+    return measure(t);
   }
   if constexpr (Overlap) { // tp_cm: the mlp model only (the GPT's trainer twice costs compile time)
     if (layout == "tp_cm") {
       using Overlapped = nn::LanguageModel<float, Lcm, Block>;
       nn::DdpTrainer<Overlapped, "dp"> t(mesh, Overlapped(mesh, o.model, kBlocks, keys), options);
-      return replicated(t);
+      return measure(t);
     }
   }
-  nn::DdpTrainer<Model, "dp"> t(mesh, Model(mesh, o.model, kBlocks, keys), options);
-  return replicated(t);
+  // The data layouts by name (train/data_layout.hpp), as the examples pick them.
+  return nn::with_trainer(nn::parse_data_layout(layout == "tp_cm" ? "tp" : layout), mesh,
+                          Model(mesh, o.model, kBlocks, keys), options, measure);
 }
 
 /// The two models, each instantiated in its own translation unit (train_mlp.cpp, train_gpt.cpp).
