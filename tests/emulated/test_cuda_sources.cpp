@@ -5,9 +5,9 @@
 // randn and dropout, SGD, AdamW, clip_grad_norm's sums, init's fills, the cuBLAS GEMMs and grouped GEMM.
 // One TU (each of these sources alone would parse Catch2 and the library again).
 
-#include "../local/test_kernels_cuda.cu"
 #include "../core/test_tensor_cuda.cu"
 #include "../local/test_gemm_cuda.cu"
+#include "../local/test_kernels_cuda.cu"
 #include "../ops/test_random_cuda.cu"
 #include "../train/test_optim_cuda.cu"
 

@@ -14,8 +14,8 @@
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/nn.hpp>
-#include <dtensor/train.hpp>
 #include <dtensor/testing/run_ranks.hpp>
+#include <dtensor/train.hpp>
 #include <dtensor/train/fsdp_schedule.hpp>
 #if DTENSOR_HAS_CHECKPOINT
 #include <dtensor/train/optim.hpp>
