@@ -335,9 +335,7 @@ Run train_layout(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& 
   optim::AdamW opt({.lr = o.lr, .weight_decay = 0.01});
   Run run;
   if (!o.resume.empty()) {
-    run.first =
-        int(std::apply([&](auto&... s) { return load_training_state(o.resume, opt, s...); }, trainer->state())
-                .step);
+    run.first = int(load_training_state(*trainer, o.resume, opt).step);
   }
   for (int s = run.first; s < o.steps; ++s) {
     const auto [ids, targets] = batch_of<L>(mesh, text.train, 1, s, o.batch, o.seq, o.device);
@@ -346,11 +344,7 @@ Run train_layout(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& 
     record_step<L>(run, trainer->step(ids, targets, opt), t0, s, mesh, text, o, *trainer, print);
   }
   if (!o.save.empty()) {
-    std::apply(
-        [&](auto&... s) {
-          save_training_state(o.save, opt, {.step = o.steps, .data_position = o.steps * o.batch}, s...);
-        },
-        trainer->state());
+    save_training_state(*trainer, o.save, opt, {.step = o.steps, .data_position = o.steps * o.batch});
   }
   trainer->with_gathered([&](auto& m) {
     if (o.check) { // the final parameters, for the comparison with one rank

@@ -578,8 +578,7 @@ Run train(const DeviceMesh<Mesh>& mesh, int first, int last, const std::string& 
   optim::AdamW opt(adamw);
   Run run;
   if (!from.empty()) {
-    run.progress =
-        std::apply([&](auto&... s) { return load_training_state(from, opt, s...); }, trainer.state());
+    run.progress = load_training_state(trainer, from, opt);
     expect(run.progress.step == first, "the resumed step " + std::to_string(run.progress.step));
   }
   for (int s = first; s < last; ++s) {
@@ -587,12 +586,8 @@ Run train(const DeviceMesh<Mesh>& mesh, int first, int last, const std::string& 
     run.losses.push_back(trainer.step(ids, targets, opt).loss);
   }
   if (!to.empty()) {
-    std::apply(
-        [&](auto&... s) {
-          save_training_state(
-              to, opt, {.step = last, .data_position = 3 * last, .rng_seed = 17, .rng_offset = 4}, s...);
-        },
-        trainer.state());
+    save_training_state(trainer, to, opt,
+                        {.step = last, .data_position = 3 * last, .rng_seed = 17, .rng_offset = 4});
   }
   trainer.with_gathered([&](auto& m) {
     nn::for_each_tensor(m.parameters(), [&](const auto& w) {

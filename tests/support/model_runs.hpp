@@ -43,14 +43,17 @@ void read_params(Trainer& trainer, ModelRun& run) {
   }
 }
 
-/// `steps` AdamW steps (lr 2e-2, weight decay 0.01) of `trainer` on batch_of(step): a std::vector of (input,
-/// target) pairs, trained as micro-batches when `micro` (else its first pair as the batch). Then the
-/// parameters.
-template <class Trainer, class BatchOf>
-ModelRun train_steps(Trainer& trainer, int steps, bool micro, BatchOf&& batch_of) {
-  optim::AdamW opt({.lr = 2e-2, .weight_decay = 0.01});
+/// The optimizer of the runs: AdamW, lr 2e-2, weight decay 0.01.
+inline optim::AdamW run_optimizer() {
+  return optim::AdamW({.lr = 2e-2, .weight_decay = 0.01});
+}
+
+/// Steps [first, last) of `trainer` with `opt` on batch_of(step): a std::vector of (input, target) pairs,
+/// trained as micro-batches when `micro` (else its first pair as the batch). Then the parameters.
+template <class Trainer, class Optimizer, class BatchOf>
+ModelRun train_steps(Trainer& trainer, Optimizer& opt, int first, int last, bool micro, BatchOf&& batch_of) {
   ModelRun run;
-  for (int s = 0; s < steps; ++s) {
+  for (int s = first; s < last; ++s) {
     const auto batches = batch_of(s);
     const nn::StepResult r = micro ? trainer.step(std::span(batches), opt)
                                    : trainer.step(batches[0].first, batches[0].second, opt);
@@ -58,6 +61,19 @@ ModelRun train_steps(Trainer& trainer, int steps, bool micro, BatchOf&& batch_of
     run.norms.push_back(r.grad_norm);
   }
   read_params(trainer, run);
+  return run;
+}
+/// `steps` steps from a fresh run_optimizer().
+template <class Trainer, class BatchOf>
+ModelRun train_steps(Trainer& trainer, int steps, bool micro, BatchOf&& batch_of) {
+  auto opt = run_optimizer();
+  return train_steps(trainer, opt, 0, steps, micro, batch_of);
+}
+
+/// `run` from step `first` on: its later losses and norms, the same parameters.
+inline ModelRun steps_from(ModelRun run, int first) {
+  run.losses.erase(run.losses.begin(), run.losses.begin() + first);
+  run.norms.erase(run.norms.begin(), run.norms.begin() + first);
   return run;
 }
 

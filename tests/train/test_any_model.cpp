@@ -29,12 +29,16 @@
 #include <dtensor/train/optim.hpp>
 #include <dtensor/train/pipeline_trainer.hpp>
 #include <dtensor/train/trainer.hpp>
+#if DTENSOR_HAS_CHECKPOINT
+#include <dtensor/train/train_state.hpp>
+#endif
 
 #include "../support/model_runs.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <tuple>
@@ -190,31 +194,43 @@ ModelRun train(Trainer& trainer, const DeviceMesh<Mesh>& mesh, bool micro) {
 
 enum class Layout { tp, ddp, fsdp, hsdp, fsdp_tp };
 
-ModelRun run_layout(const DeviceMesh<Mesh>& mesh, Layout layout, bool micro = false) {
+/// f(trainer) with the model's trainer of `layout` on `mesh`.
+template <class F>
+auto with_layout(const DeviceMesh<Mesh>& mesh, Layout layout, F&& f) {
   const nn::TrainerOptions options{.max_norm = 0.5,
                                    .ddp = {.bucket_cap_bytes = 256, .first_bucket_cap_bytes = 128}};
   if (layout == Layout::tp || layout == Layout::ddp) {
     nn::DdpTrainer<Regressor<double>, "dp"> trainer(mesh, make_model(mesh), options);
-    return train(trainer, mesh, micro);
+    return f(trainer);
   }
   if (layout == Layout::hsdp) {
     nn::FsdpTrainer<Regressor<double>, Hsdp<"rep", "dp">> trainer(mesh, make_model(mesh), options);
-    return train(trainer, mesh, micro);
+    return f(trainer);
   }
   nn::FsdpTrainer<Regressor<double>, Fsdp<"dp">> trainer(mesh, make_model(mesh), options);
-  return train(trainer, mesh, micro);
+  return f(trainer);
+}
+
+ModelRun run_layout(const DeviceMesh<Mesh>& mesh, Layout layout, bool micro = false) {
+  return with_layout(mesh, layout, [&](auto& trainer) { return train(trainer, mesh, micro); });
 }
 
 using PMesh = MeshShape<Axis<"pp">, Axis<"rep">, Axis<"dp">, Axis<"tp">>;
 
-/// This pp rank's part of the model under nn::PipelineTrainer (FSDP over dp inside each stage), trained on
-/// the four micro-batches.
-ModelRun run_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int chunks) {
+/// f(trainer, stage mesh) with the model under nn::PipelineTrainer (FSDP over dp inside each stage).
+template <class F>
+auto with_pipeline(const DeviceMesh<PMesh>& mesh, Schedule schedule, int chunks, F&& f) {
   const auto stage = mesh.slice<"rep", "dp", "tp">();
   nn::PipelineTrainer<Regressor<double>, Fsdp<"dp">> trainer(
       mesh.group<"pp">(), stage, make_model(stage),
       {.schedule = schedule, .chunks = chunks, .max_norm = 0.5});
-  return train(trainer, stage, true);
+  return f(trainer, stage);
+}
+
+/// This pp rank's part of the model under nn::PipelineTrainer, trained on the four micro-batches.
+ModelRun run_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int chunks) {
+  return with_pipeline(mesh, schedule, chunks,
+                       [&](auto& trainer, const auto& stage) { return train(trainer, stage, true); });
 }
 
 /// Step 0's loss by plain loops over the same numbers (no DTensor): the check of the one-rank run itself.
@@ -302,6 +318,49 @@ void check_pipelined(int pp, int dp, int tp, Schedule schedule, int chunks) {
   });
 }
 
+#if DTENSOR_HAS_CHECKPOINT
+
+/// Where the micro-batched run trains: a pipeline (pp > 1) or one of with_layout's on (rep, dp, tp).
+struct Where {
+  Layout layout = Layout::ddp;
+  int pp = 1, rep = 1, dp = 1, tp = 1;
+  Schedule schedule = Schedule::one_f_one_b;
+  int chunks = 1;
+};
+
+/// Steps [first, last) of the micro-batched run at `w` on `world`: the training state loaded from `from`
+/// first (unless empty; it must say step `first`), saved into `to` after (unless empty).
+ModelRun resumed(ProcessGroup& world, const Where& w, int first, int last, const std::string& from,
+                 const std::string& to) {
+  auto run = [&](auto& trainer, const auto& mesh) {
+    auto opt = testing::run_optimizer();
+    if (!from.empty()) {
+      const TrainingProgress p = load_training_state(trainer, from, opt);
+      DTENSOR_CHECK(p.step == first && p.data_position == first * kBatch,
+                    "the progress comes back as saved, not as step " + std::to_string(p.step));
+    }
+    ModelRun r =
+        testing::train_steps(trainer, opt, first, last, true, [&](int s) { return batch_of(mesh, s, true); });
+    if (!to.empty()) {
+      save_training_state(trainer, to, opt, {.step = last, .data_position = last * kBatch});
+    }
+    return r;
+  };
+  if (w.pp > 1) {
+    return with_pipeline(init_device_mesh<PMesh>(world, w.pp, w.rep, w.dp, w.tp), w.schedule, w.chunks, run);
+  }
+  const auto mesh = init_device_mesh<Mesh>(world, w.rep, w.dp, w.tp);
+  return with_layout(mesh, w.layout, [&](auto& trainer) { return run(trainer, mesh); });
+}
+
+std::string scratch(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("dtensor_any_model_state_" + name);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+#endif // DTENSOR_HAS_CHECKPOINT
+
 } // namespace
 
 TEST_CASE("Any model: a user's regression model trains under DDP, FSDP, HSDP and FSDP x TP as on one rank",
@@ -339,3 +398,64 @@ TEST_CASE("Any model: four micro-batches accumulate to the whole batch under bot
   check(Layout::fsdp, 1, 3, 1, "fsdp", true);
   check(Layout::hsdp, 2, 2, 1, "hsdp", true);
 }
+
+#if DTENSOR_HAS_CHECKPOINT
+
+TEST_CASE(
+    "Any model: the pipeline trainer's training state (one part per stage) resumes bit for bit on its "
+    "own layout, and as one rank under other cuts, trainers and rank counts, and FSDP's resumes pipelined",
+    "[parallel][trainer][any_model][pipeline][checkpoint]") {
+  namespace fs = std::filesystem;
+  const ModelRun want = testing::steps_from(reference(true), 2);
+  const std::string parts = scratch("pipeline");
+  fs::create_directories(parts + ".tmp/part-7"); // an interrupted save's leftovers: not published
+  const Where one_f_one_b{.pp = 2};
+  testing::run_ranks(2, [&](ProcessGroup& world) {
+    const ModelRun whole = resumed(world, one_f_one_b, 0, kSteps, "", "");
+    resumed(world, one_f_one_b, 0, 1, "", parts); // saved twice: the second replaces the first
+    resumed(world, one_f_one_b, 0, 2, "", parts);
+    testing::compare_runs(resumed(world, one_f_one_b, 2, kSteps, parts, ""), testing::steps_from(whole, 2),
+                          "1F1B on pp=2 resumed on itself", 0);
+  });
+  CHECK(fs::exists(fs::path(parts) / "parts.json"));
+  CHECK(fs::exists(fs::path(parts) / "part-1" / "index.json"));
+  CHECK(!fs::exists(fs::path(parts) / "part-7"));
+  CHECK(!fs::exists(parts + ".tmp"));
+  const auto check = [&](const Where& w, int ranks, const std::string& from, const std::string& name) {
+    INFO(name);
+    testing::run_ranks(ranks, [&](ProcessGroup& world) {
+      testing::compare_runs(resumed(world, w, 2, kSteps, from, ""), want, name, 1e-10);
+    });
+  };
+  check({.pp = 2, .tp = 2, .schedule = Schedule::interleaved_one_f_one_b, .chunks = 2}, 4, parts,
+        "saved under 1F1B on pp=2, resumed under interleaved 1F1B x 2 on (pp=2, tp=2)");
+  check({.layout = Layout::fsdp, .dp = 3}, 3, parts, "saved under 1F1B on pp=2, resumed under FSDP on 3");
+  check({}, 1, parts, "saved under 1F1B on pp=2, resumed under DDP on one rank");
+  const std::string fsdp = scratch("fsdp");
+  testing::run_ranks(
+      2, [&](ProcessGroup& world) { resumed(world, {.layout = Layout::fsdp, .dp = 2}, 0, 2, "", fsdp); });
+  check({.pp = 3, .schedule = Schedule::gpipe}, 3, fsdp,
+        "saved under FSDP on 2, resumed under GPipe on pp=3");
+  SECTION("a checkpoint of another model: an error naming the parameter") {
+    testing::run_ranks(2, [&](ProcessGroup& world) {
+      const auto mesh = init_device_mesh<PMesh>(world, 2, 1, 1, 1);
+      const auto stage = mesh.slice<"rep", "dp", "tp">();
+      Regressor<double> model = make_model(stage);
+      std::get<1>(model.units()).pop_back(); // one block fewer
+      nn::PipelineTrainer<Regressor<double>, Fsdp<"dp">> trainer(mesh.group<"pp">(), stage, std::move(model));
+      auto opt = testing::run_optimizer();
+      try {
+        (void)load_training_state(trainer, parts, opt);
+        FAIL("no error for a model of other parameters");
+      } catch (const Error& e) {
+        // Stage 0 holds parameters 0-5 as saved; stage 1 finds the readout where block 3 was.
+        CHECK_THAT(e.what(),
+                   Catch::Contains(world.rank() == 0
+                                       ? "the checkpoint holds 11 parameters, the model 9"
+                                       : "parameter 8 has global shape (3, 6), the checkpoint's (10, 6)"));
+      }
+    });
+  }
+}
+
+#endif // DTENSOR_HAS_CHECKPOINT

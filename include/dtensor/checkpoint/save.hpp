@@ -25,6 +25,7 @@
 #include "dtensor/core/extents.hpp"
 #include "dtensor/layout/algebra.hpp"
 #include "dtensor/layout/shard_spec.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/tensor/dtensor.hpp"
 
 namespace dtensor::checkpoint {
@@ -34,7 +35,7 @@ class Named {
 public:
   template <class T, int Rank, class Shape, class... P>
   Named(std::string name, const DTensor<T, Rank, Shape, P...>& t)
-      : name_(std::move(name)), world_(t.mesh().world()),
+      : name_(std::move(name)), world_(mesh_world(t.mesh())),
         global_(dtensor::detail::to_extents(t.global_shape())),
         block_(spec_block(global_, t.spec, t.mesh().sizes(), t.mesh().coordinate())),
         local_(t.local().device().is_cpu() ? t.local() : t.local().to(Device::cpu())),
@@ -49,6 +50,8 @@ public:
   }
 
   const std::string& name() const noexcept { return name_; }
+  /// The ranks of the tensor's mesh: the root's world, or a sub-mesh's own group (a pipeline stage's mesh
+  /// saves its part while the other stages save theirs).
   const ProcessGroup& world() const noexcept { return world_; }
   const Extents& global() const noexcept { return global_; }
   const Block& block() const noexcept { return block_; }
@@ -58,6 +61,15 @@ public:
   bool writes() const noexcept { return writes_; }
 
 private:
+  static ProcessGroup mesh_world(const DeviceMeshBase& mesh) {
+    std::int64_t size = 1;
+    for (int a = 0; a < mesh.num_axes(); ++a) {
+      size *= mesh.sizes()[a];
+    }
+    return size == mesh.world().size() ? mesh.world()
+                                       : mesh.group_over(static_cast<AxisMask>((1u << mesh.num_axes()) - 1));
+  }
+
   std::string name_;
   ProcessGroup world_;
   Extents global_;

@@ -11,6 +11,7 @@
 //       {.schedule = Schedule::interleaved_one_f_one_b, .chunks = 2});
 //   nn::StepResult r = trainer.step(std::span(micro_batches), opt);   // m (input, target) pairs
 //   double val = trainer.loss(input, target);                         // forward only, every rank
+//   save_training_state(trainer, dir, opt, progress);   // train/train_state.hpp: one part per pp rank
 //
 // The stages are cut at unit boundaries: the model's units() holds one run of blocks (a std::vector), split
 // into p v model stages (p the pp group's size, v = chunks; pipeline_layers: the first `blocks % (p v)`
@@ -273,25 +274,30 @@ public:
   /// The groups are resharded after.
   template <class F>
   void for_each_parameter(F&& f) {
-    std::array<int, kElements> firsts{}; // each element's first parameter index
-    int first = 0;
-    for_each_unit(model_.units(), [&](auto& u, auto element, std::size_t j) {
-      if (j == 0) {
-        firsts[element] = first;
-      }
-      first += int(detail::unit_param_count<std::remove_cvref_t<decltype(u)>>);
+    for_each_state([&](auto& g, int, std::int64_t first) {
+      g.unshard();
+      int i = int(first);
+      std::apply([&](const auto&... w) { (f(i++, w), ...); }, g.params());
+      g.reshard();
     });
+  }
+
+  /// f(group, optimizer index, first) for every group this rank holds, in the order of the units: first is
+  /// the number of the group's first parameter in nn::model_parameters' order. What
+  /// save_training_state(trainer, ...) saves (train/train_state.hpp: one part per pp rank).
+  template <class F>
+  void for_each_state(F&& f) {
+    const auto firsts = element_firsts();
     constexpr int per_block =
         int(detail::unit_param_count<detail::unit_of_t<std::tuple_element_t<kRun, Units>>>);
     for (Chunk& k : chunks_) {
-      for_each_group_of(k, [&](auto& g, int, std::size_t element, int block) {
-        g.unshard();
-        int i = firsts[element] + (element == kRun ? block * per_block : 0);
-        std::apply([&](const auto&... w) { (f(i++, w), ...); }, g.params());
-        g.reshard();
+      for_each_group_of(k, [&](auto& g, int index, std::size_t element, int block) {
+        f(g, index, std::int64_t(firsts[element]) + (element == kRun ? block * per_block : 0));
       });
     }
   }
+  /// The model's parameters, every stage's.
+  std::int64_t parameter_count() { return element_firsts().back(); }
 
 private:
   /// What crosses a stage boundary for an input of type Input: the run's input in C.
@@ -369,6 +375,20 @@ private:
   }
 
   int blocks() { return int(std::get<kRun>(model_.units()).size()); }
+
+  /// Each element's first parameter number in nn::model_parameters' order, and the count after the last.
+  std::array<int, kElements + 1> element_firsts() {
+    std::array<int, kElements + 1> firsts{};
+    int first = 0;
+    for_each_unit(model_.units(), [&](auto& u, auto element, std::size_t j) {
+      if (j == 0) {
+        firsts[element] = first;
+      }
+      first += int(detail::unit_param_count<std::remove_cvref_t<decltype(u)>>);
+    });
+    firsts[kElements] = first;
+    return firsts;
+  }
 
   template <class F>
   void for_each_group(F&& f) {

@@ -26,7 +26,7 @@
 //   trainer.step(std::span(micro_batches), opt);   // K (input, target) pairs: accumulated, reduced once
 //   trainer.with_gathered([&](const auto& m) { ... });    // evaluation, sampling, reading the weights
 //   double val = trainer.loss(input, target);              // forward only
-//   std::apply([&](auto&... s) { save_training_state(dir, opt, progress, s...); }, trainer.state());
+//   save_training_state(trainer, dir, opt, progress);     // train/train_state.hpp (with dtensor::checkpoint)
 //
 // The input is what the model's first unit takes and the target what its loss takes with the last unit's
 // output (nn::LanguageModel: token ids and next tokens). Every rank makes the same calls in the same order,
