@@ -33,7 +33,8 @@
 //   --csv FILE        rank 0 writes step, train loss, validation loss, tokens/s
 //   --data PATH       a text file, or a directory whose files are read in name order (default: the fortunes)
 //   --save DIR        at the end, save the training state (parameters, AdamW's state, the step) into the
-//                     sharded checkpoint DIR (train/train_state.hpp): layout-independent
+//                     sharded checkpoint DIR (train/train_state.hpp): layout-independent (the pipeline
+//                     layouts save one part per stage)
 //   --resume DIR      start from the training state in DIR, saved by any layout on any number of ranks, and
 //                     train on to --steps (the batches are a function of the step, so the data goes on too)
 //   --comm-table P    every rank writes what it communicated in the training (CommDebugMode's table: op,
@@ -381,8 +382,11 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
   }
   optim::AdamW opt({.lr = o.lr, .weight_decay = 0.01});
   Run run;
+  if (!o.resume.empty()) { // saved by any layout: each stage reads its parameters
+    run.first = int(load_training_state(*trainer, o.resume, opt).step);
+  }
   const std::int64_t rows = o.batch / o.microbatches;
-  for (int s = 0; s < o.steps; ++s) {
+  for (int s = run.first; s < o.steps; ++s) {
     std::vector<std::pair<nn::ids_t<L>, nn::ids_t<L>>> micro;
     for (int k = 0; k < o.microbatches; ++k) {
       micro.push_back(batch_of<L>(mesh, text.train, 1, s, rows, o.seq, o.device, k * rows));
@@ -390,6 +394,9 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
     const auto t0 = std::chrono::steady_clock::now();
     opt.set_lr(lr_at(o, s));
     record_step<L>(run, trainer->step(std::span(micro), opt), t0, s, mesh, text, o, *trainer, print);
+  }
+  if (!o.save.empty()) { // one part per stage
+    save_training_state(*trainer, o.save, opt, {.step = o.steps, .data_position = o.steps * o.batch});
   }
   if (!o.check) {
     return run;
@@ -564,9 +571,6 @@ int run_main(int argc, char** argv) {
     if (o.batch % o.microbatches != 0) {
       usage("--microbatches " + std::to_string(o.microbatches) + " does not divide the batch of " +
             std::to_string(o.batch) + " windows");
-    }
-    if (!o.save.empty() || !o.resume.empty()) {
-      usage("--save and --resume are not supported under the pipeline layouts");
     }
     o.sample = 0; // the layers live on different processes
   }
