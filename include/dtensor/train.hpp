@@ -5,7 +5,8 @@
 // schedule (fsdp_schedule.hpp), DDP's bucketed asynchronous gradient reduction (ddp.hpp), optimizers on
 // sharded parameters (optim.hpp: SGD, AdamW) and learning-rate schedules (lr_schedule.hpp), gradient clipping
 // by the global norm (clip.hpp), pipeline schedules and their runner (pipeline_schedule.hpp,
-// pipeline_run.hpp), and the training state's save and resume (train_state.hpp, with dtensor::checkpoint).
+// pipeline_run.hpp), the layouts of a model planned from dry runs (plan_layouts.hpp), and the training
+// state's save and resume (train_state.hpp, with dtensor::checkpoint).
 // The models and layers are <dtensor/nn.hpp>.
 
 #include "dtensor/train/clip.hpp"
@@ -19,4 +20,5 @@
 #include "dtensor/train/pipeline_run.hpp"
 #include "dtensor/train/pipeline_schedule.hpp"
 #include "dtensor/train/pipeline_trainer.hpp"
+#include "dtensor/train/plan_layouts.hpp"
 #include "dtensor/train/trainer.hpp"

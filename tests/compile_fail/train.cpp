@@ -1,10 +1,16 @@
-// Compile-fail cases for the training utilities (train/optim.hpp, clip.hpp, param_init.hpp, ddp.hpp;
-// format: see vocabulary.cpp): Partial gradients reach neither an optimizer nor clipping, DDP takes only
-// gradients pending over its axis.
+// Compile-fail cases for the training utilities (train/optim.hpp, clip.hpp, nn/init.hpp, ddp.hpp,
+// plan_layouts.hpp; format: see vocabulary.cpp): Partial gradients reach neither an optimizer nor clipping,
+// DDP takes only gradients pending over its axis, the planner names what a model family lacks.
 #include <dtensor/nn/init.hpp>
+#include <dtensor/nn/mlp_block.hpp>
+#include <dtensor/nn/model.hpp>
 #include <dtensor/train/clip.hpp>
 #include <dtensor/train/ddp.hpp>
 #include <dtensor/train/optim.hpp>
+#include <dtensor/train/plan_layouts.hpp>
+
+#include <cstdint>
+#include <utility>
 
 using namespace dtensor;
 using Mesh = MeshShape<Axis<"dp">, Axis<"tp", 2>>;
@@ -62,4 +68,15 @@ void f(const DTensor<float, 2, Mesh, Shard<0>, Replicate>& w) {
 void f(PW& w) {
   init::zeros_(w);
 }
+#endif
+
+//! CASE plan_no_blocks nn::plan_layouts: the family counts the blocks the pipeline cuts
+#ifdef CASE_plan_no_blocks
+struct NoBlocks {
+  using model_type = nn::LanguageModel<float, nn::Layout<nn::PlanStageMesh>, nn::MlpBlock>;
+  model_type make(const DeviceMesh<nn::PlanStageMesh>&, Device) const;
+  std::pair<int, int> micro_batch(const DeviceMesh<nn::PlanStageMesh>&, std::int64_t, Device) const;
+  bool admits(int, int, int) const;
+};
+auto f(const nn::PlanOptions& o) { return nn::plan_layouts(NoBlocks{}, o); }
 #endif

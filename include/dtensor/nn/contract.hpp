@@ -317,7 +317,11 @@ auto in_compute_type(const X& x) {
     if constexpr (!std::is_same_v<V, C> &&
                   (std::is_floating_point_v<V> || dtensor::detail::is_reduced_float_v<V>)) {
       using Y = typename with_value<C, X>::type;
-      Tensor<C, X::rank> local(x.local().shape(), x.local().device(), x.local().stream_handle());
+#if DTENSOR_HAS_CUDA
+      Tensor<C, X::rank> local(x.local().shape(), x.local().device(), x.local().stream());
+#else
+      Tensor<C, X::rank> local(x.local().shape(), x.local().device());
+#endif
       local::convert(local, x.local().contiguous());
       return Y(x.mesh(), std::move(local), x.global_shape());
     } else {
