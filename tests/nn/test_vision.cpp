@@ -185,6 +185,17 @@ TEST_CASE("nn::VisionEncoder trains under DDP, TP, FSDP, HSDP and FSDP x TP as o
   check(Layout::fsdp, 1, 2, 2, "fsdp x tp");
 }
 
+TEST_CASE("nn::VisionEncoder in mixed precision (double shards, float compute: the images converted) trains "
+          "within float's rounding of the double run",
+          "[parallel][trainer][vision][mixed]") {
+  const ModelRun& want = reference(false);
+  testing::run_ranks(4, [&](ProcessGroup& world) {
+    const auto mesh = init_device_mesh<Mesh>(world, 1, 2, 2);
+    nn::FsdpTrainer<Model, Fsdp<"dp">, float> trainer(mesh, make_model(mesh), {.max_norm = 0.5});
+    testing::compare_runs(train(trainer, mesh, false), want, "fsdp x tp, float compute", 1e-4);
+  });
+}
+
 namespace {
 
 /// Two FSDP x TP steps of the encoder on (1, 2, 2), on `world` with tensors on `device`.
