@@ -9,7 +9,7 @@
 // 4 kv heads, ffn 384, 16 windows of 64 characters a step, 450 steps (AdamW, lr 3e-3 with warmup and cosine
 // decay, clip at 1.0): about two minutes on a 2-core machine, validation loss from 4.6 to about 2.1.
 //   --layout L        ddp | fsdp | tp | cp_ring | cp_ulysses | fsdp_tp | fsdp_tp_cp | pp_fsdp_tp | pp
-//                     (default fsdp_tp):
+//                     (default fsdp_tp; names, degrees and trainers: train/data_layout.hpp's table):
 //                       ddp         (n, 1, 1)   replicated parameters, DDP's buckets over dp
 //                       fsdp        (n, 1, 1)   one FlatParamGroup per block, FsdpSchedule over dp
 //                       tp          (1, 1, n)   tensor + sequence parallel, gradients all-reduced
@@ -65,6 +65,7 @@
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/nn/block.hpp>
 #include <dtensor/nn/model.hpp>
+#include <dtensor/train/data_layout.hpp>
 #include <dtensor/train/fsdp.hpp>
 #include <dtensor/train/lr_schedule.hpp>
 #include <dtensor/train/optim.hpp>
@@ -542,31 +543,24 @@ int run_main(int argc, char** argv) {
   const Text text = Text::load(o.data);
   o.model.vocab = std::int64_t(text.bytes_of.size());
   o.device = world.dry_run() ? Device::meta() : Device::cpu(); // a dry run holds shapes, not values
-  const bool sharded = o.layout.rfind("fsdp", 0) == 0;
-  if (o.mixed && o.layout != "fsdp" && o.layout != "fsdp_tp") {
+  // The layout's degrees over (pp, dp, cp, tp) and its trainer: train/data_layout.hpp's table.
+  nn::DataLayout layout{};
+  nn::LayoutDegrees d;
+  try {
+    layout = nn::parse_layout(o.layout);
+    d = nn::layout_degrees(layout, n);
+  } catch (const Error& e) {
+    usage(e.what());
+  }
+  const nn::LayoutSpec& spec = nn::layout_spec(layout);
+  if (d.rep > 1) {
+    usage("layout " + o.layout + ": 09_gpt's mesh has no replica axis");
+  }
+  const bool pipelined = spec.trainer == nn::LayoutTrainer::pipeline;
+  if (o.mixed && (spec.trainer != nn::LayoutTrainer::fsdp || d.cp > 1)) {
     usage("--mixed is a policy of the FSDP layouts fsdp and fsdp_tp");
   }
-  // The mesh (dp, cp, tp) of each layout; (pp, dp, cp, tp) for the pipelined ones.
-  int pp = 1, dp = n, cp = 1, tp = 1;
-  const bool pipelined = o.layout == "pp_fsdp_tp" || o.layout == "pp";
-  if (o.layout == "pp_fsdp_tp") {
-    pp = 2, dp = n / 4, tp = 2;
-  } else if (o.layout == "pp") {
-    pp = n, dp = 1;
-  } else if (o.layout == "tp") {
-    dp = 1, tp = n;
-  } else if (o.layout == "cp_ring" || o.layout == "cp_ulysses") {
-    dp = 1, cp = n;
-  } else if (o.layout == "fsdp_tp") {
-    dp = n / 2, tp = 2;
-  } else if (o.layout == "fsdp_tp_cp") {
-    dp = n / 4, cp = 2, tp = 2;
-  } else if (o.layout != "ddp" && o.layout != "fsdp") {
-    usage("unknown layout " + o.layout);
-  }
-  if (pp * dp * cp * tp != n || dp < 1) {
-    usage("layout " + o.layout + " does not fit " + std::to_string(n) + " processes");
-  }
+  const int pp = d.pp, dp = d.dp, cp = d.cp, tp = d.tp;
   if (pipelined) {
     if (o.batch % o.microbatches != 0) {
       usage("--microbatches " + std::to_string(o.microbatches) + " does not divide the batch of " +
@@ -584,23 +578,25 @@ int run_main(int argc, char** argv) {
         text.train.size(), text.val.size(), (long long)o.batch, (long long)o.seq, o.layout.c_str(),
         o.mixed ? " (bfloat16 compute)" : "", pp, dp, cp, tp, std::string(world.backend_name()).c_str());
   }
-  auto train = [&](const DeviceMesh<Mesh>& m, const std::string& layout, bool mixed, bool p) -> Run {
-    if (layout == "ddp") {
-      return train_layout<DataParallel, false>(m, text, o, p);
-    } else if (layout == "tp") {
-      return train_layout<TensorSeq, false>(m, text, o, p);
-    } else if (layout == "cp_ring") {
-      return train_layout<RingCp, false>(m, text, o, p);
-    } else if (layout == "cp_ulysses") {
+  // The model's layout type from the layout's: tensor + sequence parallel where tp > 1, its context
+  // parallelism; sharded by FSDP or replicated (DDP).
+  auto train = [&](const DeviceMesh<Mesh>& m, const nn::LayoutSpec& l, bool mixed, bool p) -> Run {
+    const bool sharded = l.trainer == nn::LayoutTrainer::fsdp;
+    if (l.context == nn::LayoutContext::ring) {
+      return sharded ? train_layout<RingCp, true>(m, text, o, p) : train_layout<RingCp, false>(m, text, o, p);
+    } else if (l.context == nn::LayoutContext::ulysses) {
       return train_layout<UlyssesCp, false>(m, text, o, p);
-    } else if (layout == "fsdp") {
-      return mixed ? train_layout<DataParallel, true, bfloat16>(m, text, o, p)
-                   : train_layout<DataParallel, true>(m, text, o, p);
-    } else if (layout == "fsdp_tp") {
+    } else if (l.degrees.tp != 1) {
+      if (!sharded) {
+        return train_layout<TensorSeq, false>(m, text, o, p);
+      }
       return mixed ? train_layout<TensorSeq, true, bfloat16>(m, text, o, p)
                    : train_layout<TensorSeq, true>(m, text, o, p);
+    } else if (sharded) {
+      return mixed ? train_layout<DataParallel, true, bfloat16>(m, text, o, p)
+                   : train_layout<DataParallel, true>(m, text, o, p);
     }
-    return train_layout<RingCp, true>(m, text, o, p); // fsdp_tp_cp
+    return train_layout<DataParallel, false>(m, text, o, p);
   };
   std::optional<CommDebugMode> comm; // --comm-table: what this rank communicates in the training
   if (!o.comm_table.empty()) {
@@ -617,11 +613,11 @@ int run_main(int argc, char** argv) {
   }
   const Run run = [&] {
     if (!pipelined) {
-      return train(init_device_mesh<Mesh>(world, dp, cp, tp), o.layout, o.mixed, print);
+      return train(init_device_mesh<Mesh>(world, dp, cp, tp), spec, o.mixed, print);
     }
     const auto mesh = init_device_mesh<PipelineMesh>(world, pp, dp, cp, tp);
-    return o.layout == "pp" ? train_pipelined<DataParallel>(mesh, text, o, print)
-                            : train_pipelined<TensorSeq>(mesh, text, o, print);
+    return tp == 1 ? train_pipelined<DataParallel>(mesh, text, o, print)
+                   : train_pipelined<TensorSeq>(mesh, text, o, print);
   }();
   if (comm) {
     const std::string path = o.comm_table + "." + std::to_string(world.rank());
@@ -660,8 +656,8 @@ int run_main(int argc, char** argv) {
                 tokens / run.seconds, 1e3 * run.seconds / n_timed, 1e3 * run.blocked / n_timed,
                 100.0 * run.blocked / run.seconds,
                 pipelined ? "the pipeline's neighbours (the bubble and the exchanges)"
-                : sharded ? "FSDP's all_gathers and reduce_scatters"
-                          : "DDP's buckets and the other axes' reductions");
+                : spec.trainer == nn::LayoutTrainer::fsdp ? "FSDP's all_gathers and reduce_scatters"
+                                                          : "DDP's buckets and the other axes' reductions");
     if (!run.sample.empty()) {
       std::printf("sample:\n%s\n", run.sample.c_str());
     }
@@ -679,7 +675,8 @@ int run_main(int argc, char** argv) {
     ref.save.clear();
     ref.resume.clear(); // the reference trains every step from the start
     std::swap(o, ref);
-    const Run want = train(init_device_mesh<Mesh>(one, 1, 1, 1), "ddp", false, false);
+    const Run want =
+        train(init_device_mesh<Mesh>(one, 1, 1, 1), nn::layout_spec(nn::DataLayout::ddp), false, false);
     std::swap(o, ref);
     const auto [loss_diff, param_diff] = difference(run, want);
     const double tol = o.mixed ? 5e-2 : 1e-4;

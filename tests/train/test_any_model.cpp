@@ -25,6 +25,7 @@
 #include <dtensor/ops/pointwise.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #include <dtensor/testing/run_ranks.hpp>
+#include <dtensor/train/data_layout.hpp>
 #include <dtensor/train/fsdp.hpp>
 #include <dtensor/train/optim.hpp>
 #include <dtensor/train/pipeline_trainer.hpp>
@@ -36,11 +37,13 @@
 #include "../support/model_runs.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -192,23 +195,14 @@ ModelRun train(Trainer& trainer, const DeviceMesh<Mesh>& mesh, bool micro) {
   return testing::train_steps(trainer, kSteps, micro, [&](int s) { return batch_of(mesh, s, micro); });
 }
 
-enum class Layout { tp, ddp, fsdp, hsdp, fsdp_tp };
+using Layout = nn::DataLayout;
 
-/// f(trainer) with the model's trainer of `layout` on `mesh`.
+/// f(trainer) with the model's trainer of `layout` on `mesh` (nn::with_trainer: the layouts' table).
 template <class F>
 auto with_layout(const DeviceMesh<Mesh>& mesh, Layout layout, F&& f) {
   const nn::TrainerOptions options{.max_norm = 0.5,
                                    .ddp = {.bucket_cap_bytes = 256, .first_bucket_cap_bytes = 128}};
-  if (layout == Layout::tp || layout == Layout::ddp) {
-    nn::DdpTrainer<Regressor<double>, "dp"> trainer(mesh, make_model(mesh), options);
-    return f(trainer);
-  }
-  if (layout == Layout::hsdp) {
-    nn::FsdpTrainer<Regressor<double>, Hsdp<"rep", "dp">> trainer(mesh, make_model(mesh), options);
-    return f(trainer);
-  }
-  nn::FsdpTrainer<Regressor<double>, Fsdp<"dp">> trainer(mesh, make_model(mesh), options);
-  return f(trainer);
+  return nn::with_trainer(layout, mesh, make_model(mesh), options, f);
 }
 
 ModelRun run_layout(const DeviceMesh<Mesh>& mesh, Layout layout, bool micro = false) {
@@ -459,3 +453,44 @@ TEST_CASE(
 }
 
 #endif // DTENSOR_HAS_CHECKPOINT
+
+TEST_CASE("The layouts' table: each name's degrees on 1-8 ranks, and the errors", "[trainer][layout]") {
+  const auto degrees = [](std::string_view name, int n) {
+    const nn::LayoutDegrees d = nn::layout_degrees(nn::parse_layout(name), n);
+    return std::array<int, 5>{d.pp, d.rep, d.dp, d.cp, d.tp};
+  };
+  for (int n = 1; n <= 8; ++n) {
+    CHECK(degrees("ddp", n) == std::array<int, 5>{1, 1, n, 1, 1});
+    CHECK(degrees("fsdp", n) == std::array<int, 5>{1, 1, n, 1, 1});
+    CHECK(degrees("tp", n) == std::array<int, 5>{1, 1, 1, 1, n});
+    CHECK(degrees("cp_ring", n) == std::array<int, 5>{1, 1, 1, n, 1});
+    CHECK(degrees("cp_ulysses", n) == std::array<int, 5>{1, 1, 1, n, 1});
+    CHECK(degrees("pp", n) == std::array<int, 5>{n, 1, 1, 1, 1});
+    if (n % 2 == 0) {
+      CHECK(degrees("hsdp", n) == std::array<int, 5>{1, 2, n / 2, 1, 1});
+      CHECK(degrees("fsdp_tp", n) == std::array<int, 5>{1, 1, n / 2, 1, 2});
+      CHECK(nn::data_layout_mesh(nn::DataLayout::fsdp_tp, n) == std::array<int, 3>{1, n / 2, 2});
+    } else {
+      CHECK_THROWS_WITH(degrees("hsdp", n), Catch::Contains("it needs a multiple of 2"));
+    }
+    if (n % 4 == 0) {
+      CHECK(degrees("fsdp_tp_cp", n) == std::array<int, 5>{1, 1, n / 4, 2, 2});
+      CHECK(degrees("pp_fsdp_tp", n) == std::array<int, 5>{2, 1, n / 4, 1, 2});
+    } else {
+      CHECK_THROWS_WITH(degrees("pp_fsdp_tp", n), Catch::Contains("it needs a multiple of 4"));
+    }
+  }
+  for (const nn::LayoutSpec& s : nn::layout_specs) {
+    CHECK(nn::data_layout_name(nn::parse_layout(s.name)) == s.name);
+  }
+  CHECK_THROWS_WITH(nn::parse_layout("zero3"),
+                    Catch::Contains("one of tp, ddp, fsdp, hsdp, fsdp_tp, cp_ring"));
+  CHECK_THROWS_WITH(nn::parse_data_layout("cp_ring"),
+                    Catch::Contains("unknown layout 'cp_ring': one of tp, ddp, fsdp, hsdp, fsdp_tp"));
+  CHECK_THROWS_WITH(nn::data_layout_mesh(nn::DataLayout::pp, 2), Catch::Contains("needs a pp or cp axis"));
+  testing::run_ranks(2, [&](ProcessGroup& world) {
+    const auto mesh = init_device_mesh<Mesh>(world, 1, 2, 1);
+    CHECK_THROWS_WITH(with_layout(mesh, nn::DataLayout::pp, [](auto&) { return 0; }),
+                      Catch::Contains("layout pp is pipelined"));
+  });
+}
