@@ -72,6 +72,7 @@ struct Feedforward : nn::Layer<Feedforward<T>> {
   Row<T> down;  // (width, ffn)
 
   static constexpr auto parameter_members() { return std::tuple{&Feedforward::up, &Feedforward::down}; }
+  static constexpr auto state_members() { return std::tuple{}; } // another element type: no other member
   auto forward(const Rows<T>& x, WithBackwardTag) const {
     auto [a, up_back] = linear(x, up, with_backward); // the ffn units over tp
     auto [r, relu_back] = relu(a, with_backward);
@@ -131,6 +132,9 @@ struct Regressor {
   std::vector<Feedforward<T>> blocks;
   Gate gate;
   Readout<T> readout;
+
+  template <class U>
+  using rebind = Regressor<U>; // the model in another element type (mixed precision's with_gathered)
 
   auto units() { return std::tie(first, blocks, gate, readout); }
   auto loss_function() const { return nn::MseLoss{}; }
@@ -381,6 +385,17 @@ TEST_CASE("Any model: the user's model pipelined under 1F1B, GPipe and interleav
   check_pipelined(2, 2, 1, Schedule::gpipe, 1);
   check_pipelined(2, 1, 2, Schedule::interleaved_one_f_one_b, 2);
   check_pipelined(3, 1, 1, Schedule::one_f_one_b, 1);
+}
+
+TEST_CASE("Any model: the user's layers in mixed precision (double shards, float compute: nn::Layer rebuilds "
+          "Feedforward in float) train within float's rounding of the double run",
+          "[parallel][trainer][any_model][mixed]") {
+  const ModelRun& want = reference();
+  testing::run_ranks(4, [&](ProcessGroup& world) {
+    const auto mesh = init_device_mesh<Mesh>(world, 1, 2, 2);
+    nn::FsdpTrainer<Regressor<double>, Fsdp<"dp">, float> trainer(mesh, make_model(mesh), {.max_norm = 0.5});
+    testing::compare_runs(train(trainer, mesh, false), want, "fsdp x tp, float compute", 1e-4);
+  });
 }
 
 TEST_CASE("Any model: four micro-batches accumulate to the whole batch under both trainers",

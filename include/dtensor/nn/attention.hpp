@@ -27,6 +27,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/nn/layout.hpp"
 #include "dtensor/nn/module.hpp"
+#include "dtensor/nn/unit.hpp"
 #include "dtensor/ops/attention.hpp"
 #include "dtensor/ops/collective_matmul.hpp"
 #include "dtensor/ops/matmul.hpp"
@@ -37,11 +38,10 @@
 namespace dtensor::nn {
 
 template <class T, class L>
-class Attention {
+class Attention : public Layer<Attention<T, L>> {
 public:
   using q_type = column_weight_t<L, T>; // (heads * hd, hidden)
   using o_type = row_weight_t<L, T>;    // (hidden, heads * hd)
-  using parameter_types = std::tuple<q_type, q_type, q_type, o_type>;
   using input_type = act_t<L, T>;
 
   /// The projections normal(0, std) from the next four keys.
@@ -65,11 +65,10 @@ public:
   o_type wo;
   TransformerConfig config;
 
-  auto parameters() { return std::tie(wq, wk, wv, wo); }
-  template <class W, class O>
-  auto with_parameters(const W& q, const W& k, const W& v, const O& o) const {
-    return Attention<typename W::value_type, L>(q, k, v, o, config);
+  static constexpr auto parameter_members() {
+    return std::tuple{&Attention::wq, &Attention::wk, &Attention::wv, &Attention::wo};
   }
+  static constexpr auto state_members() { return std::tuple{&Attention::config}; }
 
   template <class X>
   auto forward(const X& x, WithBackwardTag) const {

@@ -54,10 +54,9 @@ public:
   using norm_type = Norm<T, L>;
   using attention_type = Attention<T, L>;
   using mlp_type = typename detail::feed_forward<T, L, Activation>::type;
-  using parameter_types = decltype(std::tuple_cat(std::declval<typename norm_type::parameter_types>(),
-                                                  std::declval<typename attention_type::parameter_types>(),
-                                                  std::declval<typename norm_type::parameter_types>(),
-                                                  std::declval<typename mlp_type::parameter_types>()));
+  using parameter_types = decltype(std::tuple_cat(
+      std::declval<parameter_types_t<norm_type>>(), std::declval<parameter_types_t<attention_type>>(),
+      std::declval<parameter_types_t<norm_type>>(), std::declval<parameter_types_t<mlp_type>>()));
   using input_type = act_t<L, T>;
 
   TransformerBlock(const DeviceMesh<typename L::mesh_shape>& mesh, const TransformerConfig& c,
@@ -82,8 +81,8 @@ public:
     static_assert(sizeof...(W) == std::tuple_size_v<parameter_types>,
                   "nn::TransformerBlock::with_parameters: every parameter of the block, in order");
     const auto t = std::tie(w...);
-    constexpr std::size_t a = std::tuple_size_v<typename norm_type::parameter_types>;
-    constexpr std::size_t m = a + std::tuple_size_v<typename attention_type::parameter_types>;
+    constexpr std::size_t a = std::tuple_size_v<parameter_types_t<norm_type>>;
+    constexpr std::size_t m = a + std::tuple_size_v<parameter_types_t<attention_type>>;
     using U = typename std::tuple_element_t<0, std::tuple<W...>>::value_type;
     return TransformerBlock<U, L, Activation, Norm>(
         detail::with_parameters_at<0>(attention_norm, t), detail::with_parameters_at<a>(attention, t),

@@ -16,15 +16,15 @@
 
 #include "dtensor/nn/layout.hpp"
 #include "dtensor/nn/module.hpp"
+#include "dtensor/nn/unit.hpp"
 #include "dtensor/ops/embedding.hpp"
 
 namespace dtensor::nn {
 
 template <class T, class L>
-class Embedding {
+class Embedding : public Layer<Embedding<T, L>> {
 public:
   using weight_type = column_weight_t<L, T>; // (vocab, hidden): the vocab over tp
-  using parameter_types = std::tuple<weight_type>;
   using output_type = act_t<L, T>;
 
   /// W normal(0, std) from `key` (the same numbers on any mesh).
@@ -35,11 +35,8 @@ public:
 
   weight_type weight;
 
-  auto parameters() { return std::tie(weight); }
-  template <class W>
-  auto with_parameters(const W& w) const {
-    return Embedding<typename W::value_type, L>(w);
-  }
+  static constexpr auto parameter_members() { return std::tuple{&Embedding::weight}; }
+  static constexpr auto state_members() { return std::tuple{}; }
 
   template <class Ids>
   auto forward(const Ids& ids, WithBackwardTag) const {

@@ -19,6 +19,7 @@
 
 #include "dtensor/nn/layout.hpp"
 #include "dtensor/nn/module.hpp"
+#include "dtensor/nn/unit.hpp"
 #include "dtensor/ops/collective_matmul.hpp"
 #include "dtensor/ops/loss.hpp"
 #include "dtensor/ops/matmul.hpp"
@@ -26,10 +27,9 @@
 namespace dtensor::nn {
 
 template <class T, class L>
-class LmHead {
+class LmHead : public Layer<LmHead<T, L>> {
 public:
   using weight_type = column_weight_t<L, T>; // (vocab, hidden): the vocab over tp
-  using parameter_types = std::tuple<weight_type>;
   using input_type = act_t<L, T>;
 
   LmHead(const DeviceMesh<typename L::mesh_shape>& mesh, std::int64_t vocab, std::int64_t hidden,
@@ -39,11 +39,8 @@ public:
 
   weight_type weight;
 
-  auto parameters() { return std::tie(weight); }
-  template <class W>
-  auto with_parameters(const W& w) const {
-    return LmHead<typename W::value_type, L>(w);
-  }
+  static constexpr auto parameter_members() { return std::tuple{&LmHead::weight}; }
+  static constexpr auto state_members() { return std::tuple{}; }
 
   /// The logits (batch, seq, vocab), the vocabulary over tp.
   template <class X>

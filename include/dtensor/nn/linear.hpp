@@ -38,6 +38,7 @@
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/nn/init.hpp"
 #include "dtensor/nn/module.hpp"
+#include "dtensor/nn/unit.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/pointwise.hpp"
 #include "dtensor/ops/random.hpp"
@@ -138,14 +139,14 @@ namespace nn {
 
 /// y = x W^T + b, W (out, in) sharded on its output features over the tp axis (see the top of this file).
 template <class T, class Mesh, fixed_string Tp = "tp", bool SequenceParallel = false, int SeqDim = 0>
-class ColumnParallelLinear {
+class ColumnParallelLinear : public Layer<ColumnParallelLinear<T, Mesh, Tp, SequenceParallel, SeqDim>> {
   static constexpr int tp = Mesh::template index_of<Tp>();
 
 public:
   using weight_type = dtensor_from_t<T, 2, Mesh, &dtensor::detail::ShardOn<Mesh, tp, 0>::list>;
   using bias_type = dtensor_from_t<T, 1, Mesh, &dtensor::detail::ShardOn<Mesh, tp, 0>::list>;
-
-  using parameter_types = std::tuple<weight_type, bias_type>;
+  template <class U>
+  using rebind = ColumnParallelLinear<U, Mesh, Tp, SequenceParallel, SeqDim>;
 
   ColumnParallelLinear(const DeviceMesh<Mesh>& mesh, std::int64_t in, std::int64_t out, std::uint64_t seed)
       : weight(dtensor::detail::linear_weight<weight_type>(mesh, in, out, seed)),
@@ -155,11 +156,10 @@ public:
   weight_type weight;
   bias_type bias;
 
-  auto parameters() { return std::tie(weight, bias); }
-  template <class W, class B>
-  auto with_parameters(const W& w, const B& b) const {
-    return ColumnParallelLinear<typename W::value_type, Mesh, Tp, SequenceParallel, SeqDim>(w, b);
+  static constexpr auto parameter_members() {
+    return std::tuple{&ColumnParallelLinear::weight, &ColumnParallelLinear::bias};
   }
+  static constexpr auto state_members() { return std::tuple{}; }
 
   /// x: Replicate on tp (Shard<SeqDim> with sequence parallelism, gathered on entry). Returns Shard<last>
   /// on tp.
@@ -191,14 +191,14 @@ public:
 /// layer's output (Shard<last> on tp); the product is Partial on tp until the all_reduce (or, with
 /// sequence parallelism, the reduce_scatter to Shard<SeqDim>). The bias is Replicate, added after.
 template <class T, class Mesh, fixed_string Tp = "tp", bool SequenceParallel = false, int SeqDim = 0>
-class RowParallelLinear {
+class RowParallelLinear : public Layer<RowParallelLinear<T, Mesh, Tp, SequenceParallel, SeqDim>> {
   static constexpr int tp = Mesh::template index_of<Tp>();
 
 public:
   using weight_type = dtensor_from_t<T, 2, Mesh, &dtensor::detail::ShardOn<Mesh, tp, 1>::list>;
   using bias_type = dtensor_from_t<T, 1, Mesh, &dtensor::detail::ReplicatedOn<Mesh>::list>;
-
-  using parameter_types = std::tuple<weight_type, bias_type>;
+  template <class U>
+  using rebind = RowParallelLinear<U, Mesh, Tp, SequenceParallel, SeqDim>;
 
   RowParallelLinear(const DeviceMesh<Mesh>& mesh, std::int64_t in, std::int64_t out, std::uint64_t seed)
       : weight(dtensor::detail::linear_weight<weight_type>(mesh, in, out, seed)),
@@ -208,11 +208,10 @@ public:
   weight_type weight;
   bias_type bias;
 
-  auto parameters() { return std::tie(weight, bias); }
-  template <class W, class B>
-  auto with_parameters(const W& w, const B& b) const {
-    return RowParallelLinear<typename W::value_type, Mesh, Tp, SequenceParallel, SeqDim>(w, b);
+  static constexpr auto parameter_members() {
+    return std::tuple{&RowParallelLinear::weight, &RowParallelLinear::bias};
   }
+  static constexpr auto state_members() { return std::tuple{}; }
 
   /// x: Shard<last> on tp (a ColumnParallelLinear's output). Returns Replicate on tp (Shard<SeqDim> with
   /// sequence parallelism).

@@ -27,8 +27,8 @@ class MlpBlock {
 public:
   using norm_type = Norm<T, L>;
   using mlp_type = Mlp<T, L, Activation>;
-  using parameter_types = decltype(std::tuple_cat(std::declval<typename norm_type::parameter_types>(),
-                                                  std::declval<typename mlp_type::parameter_types>()));
+  using parameter_types = decltype(std::tuple_cat(std::declval<parameter_types_t<norm_type>>(),
+                                                  std::declval<parameter_types_t<mlp_type>>()));
   using input_type = act_t<L, T>;
 
   MlpBlock(const DeviceMesh<typename L::mesh_shape>& mesh, const TransformerConfig& c, init::InitKeys& keys,
@@ -45,7 +45,7 @@ public:
     static_assert(sizeof...(W) == std::tuple_size_v<parameter_types>,
                   "nn::MlpBlock::with_parameters: every parameter of the block, in order");
     const auto t = std::tie(w...);
-    constexpr std::size_t n = std::tuple_size_v<typename norm_type::parameter_types>;
+    constexpr std::size_t n = std::tuple_size_v<parameter_types_t<norm_type>>;
     using U = typename std::tuple_element_t<0, std::tuple<W...>>::value_type;
     return MlpBlock<U, L, Activation, Norm>(detail::with_parameters_at<0>(norm, t),
                                             detail::with_parameters_at<n>(mlp, t));

@@ -57,6 +57,7 @@
 #include "dtensor/nn/layout.hpp"
 #include "dtensor/nn/module.hpp"
 #include "dtensor/nn/moe_routing.hpp"
+#include "dtensor/nn/unit.hpp"
 
 namespace dtensor {
 
@@ -147,7 +148,7 @@ struct MoeSaved {
 } // namespace detail
 
 template <class T, class L>
-class Moe {
+class Moe : public Layer<Moe<T, L>> {
   static_assert(L::cp < 0, "nn::Moe: context parallelism is not supported yet (the capacity's token order "
                            "would follow the sequence's shards); use a layout without nn::ContextParallel");
 
@@ -155,7 +156,6 @@ public:
   using router_type = replicated_t<L, T, 2>;         // (experts, hidden)
   using up_type = moe_placed_t<L, T, 3, -1, 0, 1>;   // (experts, ffn, hidden)
   using down_type = moe_placed_t<L, T, 3, -1, 0, 2>; // (experts, hidden, ffn)
-  using parameter_types = std::tuple<router_type, up_type, up_type, down_type>;
   using input_type = act_t<L, T>;
 
   /// The router, W1, W3 and W2 normal(0, config.init_std) from the next four keys.
@@ -181,12 +181,9 @@ public:
   down_type w2;
   MoeConfig config;
 
-  auto parameters() { return std::tie(router, w1, w3, w2); }
-  /// The same layer on other handles of its parameters; it shares this layer's stats.
-  template <class R, class U, class D>
-  auto with_parameters(const R& r, const U& a, const U& b, const D& c) const {
-    return Moe<typename R::value_type, L>(r, a, b, c, config, stats_);
-  }
+  static constexpr auto parameter_members() { return std::tuple{&Moe::router, &Moe::w1, &Moe::w3, &Moe::w2}; }
+  /// A layer made by with_parameters shares this layer's stats.
+  static constexpr auto state_members() { return std::tuple{&Moe::config, &Moe::stats_}; }
 
   /// What the last forward of this layer (or of one made from it by with_parameters) routed.
   const MoeStats& stats() const noexcept { return *stats_; }

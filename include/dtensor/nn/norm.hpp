@@ -15,15 +15,15 @@
 
 #include "dtensor/nn/layout.hpp"
 #include "dtensor/nn/module.hpp"
+#include "dtensor/nn/unit.hpp"
 #include "dtensor/ops/norm.hpp"
 
 namespace dtensor::nn {
 
 template <class T, class L>
-class RmsNorm {
+class RmsNorm : public Layer<RmsNorm<T, L>> {
 public:
   using weight_type = replicated_t<L, T>;
-  using parameter_types = std::tuple<weight_type>;
 
   RmsNorm(const DeviceMesh<typename L::mesh_shape>& mesh, std::int64_t hidden, double eps = 1e-5,
           Device device = Device::cpu())
@@ -33,11 +33,8 @@ public:
   weight_type weight;
   double eps;
 
-  auto parameters() { return std::tie(weight); }
-  template <class W>
-  auto with_parameters(const W& w) const {
-    return RmsNorm<typename W::value_type, L>(w, eps);
-  }
+  static constexpr auto parameter_members() { return std::tuple{&RmsNorm::weight}; }
+  static constexpr auto state_members() { return std::tuple{&RmsNorm::eps}; }
 
   template <AnyDTensor X>
   auto forward(const X& x, WithBackwardTag) const {
@@ -55,10 +52,9 @@ public:
 };
 
 template <class T, class L>
-class LayerNorm {
+class LayerNorm : public Layer<LayerNorm<T, L>> {
 public:
   using weight_type = replicated_t<L, T>;
-  using parameter_types = std::tuple<weight_type, weight_type>;
 
   LayerNorm(const DeviceMesh<typename L::mesh_shape>& mesh, std::int64_t hidden, double eps = 1e-5,
             Device device = Device::cpu())
@@ -70,11 +66,8 @@ public:
   weight_type bias;
   double eps;
 
-  auto parameters() { return std::tie(weight, bias); }
-  template <class W>
-  auto with_parameters(const W& w, const W& b) const {
-    return LayerNorm<typename W::value_type, L>(w, b, eps);
-  }
+  static constexpr auto parameter_members() { return std::tuple{&LayerNorm::weight, &LayerNorm::bias}; }
+  static constexpr auto state_members() { return std::tuple{&LayerNorm::eps}; }
 
   template <AnyDTensor X>
   auto forward(const X& x, WithBackwardTag) const {

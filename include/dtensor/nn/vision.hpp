@@ -32,6 +32,7 @@
 #include "dtensor/nn/losses.hpp"
 #include "dtensor/nn/module.hpp"
 #include "dtensor/nn/norm.hpp"
+#include "dtensor/nn/unit.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/reduce.hpp"
 
@@ -58,10 +59,9 @@ struct VisionConfig {
 
 /// Each patch mapped to the hidden size by one replicated weight (hidden, patch values).
 template <class T, class L>
-class PatchEmbedding {
+class PatchEmbedding : public Layer<PatchEmbedding<T, L>> {
 public:
   using weight_type = replicated_t<L, T, 2>;
-  using parameter_types = std::tuple<weight_type>;
 
   PatchEmbedding(const DeviceMesh<typename L::mesh_shape>& mesh, std::int64_t patch_values,
                  std::int64_t hidden, init::InitKey key, double std = 0.02, Device device = Device::cpu())
@@ -70,11 +70,8 @@ public:
 
   weight_type weight;
 
-  auto parameters() { return std::tie(weight); }
-  template <class W>
-  auto with_parameters(const W& w) const {
-    return PatchEmbedding<typename W::value_type, L>(w);
-  }
+  static constexpr auto parameter_members() { return std::tuple{&PatchEmbedding::weight}; }
+  static constexpr auto state_members() { return std::tuple{}; }
 
   template <class X>
   auto forward(const X& x, WithBackwardTag) const {
@@ -95,10 +92,9 @@ public:
 
 /// The mean over the patches, then a replicated linear map (classes, hidden) to the class logits.
 template <class T, class L>
-class ClassifierHead {
+class ClassifierHead : public Layer<ClassifierHead<T, L>> {
 public:
   using weight_type = replicated_t<L, T, 2>;
-  using parameter_types = std::tuple<weight_type>;
   using input_type = act_t<L, T>;
 
   ClassifierHead(const DeviceMesh<typename L::mesh_shape>& mesh, std::int64_t hidden, std::int64_t classes,
@@ -108,11 +104,8 @@ public:
 
   weight_type weight;
 
-  auto parameters() { return std::tie(weight); }
-  template <class W>
-  auto with_parameters(const W& w) const {
-    return ClassifierHead<typename W::value_type, L>(w);
-  }
+  static constexpr auto parameter_members() { return std::tuple{&ClassifierHead::weight}; }
+  static constexpr auto state_members() { return std::tuple{}; }
 
   template <class X>
   auto forward(const X& x, WithBackwardTag) const {
