@@ -12,8 +12,6 @@
 // The example examples/11_vision.cpp trains it on the 8x8 digits of scikit-learn and reports its accuracy.
 #include <catch2/catch.hpp>
 
-#include <dtensor/comm/comm_debug.hpp>
-#include <dtensor/core/flop_counter.hpp>
 #include <dtensor/core/memory_tracker.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/nn/vision.hpp>
@@ -27,12 +25,12 @@
 
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "../support/dry_run_match.hpp"
 #include "../support/model_runs.hpp"
 
 using namespace dtensor;
@@ -212,30 +210,8 @@ void fsdp_tp_steps(const ProcessGroup& world, Device device) {
 
 TEST_CASE("nn::VisionEncoder: a dry run holds, communicates and computes what the real run does",
           "[parallel][trainer][vision][dry_run]") {
-  struct Measured {
-    std::int64_t peak = 0;
-    std::string comm;
-    double flops = 0;
-  };
-  std::vector<Measured> real(4);
-  std::mutex m;
-  testing::run_ranks(4, [&](ProcessGroup& world) {
-    CommDebugMode comm;
-    MemoryTracker memory;
-    FlopCounter flops;
-    fsdp_tp_steps(world, Device::cpu());
-    std::lock_guard lock(m);
-    real[std::size_t(world.rank())] = {memory.stats().peak_total, comm.to_string(), flops.flops()};
-  });
-  for (int r = 0; r < 4; ++r) {
-    INFO("rank " << r);
-    const DryRun d = dry_run({.rank = r, .world_size = 4},
-                             [](DryRunContext& ctx) { fsdp_tp_steps(ctx.world(), ctx.device()); });
-    CHECK(d.memory.peak_total == real[std::size_t(r)].peak);
-    CHECK(d.comm_table == real[std::size_t(r)].comm);
-    CHECK(d.flops == real[std::size_t(r)].flops);
-    CHECK(d.flops > 0);
-  }
+  testing::check_dry_run_matches(
+      4, [](const ProcessGroup& world, Device device) { fsdp_tp_steps(world, device); });
 }
 
 TEST_CASE("nn::VisionEncoder pipelined under 1F1B and GPipe, FSDP inside the stages, trains as on one rank",

@@ -30,11 +30,12 @@
 #include <dtensor/train/optim.hpp>
 #include <dtensor/train/trainer.hpp>
 
+#include "../support/dry_run_match.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -434,30 +435,9 @@ void fsdp_tp_steps(const ProcessGroup& world, Device device, int dp, int tp, Dry
 TEST_CASE("dtensor::dry_run: a rank alone on meta tensors holds, communicates and computes what it does in "
           "the real run, and a rank of 1,024 priced on a cluster",
           "[parallel][trainer][dry_run]") {
-  // The real run on (1, 2, 2): each rank's tensor peak, communication table and flops.
-  struct Measured {
-    std::int64_t peak = 0;
-    std::string comm;
-    double flops = 0;
-  };
-  std::vector<Measured> real(4);
-  std::mutex m;
-  testing::run_ranks(4, [&](ProcessGroup& world) {
-    CommDebugMode comm;
-    MemoryTracker memory;
-    FlopCounter flops;
-    fsdp_tp_steps(world, Device::cpu(), 2, 2);
-    std::lock_guard lock(m);
-    real[std::size_t(world.rank())] = {memory.stats().peak_total, comm.to_string(), flops.flops()};
-  });
-  for (int r = 0; r < 4; ++r) {
-    INFO("rank " << r);
-    const DryRun d = dry_run({.rank = r, .world_size = 4},
-                             [](DryRunContext& ctx) { fsdp_tp_steps(ctx.world(), ctx.device(), 2, 2); });
-    CHECK(d.memory.peak_total == real[std::size_t(r)].peak);
-    CHECK(d.comm_table == real[std::size_t(r)].comm);
-    CHECK(d.flops == real[std::size_t(r)].flops);
-    CHECK(d.flops > 0);
+  // The real run on (1, 2, 2) and each rank's dry run: the same tensor peak, communication table and flops.
+  for (const DryRun& d : testing::check_dry_run_matches(
+           4, [](const ProcessGroup&world, Device device) { fsdp_tp_steps(world, device, 2, 2); })) {
     CHECK(d.bytes_network == 0); // 4 ranks: one node
     CHECK(d.bytes_nvlink > 0);
   }
