@@ -402,6 +402,69 @@ TEST_CASE("nn layers: context parallel (ring and Ulysses) and composed with tens
   check_layout<Ulysses2>(2, 2, 1, gqa, 3, 5, "Ulysses context parallel x data parallel");
 }
 
+namespace {
+
+/// The bytes of T a TransformerBlock's backward keeps beyond the block's input (docs/parallel.md,
+/// activation memory), on a rank that holds `tokens` of the batch x sequence (over the data and context
+/// axes), the residual stream over tp as well under sequence parallelism:
+///   RMSNorm 2's input, and each RMSNorm's output (kept by the GEMMs after it; the bound rebuilds them)
+///   each RMSNorm's 1/rms per token
+///   q, k, v (a + 2g heads of d over tp)
+///   the attention's output, twice (the attention's and, transposed, W_o's; the bound keeps one)
+///   the attention's log-sum-exp per token and head
+///   W1's and W3's outputs (f over tp; W2's input silu(W1 x) * W3 x is rebuilt from them)
+/// The gathered inputs of the column-parallel GEMMs are not kept: under sequence parallelism the shard is,
+/// and it is gathered again in the backward.
+template <class T>
+std::int64_t expected_block_kept(const nn::TransformerConfig& c, std::int64_t tokens, int t, bool sp) {
+  const std::int64_t h = c.hidden, a = c.heads, g = c.kv_head_count(), d = c.head_dim(), f = c.ffn;
+  const std::int64_t residual_tokens = sp ? tokens / t : tokens;
+  const std::int64_t norms = 3 * residual_tokens * h + 2 * residual_tokens;
+  const std::int64_t attention = tokens * (a + 2 * g) * d / t + 2 * tokens * a * d / t + tokens * a / t;
+  const std::int64_t mlp = 2 * tokens * f / t;
+  return std::int64_t(sizeof(T)) * (norms + attention + mlp);
+}
+
+/// The bytes a TransformerBlock<double, L>'s forward allocates and its backward keeps, on rank 0 of (dp,
+/// cp, tp): MemoryTracker's count after the forward, less its output.
+template <class L>
+std::int64_t block_kept(const nn::TransformerConfig& c, std::int64_t batch, std::int64_t seq, int dp, int cp,
+                        int tp) {
+  std::int64_t kept = 0;
+  testing::run_ranks(dp * cp * tp, [&](ProcessGroup& world) {
+    const auto mesh = init_device_mesh<Mesh>(world, dp, cp, tp);
+    init::InitKeys keys(3);
+    nn::TransformerBlock<double, L> block(mesh, c, keys);
+    const auto x = [&]<class... Q>(DTensor<double, 3, Mesh, Q...>*) {
+      return from_global_index<double, Q...>(
+          mesh, {batch, seq, c.hidden}, [](const auto& i) { return double((i[0] + 3 * i[1] + i[2]) % 7); });
+    }(static_cast<nn::act_t<L, double>*>(nullptr));
+    MemoryTracker memory;
+    auto [y, back] = block.forward(x, with_backward);
+    if (world.rank() == 0) {
+      kept = memory.stats().live_total - y.local().nbytes();
+    }
+  });
+  return kept;
+}
+
+} // namespace
+
+TEST_CASE("nn layers: the activations a block keeps for its backward, term by term, in every layout",
+          "[parallel][layers][memory]") {
+  const nn::TransformerConfig c{.vocab = 11, .hidden = 64, .heads = 8, .kv_heads = 4, .ffn = 160};
+  const std::int64_t batch = 2, seq = 32, tokens = batch * seq;
+  CHECK(block_kept<TpSp>(c, batch, seq, 1, 1, 2) == expected_block_kept<double>(c, tokens, 2, true));
+  CHECK(block_kept<TpSp>(c, batch, seq, 1, 1, 4) == expected_block_kept<double>(c, tokens, 4, true));
+  CHECK(block_kept<Tp>(c, batch, seq, 1, 1, 2) == expected_block_kept<double>(c, tokens, 2, false));
+  CHECK(block_kept<Dp>(c, batch, seq, 2, 1, 1) == expected_block_kept<double>(c, tokens / 2, 1, false));
+  CHECK(block_kept<RingSp>(c, batch, seq, 1, 2, 2) == expected_block_kept<double>(c, tokens / 2, 2, true));
+  CHECK(block_kept<Ulysses2>(c, batch, seq, 1, 2, 2) == expected_block_kept<double>(c, tokens / 2, 2, false));
+  // Under sequence parallelism the bytes kept per token do not grow with t (they grew by the gathered
+  // copies before: 2 (t - 1) of the residual stream's size for each of the two column-parallel regions).
+  CHECK(2 * block_kept<TpSp>(c, batch, seq, 1, 1, 4) == block_kept<TpSp>(c, batch, seq, 1, 1, 2));
+}
+
 TEST_CASE("nn layers: a block's collectives, activation checkpointing bit for bit, bad head splits",
           "[parallel][layers]") {
   const auto gqa = small(4, 2);

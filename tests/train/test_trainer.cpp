@@ -157,8 +157,9 @@ std::map<std::pair<std::string, std::string>, std::int64_t> expected_comms(Layou
   }
   if (layout == Layout::tp || layout == Layout::ddp) {
     // Sequence parallel: forward one all_gather into each region (b blocks, the head) and one
-    // reduce_scatter out (b blocks, the embedding); the backward runs their duals.
-    c[{"all_gather", "tp"}] = 2 * (b + 1);
+    // reduce_scatter out (b blocks, the embedding); the backward runs their duals, and gathers each
+    // block's input again (it keeps the sequence shard, not the gathered copy).
+    c[{"all_gather", "tp"}] = 2 * (b + 1) + b;
     c[{"reduce_scatter", "tp"}] = 2 * (b + 1);
     c[{"all_reduce", "dp"}] = buckets; // DDP: one per bucket
     c[{"all_reduce", "tp"}] += 1;      // clip: one double over the axes where a gradient is sharded
@@ -166,9 +167,10 @@ std::map<std::pair<std::string, std::string>, std::int64_t> expected_comms(Layou
   }
   const std::int64_t groups = b + 2;
   // Each group gathered for its forward and again for its backward, but the head's (forward and backward
-  // at once); the blocks and the embedding recompute their forward in the backward, with its collectives.
+  // at once); the blocks and the embedding recompute their forward in the backward, with its collectives,
+  // and each block gathers its input again for its weights' gradients.
   c[{"all_gather", "dp"}] = groups + (b + 1);
-  c[{"all_gather", "tp"}] = (b + 1) + b + (b + 1);
+  c[{"all_gather", "tp"}] = (b + 1) + b + (b + 1) + b;
   c[{"reduce_scatter", "tp"}] = (b + 1) + (b + 1) + (b + 1);
   c[{"reduce_scatter", "dp"}] = groups;
   if (layout == Layout::hsdp) {

@@ -126,20 +126,25 @@ private:
 
   /// {x W_q^T, x W_k^T, x W_v^T} after the entry all_gather on tp (sp), as a collective matmul with
   /// nn::CollectiveMatmul; the backward maps (dq, dk, dv) to {dx (Partial on tp, or reduce_scattered
-  /// there with sp), {dW_q, dW_k, dW_v}}.
+  /// there with sp), {dW_q, dW_k, dW_v}}. It keeps x, not the gathered copy: under sequence parallelism
+  /// the sequence shard, gathered again in the backward (1/t of the copy: docs/parallel.md, activation
+  /// memory).
   template <class X>
   auto project_in(const X& x) const {
     if constexpr (L::collective_matmul) {
       return all_gather_linear(x, std::tie(wq, wk, wv), with_backward);
     } else {
-      auto [xg, entry_back] = detail::to_placements<gathered_t<L, T>>::run(x);
-      auto [qf, q_back] = linear(xg, wq, with_backward);
-      auto [kf, k_back] = linear(xg, wk, with_backward);
-      auto [vf, v_back] = linear(xg, wv, with_backward);
-      auto back = [=](const auto& dq, const auto& dk, const auto& dv) {
-        auto [dxq, dwq] = q_back(dq);
-        auto [dxk, dwk] = k_back(dk);
-        auto [dxv, dwv] = v_back(dv);
+      using XG = gathered_t<L, T>;
+      auto [xg, entry_back] = detail::to_placements<XG>::run(x);
+      auto qf = linear(xg, wq);
+      auto kf = linear(xg, wk);
+      auto vf = linear(xg, wv);
+      auto back = [x, wq = wq, wk = wk, wv = wv,
+                   entry_back = std::move(entry_back)](const auto& dq, const auto& dk, const auto& dv) {
+        const XG g = detail::to_placements<XG>::run(x).output; // the entry all_gather again (sp)
+        auto [dxq, dwq] = ProductBackward<true, XG, q_type>(g, wq)(dq);
+        auto [dxk, dwk] = ProductBackward<true, XG, q_type>(g, wk)(dk);
+        auto [dxv, dwv] = ProductBackward<true, XG, q_type>(g, wv)(dv);
         return std::pair{entry_back(add(add(dxq, dxk), dxv)),
                          std::tuple{std::move(dwq), std::move(dwk), std::move(dwv)}};
       };

@@ -127,46 +127,55 @@ private:
     }
   }
 
+  /// The MLP keeping what its backward cannot rebuild cheaply (docs/parallel.md, activation memory): x
+  /// (under sequence parallelism the sequence shard, gathered again in the backward) and W1's (and W3's)
+  /// outputs; the activation and W2's input are computed again from them in the backward.
   template <class X>
   auto forward_unfused(const X& x) const {
-    auto [xg, entry_back] = detail::to_placements<gathered_t<L, T>>::run(x); // all_gather on tp (sp)
-    auto [a, w1_back] = linear(xg, w1, with_backward);                       // hidden units over tp
-    auto [m, act_back] = activate(xg, a);
-    auto [y, w2_back] = linear(m, w2, with_backward); // Partial on tp
-    auto [out, exit_back] = detail::to_placements<input_type>::run(y);
-    auto back = [entry_back = std::move(entry_back), w1_back = std::move(w1_back),
-                 act_back = std::move(act_back), w2_back = std::move(w2_back),
-                 exit_back = std::move(exit_back)](const auto& dout) {
-      auto [dm, dw2] = w2_back(exit_back(dout));
+    using XG = gathered_t<L, T>;
+    auto [xg, entry_back] = detail::to_placements<XG>::run(x); // all_gather on tp (sp)
+    auto a = linear(xg, w1);                                   // hidden units over tp
+    auto u = [&] {
       if constexpr (swiglu) {
-        auto [da, dxg_up, dw3] = act_back(dm);
-        auto [dxg_gate, dw1] = w1_back(da);
+        return linear(xg, w3);
+      } else {
+        return a; // unused
+      }
+    }();
+    auto [y, exit_back] = detail::to_placements<input_type>::run(linear(activation(a, u).output, w2));
+    auto back = [x, a, u, w1 = w1, w3 = w3, w2 = w2, entry_back = std::move(entry_back),
+                 exit_back = std::move(exit_back)](const auto& dout) {
+      auto [m, act_back] = activation(a, u);
+      auto [dm, dw2] = ProductBackward<true, decltype(m), down_type>(m, w2)(exit_back(dout));
+      const XG g = detail::to_placements<XG>::run(x).output; // the entry all_gather again (sp)
+      if constexpr (swiglu) {
+        auto [da, du] = act_back(dm);
+        auto [dxg_gate, dw1] = ProductBackward<true, XG, up_type>(g, w1)(da);
+        auto [dxg_up, dw3] = ProductBackward<true, XG, up_type>(g, w3)(du);
         auto dx = detail::gradient_as<input_type>(entry_back(add(dxg_gate, dxg_up)));
         return Gradients{std::move(dx), std::tuple{std::move(dw1), std::move(dw3), std::move(dw2)}};
       } else {
-        auto [dxg, dw1] = w1_back(act_back(dm));
+        auto [dxg, dw1] = ProductBackward<true, XG, up_type>(g, w1)(act_back(dm));
         auto dx = detail::gradient_as<input_type>(entry_back(dxg));
         return Gradients{std::move(dx), std::tuple{std::move(dw1), std::move(dw2)}};
       }
     };
-    return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
+    return WithBackward<input_type, decltype(back)>{std::move(y), std::move(back)};
   }
 
-  /// The activation of a = W1 x: gelu(a), or silu(a) * (W3 x) whose backward gives (da, dx from W3, dW3).
-  template <class XG, class A>
-  auto activate(const XG& xg, const A& a) const {
+  /// W2's input from a = W1 x (and u = W3 x): silu(a) * u, or gelu(a); its backward gives (da, du), or da.
+  template <class A>
+  static auto activation(const A& a, const A& u) {
     if constexpr (swiglu) {
-      auto [u, w3_back] = linear(xg, w3, with_backward);
       auto [s, silu_back] = silu(a, with_backward);
       auto [m, mul_back] = mul(s, u, with_backward);
-      auto back = [w3_back = std::move(w3_back), silu_back = std::move(silu_back),
-                   mul_back = std::move(mul_back)](const auto& dm) {
+      auto back = [silu_back = std::move(silu_back), mul_back = std::move(mul_back)](const auto& dm) {
         auto [ds, du] = mul_back(dm);
-        auto [dxg, dw3] = w3_back(du);
-        return std::tuple{silu_back(ds), std::move(dxg), std::move(dw3)};
+        return std::pair{silu_back(ds), std::move(du)};
       };
       return WithBackward<decltype(m), decltype(back)>{std::move(m), std::move(back)};
     } else {
+      (void)u;
       return gelu(a, with_backward);
     }
   }

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <utility>
 
 #include "dtensor/backward/with_backward.hpp"
@@ -182,11 +183,20 @@ enum class BinaryKind : std::uint8_t { add, sub, mul, div };
 
 } // namespace detail
 
-/// The backward context of a binary op y = a (op) b: keeps a and b (b broadcast over a's leading dims).
+/// The backward context of a binary op y = a (op) b (b broadcast over a's leading dims): keeps a and b for
+/// mul and div, only a's global shape for add and sub (their gradients do not depend on the operands: a
+/// residual connection's backward holds no activation).
 template <detail::BinaryKind K, Linearity L, class A, class B>
 class BinaryBackward {
+  static constexpr bool keeps_operands = K == detail::BinaryKind::mul || K == detail::BinaryKind::div;
+
 public:
-  BinaryBackward(A a, B b) : a_(std::move(a)), b_(std::move(b)) {}
+  BinaryBackward(A a, B b) : shape_(a.global_shape()) {
+    if constexpr (keeps_operands) {
+      a_.emplace(std::move(a));
+      b_.emplace(std::move(b));
+    }
+  }
 
   /// {da, db} from y's gradient (any placements); each in placements of its primal's gradient.
   template <AnyDTensor G>
@@ -196,7 +206,7 @@ public:
     using T = typename A::value_type;
     static_assert(std::is_same_v<typename G::value_type, T> && G::rank == A::rank,
                   "backward: the gradient must have the forward output's element type and rank");
-    DTENSOR_CHECK(g.global_shape() == a_.global_shape(),
+    DTENSOR_CHECK(g.global_shape() == shape_,
                   "backward of a pointwise op: the gradient's global shape differs from the output's");
     using Target =
         dtensor_from_t<T, A::rank, typename dtensor_traits<A>::shape_type, &GradTarget<Y, G>::list>;
@@ -207,19 +217,20 @@ public:
       return std::pair{as_gradient_of<A>(gt), as_gradient_of<B>(sum_leading<B::rank>(
                                                   unary<Linearity::linear>(local::Scale{-1.0}, gt)))};
     } else if constexpr (K == BinaryKind::mul) {
-      return std::pair{as_gradient_of<A>(apply_pointwise<Linearity::multiplicative>(local::Mul{}, gt, b_)),
+      return std::pair{as_gradient_of<A>(apply_pointwise<Linearity::multiplicative>(local::Mul{}, gt, *b_)),
                        as_gradient_of<B>(sum_leading<B::rank>(
-                           apply_pointwise<Linearity::multiplicative>(local::Mul{}, gt, a_)))};
+                           apply_pointwise<Linearity::multiplicative>(local::Mul{}, gt, *a_)))};
     } else {
-      return std::pair{as_gradient_of<A>(apply_pointwise<Linearity::quotient>(local::Div{}, gt, b_)),
+      return std::pair{as_gradient_of<A>(apply_pointwise<Linearity::quotient>(local::Div{}, gt, *b_)),
                        as_gradient_of<B>(sum_leading<B::rank>(
-                           apply_pointwise<Linearity::multiplicative>(local::DivisorGrad{}, gt, a_, b_)))};
+                           apply_pointwise<Linearity::multiplicative>(local::DivisorGrad{}, gt, *a_, *b_)))};
     }
   }
 
 private:
-  A a_;
-  B b_;
+  typename A::shape_type shape_;
+  std::optional<A> a_;
+  std::optional<B> b_;
 };
 
 /// max(x, 0). Not for Partial inputs.
