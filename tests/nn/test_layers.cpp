@@ -410,17 +410,20 @@ namespace {
 ///   RMSNorm 2's input, and each RMSNorm's output (kept by the GEMMs after it; the bound rebuilds them)
 ///   each RMSNorm's 1/rms per token
 ///   q, k, v (a + 2g heads of d over tp)
-///   the attention's output, twice (the attention's and, transposed, W_o's; the bound keeps one)
+///   the attention's output (W_o's gradient rebuilds its transposed input from it); twice under Ulysses,
+///   whose attention keeps its output before the all_to_all back
 ///   the attention's log-sum-exp per token and head
 ///   W1's and W3's outputs (f over tp; W2's input silu(W1 x) * W3 x is rebuilt from them)
 /// The gathered inputs of the column-parallel GEMMs are not kept: under sequence parallelism the shard is,
 /// and it is gathered again in the backward.
 template <class T>
-std::int64_t expected_block_kept(const nn::TransformerConfig& c, std::int64_t tokens, int t, bool sp) {
+std::int64_t expected_block_kept(const nn::TransformerConfig& c, std::int64_t tokens, int t, bool sp,
+                                 int output_copies = 1) {
   const std::int64_t h = c.hidden, a = c.heads, g = c.kv_head_count(), d = c.head_dim(), f = c.ffn;
   const std::int64_t residual_tokens = sp ? tokens / t : tokens;
   const std::int64_t norms = 3 * residual_tokens * h + 2 * residual_tokens;
-  const std::int64_t attention = tokens * (a + 2 * g) * d / t + 2 * tokens * a * d / t + tokens * a / t;
+  const std::int64_t attention =
+      tokens * (a + 2 * g) * d / t + output_copies * tokens * a * d / t + tokens * a / t;
   const std::int64_t mlp = 2 * tokens * f / t;
   return std::int64_t(sizeof(T)) * (norms + attention + mlp);
 }
@@ -459,7 +462,8 @@ TEST_CASE("nn layers: the activations a block keeps for its backward, term by te
   CHECK(block_kept<Tp>(c, batch, seq, 1, 1, 2) == expected_block_kept<double>(c, tokens, 2, false));
   CHECK(block_kept<Dp>(c, batch, seq, 2, 1, 1) == expected_block_kept<double>(c, tokens / 2, 1, false));
   CHECK(block_kept<RingSp>(c, batch, seq, 1, 2, 2) == expected_block_kept<double>(c, tokens / 2, 2, true));
-  CHECK(block_kept<Ulysses2>(c, batch, seq, 1, 2, 2) == expected_block_kept<double>(c, tokens / 2, 2, false));
+  CHECK(block_kept<Ulysses2>(c, batch, seq, 1, 2, 2) ==
+        expected_block_kept<double>(c, tokens / 2, 2, false, 2));
   // Under sequence parallelism the bytes kept per token do not grow with t (they grew by the gathered
   // copies before: 2 (t - 1) of the residual stream's size for each of the two column-parallel regions).
   CHECK(2 * block_kept<TpSp>(c, batch, seq, 1, 1, 4) == block_kept<TpSp>(c, batch, seq, 1, 1, 2));

@@ -86,7 +86,7 @@ public:
     auto [o, attn_back] = attend(qr, kr, v);
     auto [ot, ot_back] = transpose<1, 2>(o, with_backward); // (b, s, heads, hd)
     auto [of, of_back] = flatten<2, 3>(ot, with_backward);  // (b, s, heads * hd)
-    auto [out, out_back] = project_out(of);
+    auto [out, out_back] = project_out(of, o);
     auto back = [=](const auto& dout) {
       auto [dof, dwo] = out_back(dout);
       auto [dq, dk, dv] = attn_back(ot_back(of_back(dof)));
@@ -156,14 +156,18 @@ private:
   /// of W_o^T (Partial on tp) brought to the activations' placements (reduce_scatter with sp, all_reduce
   /// without), the first as a collective matmul with nn::CollectiveMatmul; the backward maps dout to
   /// {dof, dW_o}.
-  template <class F>
-  auto project_out(const F& of) const {
+  template <class F, class O>
+  auto project_out(const F& of, const O& o) const {
     if constexpr (L::collective_matmul) {
       return linear_reduce_scatter<input_type>(of, wo, with_backward);
     } else {
-      auto [y, o_back] = linear(of, wo, with_backward);
-      auto [out, exit_back] = detail::to_placements<input_type>::run(y);
-      auto back = [=](const auto& dout) { return o_back(exit_back(dout)); };
+      auto [out, exit_back] = detail::to_placements<input_type>::run(linear(of, wo));
+      // W_o's gradient needs `of`: rebuilt from the attention's output o (b, heads, s, hd), which the
+      // attention keeps for its own backward, rather than kept a second time, transposed.
+      auto back = [o, wo = wo, exit_back = std::move(exit_back)](const auto& dout) {
+        const F g = flatten<2, 3>(transpose<1, 2>(o));
+        return ProductBackward<true, F, o_type>(g, wo)(exit_back(dout));
+      };
       return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
     }
   }
