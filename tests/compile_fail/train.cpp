@@ -78,5 +78,7 @@ struct NoBlocks {
   std::pair<int, int> micro_batch(const DeviceMesh<nn::PlanStageMesh>&, std::int64_t, Device) const;
   bool admits(int, int, int) const;
 };
-auto f(const nn::PlanOptions& o) { return nn::plan_layouts(NoBlocks{}, o); }
+auto f(const nn::PlanOptions& o) {
+  return nn::plan_layouts(NoBlocks{}, o);
+}
 #endif
