@@ -83,10 +83,12 @@ nn::ids_t<L> tokens(const DeviceMesh<Mesh>& mesh, std::int64_t batch, std::int64
 template <class L, class Activation = nn::SwiGlu, template <class, class> class Norm = nn::RmsNorm,
           bool Checkpoint = false>
 Result run_model(const DeviceMesh<Mesh>& mesh, const nn::TransformerConfig& c, std::int64_t batch,
-                 std::int64_t seq) {
+                 std::int64_t seq, nn::Recompute recompute = nn::Recompute::selective) {
   init::InitKeys keys(7);
   nn::Embedding<double, L> emb(mesh, c.vocab, c.hidden, keys.next(), 1.0);
   nn::TransformerBlock<double, L, Activation, Norm> b0(mesh, c, keys), b1(mesh, c, keys);
+  b0.recompute = recompute;
+  b1.recompute = recompute;
   Norm<double, L> norm(mesh, c.hidden, c.norm_eps);
   nn::LmHead<double, L> head(mesh, c.vocab, c.hidden, keys.next(), 0.5);
   const auto ids = tokens<L>(mesh, batch, seq, c.vocab, 1);
@@ -406,38 +408,45 @@ namespace {
 
 /// The bytes of T a TransformerBlock's backward keeps beyond the block's input (docs/parallel.md,
 /// activation memory), on a rank that holds `tokens` of the batch x sequence (over the data and context
-/// axes), the residual stream over tp as well under sequence parallelism:
-///   RMSNorm 2's input, and each RMSNorm's output (kept by the GEMMs after it; the bound rebuilds them)
-///   each RMSNorm's 1/rms per token
+/// axes), the residual stream over tp as well under sequence parallelism. Under Recompute::selective (the
+/// bound):
+///   RMSNorm 2's input (RMSNorm 1's is the block's input), each RMSNorm's 1/rms per token
 ///   q, k, v (a + 2g heads of d over tp)
 ///   the attention's output (W_o's gradient rebuilds its transposed input from it); twice under Ulysses,
 ///   whose attention keeps its output before the all_to_all back
 ///   the attention's log-sum-exp per token and head
-///   W1's and W3's outputs (f over tp; W2's input silu(W1 x) * W3 x is rebuilt from them)
-/// The gathered inputs of the column-parallel GEMMs are not kept: under sequence parallelism the shard is,
-/// and it is gathered again in the backward.
+///   W1's and W3's outputs (f over tp)
+/// The norms' outputs are computed again from their inputs and W2's input silu(W1 x) * W3 x from W1's and
+/// W3's outputs; the gathered inputs of the column-parallel GEMMs are not kept (under sequence parallelism
+/// the shard is, gathered again in the backward). Recompute::none keeps the norms' outputs and silu(W1 x)
+/// and W2's input as well; Recompute::full nothing but the block's input.
 template <class T>
 std::int64_t expected_block_kept(const nn::TransformerConfig& c, std::int64_t tokens, int t, bool sp,
-                                 int output_copies = 1) {
+                                 int output_copies = 1, nn::Recompute mode = nn::Recompute::selective) {
+  if (mode == nn::Recompute::full) {
+    return 0;
+  }
   const std::int64_t h = c.hidden, a = c.heads, g = c.kv_head_count(), d = c.head_dim(), f = c.ffn;
   const std::int64_t residual_tokens = sp ? tokens / t : tokens;
-  const std::int64_t norms = 3 * residual_tokens * h + 2 * residual_tokens;
+  const std::int64_t norms = residual_tokens * h + 2 * residual_tokens;
   const std::int64_t attention =
       tokens * (a + 2 * g) * d / t + output_copies * tokens * a * d / t + tokens * a / t;
   const std::int64_t mlp = 2 * tokens * f / t;
-  return std::int64_t(sizeof(T)) * (norms + attention + mlp);
+  const std::int64_t rebuilt = mode == nn::Recompute::none ? 2 * residual_tokens * h + 2 * tokens * f / t : 0;
+  return std::int64_t(sizeof(T)) * (norms + attention + mlp + rebuilt);
 }
 
 /// The bytes a TransformerBlock<double, L>'s forward allocates and its backward keeps, on rank 0 of (dp,
 /// cp, tp): MemoryTracker's count after the forward, less its output.
 template <class L>
 std::int64_t block_kept(const nn::TransformerConfig& c, std::int64_t batch, std::int64_t seq, int dp, int cp,
-                        int tp) {
+                        int tp, nn::Recompute mode = nn::Recompute::selective) {
   std::int64_t kept = 0;
   testing::run_ranks(dp * cp * tp, [&](ProcessGroup& world) {
     const auto mesh = init_device_mesh<Mesh>(world, dp, cp, tp);
     init::InitKeys keys(3);
     nn::TransformerBlock<double, L> block(mesh, c, keys);
+    block.recompute = mode;
     const auto x = [&]<class... Q>(DTensor<double, 3, Mesh, Q...>*) {
       return from_global_index<double, Q...>(
           mesh, {batch, seq, c.hidden}, [](const auto& i) { return double((i[0] + 3 * i[1] + i[2]) % 7); });
@@ -453,7 +462,8 @@ std::int64_t block_kept(const nn::TransformerConfig& c, std::int64_t batch, std:
 
 } // namespace
 
-TEST_CASE("nn layers: the activations a block keeps for its backward, term by term, in every layout",
+TEST_CASE("nn layers: the activations a block keeps for its backward, term by term, in every layout and "
+          "under each nn::Recompute",
           "[parallel][layers][memory]") {
   const nn::TransformerConfig c{.vocab = 11, .hidden = 64, .heads = 8, .kv_heads = 4, .ffn = 160};
   const std::int64_t batch = 2, seq = 32, tokens = batch * seq;
@@ -464,12 +474,23 @@ TEST_CASE("nn layers: the activations a block keeps for its backward, term by te
   CHECK(block_kept<RingSp>(c, batch, seq, 1, 2, 2) == expected_block_kept<double>(c, tokens / 2, 2, true));
   CHECK(block_kept<Ulysses2>(c, batch, seq, 1, 2, 2) ==
         expected_block_kept<double>(c, tokens / 2, 2, false, 2));
+  CHECK(block_kept<TpSpCm>(c, batch, seq, 1, 1, 2) == expected_block_kept<double>(c, tokens, 2, true));
+  CHECK(block_kept<TpSpCm>(c, batch, seq, 1, 1, 4) == expected_block_kept<double>(c, tokens, 4, true));
+  for (const auto mode : {nn::Recompute::none, nn::Recompute::full}) {
+    CHECK(block_kept<TpSp>(c, batch, seq, 1, 1, 2, mode) ==
+          expected_block_kept<double>(c, tokens, 2, true, 1, mode));
+    CHECK(block_kept<TpSpCm>(c, batch, seq, 1, 1, 2, mode) ==
+          expected_block_kept<double>(c, tokens, 2, true, 1, mode));
+    CHECK(block_kept<Dp>(c, batch, seq, 2, 1, 1, mode) ==
+          expected_block_kept<double>(c, tokens / 2, 1, false, 1, mode));
+  }
   // Under sequence parallelism the bytes kept per token do not grow with t (they grew by the gathered
   // copies before: 2 (t - 1) of the residual stream's size for each of the two column-parallel regions).
   CHECK(2 * block_kept<TpSp>(c, batch, seq, 1, 1, 4) == block_kept<TpSp>(c, batch, seq, 1, 1, 2));
 }
 
-TEST_CASE("nn layers: a block's collectives, activation checkpointing bit for bit, bad head splits",
+TEST_CASE("nn layers: a block's collectives, activation checkpointing and nn::Recompute bit for bit, bad "
+          "head splits",
           "[parallel][layers]") {
   const auto gqa = small(4, 2);
   SECTION(
@@ -504,6 +525,24 @@ TEST_CASE("nn layers: a block's collectives, activation checkpointing bit for bi
       const Result plain = run_model<RingSp>(mesh, gqa, 2, 7);
       const Result again = run_model<RingSp, nn::SwiGlu, nn::RmsNorm, true>(mesh, gqa, 2, 7);
       compare(again, plain, 0, "checkpointed");
+    });
+  }
+  SECTION("each nn::Recompute gives the same loss and gradients bit for bit") {
+    testing::run_ranks(2, [&](ProcessGroup& world) {
+      const auto mesh = init_device_mesh<Mesh>(world, 1, 1, 2);
+      const Result sp = run_model<TpSp>(mesh, gqa, 2, 5);
+      const Result cm = run_model<TpSpCm>(mesh, gqa, 2, 5);
+      for (const auto mode : {nn::Recompute::none, nn::Recompute::full}) {
+        compare(run_model<TpSp>(mesh, gqa, 2, 5, mode), sp, 0,
+                "tp + sp, Recompute " + std::to_string(int(mode)));
+        compare(run_model<TpSpCm>(mesh, gqa, 2, 5, mode), cm, 0,
+                "collective matmul, Recompute " + std::to_string(int(mode)));
+      }
+    });
+    testing::run_ranks(4, [&](ProcessGroup& world) {
+      const auto mesh = init_device_mesh<Mesh>(world, 1, 2, 2);
+      compare(run_model<RingSp>(mesh, gqa, 2, 7, nn::Recompute::none), run_model<RingSp>(mesh, gqa, 2, 7), 0,
+              "ring, Recompute none");
     });
   }
   SECTION("heads that do not split over tp: an error on every rank naming the sizes") {

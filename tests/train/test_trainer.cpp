@@ -17,11 +17,15 @@
 //   and parameters within 1e-10, two steps) under both trainers, and the data-parallel reductions are issued
 //   once (the micro-batches' own collectives are the loss's means). The training state's round trip is in
 //   test_layers.cpp.
+// - Memory: what a step holds by category (DDP, FSDP), and a GPT of nn::TransformerBlock under tp + sp on 4
+//   ranks whose activations at the step's peak grow by the derived bound per block (docs/parallel.md), the
+//   dry run's equal to the real run's.
 #include <catch2/catch.hpp>
 
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/core/memory_tracker.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
+#include <dtensor/nn/block.hpp>
 #include <dtensor/nn/mlp_block.hpp>
 #include <dtensor/nn/model.hpp>
 #include <dtensor/plan/dry_run.hpp>
@@ -464,4 +468,85 @@ TEST_CASE("dtensor::dry_run: a rank alone on meta tensors holds, communicates an
   CHECK_THAT(big.to_json(),
              Catch::Contains("\"world_size\": 1024") && Catch::Contains("\"at_peak\"") &&
                  Catch::Contains("\"comm\": [{\"op\": \"all_gather\", \"axes\": \"dp\", \"count\": "));
+}
+
+namespace {
+
+using Gpt = nn::LanguageModel<double, L, nn::TransformerBlock>;
+const nn::TransformerConfig gpt{
+    .vocab = 16, .hidden = 64, .heads = 8, .kv_heads = 4, .ffn = 160, .norm_eps = 1e-6, .init_std = 0.1};
+constexpr std::int64_t kGptBatch = 2, kGptSeq = 32;
+
+/// The bytes of double a TransformerBlock keeps for its backward under tensor + sequence parallelism of
+/// size t at the bound (docs/parallel.md, activation memory; tests/nn/test_layers.cpp pins each term), and
+/// its input (the previous unit's output, which its first norm keeps), on a rank of a (1, 1, t) mesh.
+std::int64_t gpt_block_bound(int t) {
+  const std::int64_t tokens = kGptBatch * kGptSeq, shard = tokens / t;
+  const std::int64_t h = gpt.hidden, a = gpt.heads, g = gpt.kv_head_count(), d = gpt.head_dim(), f = gpt.ffn;
+  const std::int64_t norms = shard * h + 2 * shard; // RMSNorm 2's input; 1/rms
+  const std::int64_t attention = tokens * (2 * a + 2 * g) * d / t + tokens * a / t; // q k v, o; lse
+  const std::int64_t mlp = 2 * tokens * f / t;                                      // W1's and W3's outputs
+  return 8 * (shard * h + norms + attention + mlp);
+}
+
+/// Two steps of a GPT of `blocks` blocks under tensor + sequence parallelism on (1, 1, tp); what the
+/// second holds (with `ctx`, the dry run measures the second, and nothing is returned).
+MemoryStats gpt_steps(const ProcessGroup& world, Device device, int tp, int blocks,
+                      DryRunContext* ctx = nullptr) {
+  const auto mesh = init_device_mesh<Mesh>(world, 1, 1, tp);
+  init::InitKeys keys(7);
+  nn::DdpTrainer<Gpt, "dp"> trainer(mesh, Gpt(mesh, gpt, blocks, keys, device));
+  optim::AdamW opt({.lr = 1e-2});
+  auto ids = [&](int step, std::int64_t shift) {
+    return [&]<class... Q>(DTensor<std::int64_t, 2, Mesh, Q...>*) {
+      return from_global_index<std::int64_t, Q...>(
+          mesh, {kGptBatch, kGptSeq},
+          [&](const auto& i) { return (i[0] * 7 + i[1] * 3 + step + shift + i[1] * i[1]) % gpt.vocab; },
+          device);
+    }(static_cast<nn::ids_t<L>*>(nullptr));
+  };
+  (void)trainer.step(ids(0, 0), ids(0, 1), opt);
+  if (ctx != nullptr) { // the dry run's tracker counts: only the innermost MemoryTracker does
+    ctx->begin_step();
+    (void)trainer.step(ids(1, 0), ids(1, 1), opt);
+    return {};
+  }
+  MemoryTracker memory;
+  (void)trainer.step(ids(1, 0), ids(1, 1), opt);
+  return memory.stats();
+}
+
+} // namespace
+
+TEST_CASE("nn::DdpTrainer: a GPT's activations at a step's peak grow by the derived bound per block under "
+          "tensor + sequence parallelism, in the real run and the dry run",
+          "[parallel][trainer][memory]") {
+  // At the peak (the backward of the last block) every block's kept activations are live, and besides them
+  // what does not depend on the block count: the embedding's and the head's, and one block's backward
+  // temporaries. So the peaks of 2 and 4 blocks differ by twice what a block keeps: its bound exactly.
+  constexpr int t = 4;
+  const auto activations = [](const MemoryStats& m) {
+    return m.peak[std::size_t(MemoryCategory::activations)];
+  };
+  std::array<std::array<std::int64_t, t>, 2> peak{};
+  for (int i = 0; i < 2; ++i) {
+    testing::run_ranks(t, [&](ProcessGroup& world) {
+      peak[std::size_t(i)][std::size_t(world.rank())] =
+          activations(gpt_steps(world, Device::cpu(), t, 2 + 2 * i));
+    });
+  }
+  const std::int64_t bound = gpt_block_bound(t);
+  for (int r = 0; r < t; ++r) {
+    const std::int64_t two = peak[0][std::size_t(r)], four = peak[1][std::size_t(r)];
+    INFO("rank " << r << ": activations at the peak " << two << " bytes with 2 blocks, " << four
+                 << " with 4; a block's bound " << bound << ", the rest " << four - 4 * bound);
+    CHECK(four - two == 2 * bound);
+    // The rest (embedding, head, one backward's temporaries) against what 4 blocks keep.
+    CHECK(four - 4 * bound > 0);
+    // The dry run of the same steps: the same activations at the peak.
+    const DryRun d = dry_run({.rank = r, .world_size = t}, [](DryRunContext& ctx) {
+      (void)gpt_steps(ctx.world(), ctx.device(), t, 4, &ctx);
+    });
+    CHECK(activations(d.memory) == four);
+  }
 }

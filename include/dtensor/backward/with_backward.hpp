@@ -15,6 +15,14 @@ struct WithBackward {
   Backward backward;
 };
 
+/// An input a backward keeps as it was: what ops that can also take a function computing their input again
+/// (`all_gather_linear(x, ws, with_backward, again)`) keep by default. `again()` gives it back.
+template <class X>
+struct Kept {
+  X value;
+  const X& operator()() const { return value; }
+};
+
 } // namespace dtensor
 
 namespace dtensor {

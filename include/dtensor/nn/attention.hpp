@@ -18,6 +18,7 @@
 // key/value heads on the same rank.
 
 #include <array>
+#include <concepts>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -72,12 +73,19 @@ public:
 
   template <class X>
   auto forward(const X& x, WithBackwardTag) const {
+    return forward(x, with_backward, Kept<X>{x});
+  }
+  /// With `again`, a function giving x again in the backward (x computed again from what an earlier layer
+  /// keeps: nn::TransformerBlock passes its norm's output, nn::NormOutput), which the backward keeps
+  /// instead of x.
+  template <class X, std::invocable Again>
+  auto forward(const X& x, WithBackwardTag, Again again) const {
     static_assert(std::is_same_v<X, input_type>,
                   "nn::Attention: the input must be nn::act_t<L, T> of the layer's layout and element type");
     check_split(x.mesh());
     const std::int64_t hd = config.head_dim();
     const RotaryOptions rope{.base = config.rope_base};
-    auto [qkv, in_back] = project_in(x); // (b, s, heads * hd) each
+    auto [qkv, in_back] = project_in(x, std::move(again)); // (b, s, heads * hd) each
     auto [q, qh_back] = to_heads(std::get<0>(qkv), config.heads, hd);
     auto [k, kh_back] = to_heads(std::get<1>(qkv), config.kv_head_count(), hd);
     auto [v, vh_back] = to_heads(std::get<2>(qkv), config.kv_head_count(), hd);
@@ -126,22 +134,22 @@ private:
 
   /// {x W_q^T, x W_k^T, x W_v^T} after the entry all_gather on tp (sp), as a collective matmul with
   /// nn::CollectiveMatmul; the backward maps (dq, dk, dv) to {dx (Partial on tp, or reduce_scattered
-  /// there with sp), {dW_q, dW_k, dW_v}}. It keeps x, not the gathered copy: under sequence parallelism
-  /// the sequence shard, gathered again in the backward (1/t of the copy: docs/parallel.md, activation
-  /// memory).
-  template <class X>
-  auto project_in(const X& x) const {
+  /// there with sp), {dW_q, dW_k, dW_v}}. It keeps `again` (x, or a function computing it again), not the
+  /// gathered copy: under sequence parallelism the sequence shard, gathered again in the backward (1/t of
+  /// the copy: docs/parallel.md, activation memory).
+  template <class X, class Again>
+  auto project_in(const X& x, Again again) const {
     if constexpr (L::collective_matmul) {
-      return all_gather_linear(x, std::tie(wq, wk, wv), with_backward);
+      return all_gather_linear(x, std::tie(wq, wk, wv), with_backward, std::move(again));
     } else {
       using XG = gathered_t<L, T>;
       auto [xg, entry_back] = detail::to_placements<XG>::run(x);
       auto qf = linear(xg, wq);
       auto kf = linear(xg, wk);
       auto vf = linear(xg, wv);
-      auto back = [x, wq = wq, wk = wk, wv = wv,
+      auto back = [again = std::move(again), wq = wq, wk = wk, wv = wv,
                    entry_back = std::move(entry_back)](const auto& dq, const auto& dk, const auto& dv) {
-        const XG g = detail::to_placements<XG>::run(x).output; // the entry all_gather again (sp)
+        const XG g = detail::to_placements<XG>::run(again()).output; // the entry all_gather again (sp)
         auto [dxq, dwq] = ProductBackward<true, XG, q_type>(g, wq)(dq);
         auto [dxk, dwk] = ProductBackward<true, XG, q_type>(g, wk)(dk);
         auto [dxv, dwv] = ProductBackward<true, XG, q_type>(g, wv)(dv);
@@ -158,15 +166,16 @@ private:
   /// {dof, dW_o}.
   template <class F, class O>
   auto project_out(const F& of, const O& o) const {
+    // W_o's gradient needs `of`: rebuilt from the attention's output o (b, heads, s, hd), which the
+    // attention keeps for its own backward, rather than kept a second time, transposed.
+    auto of_again = [o] { return F(flatten<2, 3>(transpose<1, 2>(o))); };
     if constexpr (L::collective_matmul) {
-      return linear_reduce_scatter<input_type>(of, wo, with_backward);
+      return linear_reduce_scatter<input_type>(of, wo, with_backward, std::move(of_again));
     } else {
       auto [out, exit_back] = detail::to_placements<input_type>::run(linear(of, wo));
-      // W_o's gradient needs `of`: rebuilt from the attention's output o (b, heads, s, hd), which the
-      // attention keeps for its own backward, rather than kept a second time, transposed.
-      auto back = [o, wo = wo, exit_back = std::move(exit_back)](const auto& dout) {
-        const F g = flatten<2, 3>(transpose<1, 2>(o));
-        return ProductBackward<true, F, o_type>(g, wo)(exit_back(dout));
+      auto back = [of_again = std::move(of_again), wo = wo,
+                   exit_back = std::move(exit_back)](const auto& dout) {
+        return ProductBackward<true, F, o_type>(of_again(), wo)(exit_back(dout));
       };
       return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
     }

@@ -9,6 +9,7 @@
 //   nn::TransformerBlock<float, L> block(mesh, config, keys);
 //   auto [y, back] = block.forward(h, with_backward);
 //   auto [dh, grads] = back(dy);                      // grads: std::tuple of 9 gradients
+//   block.recompute = nn::Recompute::full;            // keep only h; the forward again in the backward
 //   using Group = FlatParamGroup<float, Mesh, Fsdp<"dp">, nn::params_of<decltype(block)>>;   // under FSDP
 //   Group group = std::apply([](const auto&... p) { return Group(p...); }, block.parameters());
 
@@ -71,6 +72,7 @@ public:
   attention_type attention;
   norm_type mlp_norm;
   mlp_type mlp;
+  Recompute recompute = Recompute::selective; ///< what the backward keeps (nn::Recompute)
 
   auto parameters() {
     return std::tuple_cat(attention_norm.parameters(), attention.parameters(), mlp_norm.parameters(),
@@ -84,9 +86,11 @@ public:
     constexpr std::size_t a = std::tuple_size_v<parameter_types_t<norm_type>>;
     constexpr std::size_t m = a + std::tuple_size_v<parameter_types_t<attention_type>>;
     using U = typename std::tuple_element_t<0, std::tuple<W...>>::value_type;
-    return TransformerBlock<U, L, Activation, Norm>(
+    TransformerBlock<U, L, Activation, Norm> b(
         detail::with_parameters_at<0>(attention_norm, t), detail::with_parameters_at<a>(attention, t),
         detail::with_parameters_at<m>(mlp_norm, t), detail::with_parameters_at<m + a>(mlp, t));
+    b.recompute = recompute;
+    return b;
   }
 
   template <class X>
@@ -94,11 +98,23 @@ public:
     static_assert(
         std::is_same_v<X, input_type>,
         "nn::TransformerBlock: the input must be nn::act_t<L, T> of the block's layout and element type");
+    return detail::block_forward(*this, h);
+  }
+  /// The forward with its backward keeping the bound (keep_all false: the norms' outputs and the MLP's
+  /// activation computed again in the backward) or every op's inputs (true); what forward runs under
+  /// `recompute`.
+  auto forward_keeping(const input_type& h, bool keep_all) const {
     auto [n1, n1_back] = attention_norm.forward(h, with_backward);
-    auto [a, a_back] = attention.forward(n1, with_backward);
+    auto [a, a_back] = attention.forward(n1, with_backward, norm_output(attention_norm, h, n1, !keep_all));
     auto [h1, r1_back] = add(h, a, with_backward);
     auto [n2, n2_back] = mlp_norm.forward(h1, with_backward);
-    auto [f, f_back] = mlp.forward(n2, with_backward);
+    auto [f, f_back] = [&] {
+      if constexpr (std::is_same_v<Activation, Experts>) {
+        return mlp.forward(n2, with_backward);
+      } else {
+        return mlp.forward(n2, with_backward, norm_output(mlp_norm, h1, n2, !keep_all), keep_all);
+      }
+    }();
     auto [out, r2_back] = add(h1, f, with_backward);
     auto back = [n1_back = std::move(n1_back), a_back = std::move(a_back), r1_back = std::move(r1_back),
                  n2_back = std::move(n2_back), f_back = std::move(f_back),

@@ -13,7 +13,9 @@
 // input's gradient leaves the region Partial over tp and is reduce_scattered (sequence parallel) or
 // all_reduced there, as Megatron's f and g.
 
+#include <concepts>
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -81,13 +83,44 @@ public:
 
   template <class X>
   auto forward(const X& x, WithBackwardTag) const {
+    return forward(x, with_backward, Kept<X>{x});
+  }
+  /// With `again`, a function giving x again in the backward (computed again from what an earlier layer
+  /// keeps: nn::TransformerBlock passes its norm's output, nn::NormOutput), kept instead of x; with
+  /// keep_hidden the activation's output (W2's input) and its inputs are kept rather than computed again
+  /// (Recompute::none).
+  ///
+  /// What the backward keeps (docs/parallel.md, activation memory): `again`, not the gathered input (under
+  /// sequence parallelism it gathers the sequence shard again), and W1's (and W3's) outputs; W2's input and
+  /// the activation's derivative are computed again from them. With nn::CollectiveMatmul the entry gather
+  /// and the exit reduce_scatter are collective matmuls, in the backward as well.
+  template <class X, std::invocable Again>
+  auto forward(const X& x, WithBackwardTag, Again again, bool keep_hidden = false) const {
     static_assert(std::is_same_v<X, input_type>,
                   "nn::Mlp: the input must be nn::act_t<L, T> of the layer's layout and element type");
-    if constexpr (L::collective_matmul) {
-      return forward_overlapped(x);
-    } else {
-      return forward_unfused(x);
+    auto [a, u] = up(x);
+    auto act = activation(a, u);
+    auto [y, exit_back] = down(act.output);
+    std::optional<decltype(act)> kept;
+    if (keep_hidden) {
+      kept.emplace(std::move(act));
     }
+    auto back = [again = std::move(again), a, u, kept = std::move(kept), w1 = w1, w3 = w3, w2 = w2,
+                 exit_back = std::move(exit_back)](const auto& dout) {
+      const auto [m, act_back] = kept ? *kept : activation(a, u);
+      auto [dm, dw2] = down_backward(m, w2, exit_back, dout);
+      if constexpr (swiglu) {
+        auto [da, du] = act_back(dm);
+        auto [dx, dw] = up_backward(again, w1, w3, da, du);
+        return Gradients{detail::gradient_as<input_type>(dx),
+                         std::tuple{std::get<0>(std::move(dw)), std::get<1>(std::move(dw)), std::move(dw2)}};
+      } else {
+        auto [dx, dw] = up_backward(again, w1, w3, act_back(dm));
+        return Gradients{detail::gradient_as<input_type>(dx),
+                         std::tuple{std::get<0>(std::move(dw)), std::move(dw2)}};
+      }
+    };
+    return WithBackward<input_type, decltype(back)>{std::move(y), std::move(back)};
   }
   template <class X>
   input_type forward(const X& x) const {
@@ -95,72 +128,71 @@ public:
   }
 
 private:
-  /// The entry all_gather and the exit reduce_scatter as collective matmuls (nn::CollectiveMatmul).
+  using gathered_type = gathered_t<L, T>;
+
+  /// {W1 x, W3 x} (hidden units over tp) after the entry all_gather on tp (sp); with Gelu {W1 x, W1 x}.
+  /// The gathered x is not kept.
   template <class X>
-  auto forward_overlapped(const X& x) const {
-    if constexpr (swiglu) {
-      auto [up, up_back] = all_gather_linear(x, std::tie(w1, w3), with_backward);
-      auto [s, silu_back] = silu(std::get<0>(up), with_backward);
-      auto [m, mul_back] = mul(s, std::get<1>(up), with_backward);
-      auto [out, down_back] = linear_reduce_scatter<input_type>(m, w2, with_backward);
-      auto back = [up_back = std::move(up_back), silu_back = std::move(silu_back),
-                   mul_back = std::move(mul_back), down_back = std::move(down_back)](const auto& dout) {
-        auto [dm, dw2] = down_back(dout);
-        auto [ds, du] = mul_back(dm);
-        auto [dx, dw] = up_back(silu_back(ds), du);
-        return Gradients{detail::gradient_as<input_type>(dx),
-                         std::tuple{std::get<0>(std::move(dw)), std::get<1>(std::move(dw)), std::move(dw2)}};
-      };
-      return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
+  auto up(const X& x) const {
+    if constexpr (L::collective_matmul && swiglu) {
+      auto [xg, a, u] = all_gather_linear(x, std::tie(w1, w3));
+      return std::pair{std::move(a), std::move(u)};
+    } else if constexpr (L::collective_matmul) {
+      auto [xg, a] = all_gather_linear(x, std::tie(w1));
+      return std::pair{a, a};
     } else {
-      auto [up, up_back] = all_gather_linear(x, std::tie(w1), with_backward);
-      auto [m, act_back] = gelu(std::get<0>(up), with_backward);
-      auto [out, down_back] = linear_reduce_scatter<input_type>(m, w2, with_backward);
-      auto back = [up_back = std::move(up_back), act_back = std::move(act_back),
-                   down_back = std::move(down_back)](const auto& dout) {
-        auto [dm, dw2] = down_back(dout);
-        auto [dx, dw] = up_back(act_back(dm));
-        return Gradients{detail::gradient_as<input_type>(dx),
-                         std::tuple{std::get<0>(std::move(dw)), std::move(dw2)}};
-      };
-      return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
+      const gathered_type xg = detail::to_placements<gathered_type>::run(x).output;
+      auto a = linear(xg, w1);
+      return std::pair{a, swiglu ? linear(xg, w3) : a};
     }
   }
 
-  /// The MLP keeping what its backward cannot rebuild cheaply (docs/parallel.md, activation memory): x
-  /// (under sequence parallelism the sequence shard, gathered again in the backward) and W1's (and W3's)
-  /// outputs; the activation and W2's input are computed again from them in the backward.
-  template <class X>
-  auto forward_unfused(const X& x) const {
-    using XG = gathered_t<L, T>;
-    auto [xg, entry_back] = detail::to_placements<XG>::run(x); // all_gather on tp (sp)
-    auto a = linear(xg, w1);                                   // hidden units over tp
-    auto u = [&] {
+  /// {dx, {dW1, dW3}} (or {dx, {dW1}}) from W1's and W3's output gradients, x from again(): gathered
+  /// again (sp) as the forward did.
+  template <class Again, class... D>
+  static auto up_backward(const Again& again, const up_type& w1, const up_type& w3, const D&... d) {
+    using X = input_type;
+    if constexpr (L::collective_matmul && swiglu) {
+      return GatherLinearBackward<X, Again, up_type, up_type>(again().global_shape(), again,
+                                                              std::tuple{w1, w3})(d...);
+    } else if constexpr (L::collective_matmul) {
+      return GatherLinearBackward<X, Again, up_type>(again().global_shape(), again, std::tuple{w1})(d...);
+    } else {
+      auto [g, entry_back] = detail::to_placements<gathered_type>::run(again());
+      const auto& da = std::get<0>(std::tie(d...));
+      auto [dg, dw1] = ProductBackward<true, gathered_type, up_type>(g, w1)(da);
       if constexpr (swiglu) {
-        return linear(xg, w3);
+        const auto& du = std::get<1>(std::tie(d...));
+        auto [dg3, dw3] = ProductBackward<true, gathered_type, up_type>(g, w3)(du);
+        return std::pair{entry_back(add(dg, dg3)), std::tuple{std::move(dw1), std::move(dw3)}};
       } else {
-        return a; // unused
+        (void)w3;
+        return std::pair{entry_back(dg), std::tuple{std::move(dw1)}};
       }
-    }();
-    auto [y, exit_back] = detail::to_placements<input_type>::run(linear(activation(a, u).output, w2));
-    auto back = [x, a, u, w1 = w1, w3 = w3, w2 = w2, entry_back = std::move(entry_back),
-                 exit_back = std::move(exit_back)](const auto& dout) {
-      auto [m, act_back] = activation(a, u);
-      auto [dm, dw2] = ProductBackward<true, decltype(m), down_type>(m, w2)(exit_back(dout));
-      const XG g = detail::to_placements<XG>::run(x).output; // the entry all_gather again (sp)
-      if constexpr (swiglu) {
-        auto [da, du] = act_back(dm);
-        auto [dxg_gate, dw1] = ProductBackward<true, XG, up_type>(g, w1)(da);
-        auto [dxg_up, dw3] = ProductBackward<true, XG, up_type>(g, w3)(du);
-        auto dx = detail::gradient_as<input_type>(entry_back(add(dxg_gate, dxg_up)));
-        return Gradients{std::move(dx), std::tuple{std::move(dw1), std::move(dw3), std::move(dw2)}};
-      } else {
-        auto [dxg, dw1] = ProductBackward<true, XG, up_type>(g, w1)(act_back(dm));
-        auto dx = detail::gradient_as<input_type>(entry_back(dxg));
-        return Gradients{std::move(dx), std::tuple{std::move(dw1), std::move(dw2)}};
-      }
-    };
-    return WithBackward<input_type, decltype(back)>{std::move(y), std::move(back)};
+    }
+  }
+
+  /// {W2 m brought to the activations' placements (reduce_scatter with sp, all_reduce without), the
+  /// exit's backward (unused with nn::CollectiveMatmul)}.
+  template <class M>
+  auto down(const M& m) const {
+    if constexpr (L::collective_matmul) {
+      return std::pair{linear_reduce_scatter<input_type>(m, w2), 0};
+    } else {
+      auto [y, exit_back] = detail::to_placements<input_type>::run(linear(m, w2));
+      return std::pair{std::move(y), std::move(exit_back)};
+    }
+  }
+
+  /// {dm, dW2} from the output's gradient, m W2's input.
+  template <class M, class E, class G>
+  static auto down_backward(const M& m, const down_type& w2, const E& exit_back, const G& dout) {
+    if constexpr (L::collective_matmul) {
+      (void)exit_back;
+      return LinearScatterBackward<input_type, M, down_type>(Kept<M>{m}, w2)(dout);
+    } else {
+      return ProductBackward<true, M, down_type>(m, w2)(exit_back(dout));
+    }
   }
 
   /// W2's input from a = W1 x (and u = W3 x): silu(a) * u, or gelu(a); its backward gives (da, du), or da.

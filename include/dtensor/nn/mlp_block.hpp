@@ -38,6 +38,7 @@ public:
 
   norm_type norm;
   mlp_type mlp;
+  Recompute recompute = Recompute::selective; ///< what the backward keeps (nn::Recompute)
 
   auto parameters() { return std::tuple_cat(norm.parameters(), mlp.parameters()); }
   template <class... W>
@@ -47,16 +48,22 @@ public:
     const auto t = std::tie(w...);
     constexpr std::size_t n = std::tuple_size_v<parameter_types_t<norm_type>>;
     using U = typename std::tuple_element_t<0, std::tuple<W...>>::value_type;
-    return MlpBlock<U, L, Activation, Norm>(detail::with_parameters_at<0>(norm, t),
-                                            detail::with_parameters_at<n>(mlp, t));
+    MlpBlock<U, L, Activation, Norm> b(detail::with_parameters_at<0>(norm, t),
+                                       detail::with_parameters_at<n>(mlp, t));
+    b.recompute = recompute;
+    return b;
   }
 
   template <class X>
   auto forward(const X& h, WithBackwardTag) const {
     static_assert(std::is_same_v<X, input_type>,
                   "nn::MlpBlock: the input must be nn::act_t<L, T> of the block's layout and element type");
+    return detail::block_forward(*this, h);
+  }
+  /// The forward with its backward keeping the bound (keep_all false) or every op's inputs (true).
+  auto forward_keeping(const input_type& h, bool keep_all) const {
     auto [n, n_back] = norm.forward(h, with_backward);
-    auto [f, f_back] = mlp.forward(n, with_backward);
+    auto [f, f_back] = mlp.forward(n, with_backward, norm_output(norm, h, n, !keep_all), keep_all);
     auto [out, r_back] = add(h, f, with_backward);
     auto back = [n_back = std::move(n_back), f_back = std::move(f_back),
                  r_back = std::move(r_back)](const auto& dout) {

@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -59,6 +60,17 @@ Gradients(Input, Params) -> Gradients<Input, Params>;
 /// The input gradient of a layer whose input is not differentiable (token ids).
 struct NoGradient {};
 
+/// What a block (nn::TransformerBlock, nn::MlpBlock) keeps of its forward for its backward, per block
+/// (docs/parallel.md, activation memory):
+///   selective  the bound: what the backward cannot rebuild cheaply. The norms' outputs and the MLP's
+///              activation are computed again in the backward from what it keeps (the default;
+///              Korthikanti et al.'s selective recomputation: recompute the cheap parts, keep the GEMMs')
+///   none       every op keeps its inputs: the norms' outputs and the activation's too (more memory, no
+///              pointwise pass again)
+///   full       only the block's input: the block's forward runs again in its backward (activation
+///              checkpointing, nn::activation_checkpoint for one block)
+enum class Recompute { selective, none, full };
+
 /// The sizes of a GPT-style decoder (Llama's shape: RMSNorm, RoPE, GQA, SwiGLU, no biases).
 struct TransformerConfig {
   std::int64_t vocab = 0;
@@ -77,6 +89,23 @@ struct TransformerConfig {
 };
 
 namespace detail {
+
+/// A block's forward with its backward under b.recompute: b.forward_keeping(h, keep_all) runs it keeping
+/// the bound (false) or every op's inputs (true); under Recompute::full its context is dropped at once and
+/// the backward runs forward_keeping again from h (the block is copied into the backward: its parameters
+/// are handles).
+template <class Block, class X>
+auto block_forward(const Block& b, const X& h) {
+  auto [out, inner] = b.forward_keeping(h, b.recompute == Recompute::none);
+  std::optional<decltype(inner)> kept;
+  if (b.recompute != Recompute::full) {
+    kept.emplace(std::move(inner));
+  }
+  auto back = [b, h, kept = std::move(kept)](const auto& dout) {
+    return kept ? (*kept)(dout) : b.forward_keeping(h, false).backward(dout);
+  };
+  return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
+}
 
 /// x brought to the placements of the DTensor type D, with the backward of that redistribution.
 template <class D>

@@ -20,6 +20,24 @@
 
 namespace dtensor::nn {
 
+/// A norm's output as the layer after it has it again in its backward (docs/parallel.md, activation memory):
+/// kept, or (rebuild) computed again from the norm's input, which the norm's backward keeps anyway, and the
+/// norm's parameters: no bytes kept, one pointwise pass in the backward, the same values bit for bit.
+template <class Norm, class X>
+struct NormOutput {
+  Norm norm;
+  X kept; ///< the output, or with `rebuild` the norm's input
+  bool rebuild = true;
+
+  X operator()() const { return rebuild ? norm.forward(kept) : kept; }
+};
+
+/// norm's output y = norm.forward(x) as NormOutput: rebuilt from x, or y kept.
+template <class Norm, class X>
+NormOutput<Norm, X> norm_output(const Norm& norm, const X& x, const X& y, bool rebuild) {
+  return {norm, rebuild ? x : y, rebuild};
+}
+
 template <class T, class L>
 class RmsNorm : public Layer<RmsNorm<T, L>> {
 public:

@@ -22,7 +22,7 @@
 // Schedule, n ranks on the axis, this one r. all_gather_linear posts n-1 exchanges before computing
 // anything, exchange k sending x's block to r+k and receiving r-k's; it runs the GEMMs of its own block,
 // then of each received block as its exchange completes, writing the rows of the outputs (and of the
-// gathered x, kept for the backward) in place. linear_reduce_scatter computes the partial block of rank
+// gathered x, returned without the backward) in place. linear_reduce_scatter computes the partial block of rank
 // r+k and posts its exchange (send it, receive r-k's partial of block r) for k = 1..n-1, then its own
 // block, and folds the n partials of block r in rank order. Why exchanges by shift rather than a ring:
 // no exchange depends on another, so on gloo the transport thread streams them all while this thread
@@ -32,12 +32,16 @@
 // GEMM, the gather's receives before any). The bytes are an all_gather's and a reduce_scatter's; on a
 // ring topology a shift of k crosses k links, on one host or an NVSwitch every pair is one hop.
 //
-// Backward, the dual schedules: all_gather_linear's dx = sum_i dy_i w_i is reduce_scattered in blocks
-// (each block's partial sums the weights in their order, as the unfused add does), with the dW_i = dy_i^T xg
-// GEMMs run while the exchanges are in flight; linear_reduce_scatter's dy is all_gathered in blocks, each
-// block's rows of dm = dy w computed as it arrives, then dW = dy^T m on the gathered dy.
+// Backward, the dual schedules: all_gather_linear keeps x, not the gathered copy (activation memory:
+// docs/parallel.md), and posts x's gather again before the dx = sum_i dy_i w_i partials' GEMMs; dx is
+// reduce_scattered in blocks (each block's partial sums the weights in their order, as the unfused add
+// does), with the dW_i = dy_i^T xg GEMMs run on the gathered x while those exchanges are in flight
+// (Megatron's overlap). linear_reduce_scatter's dy is all_gathered in blocks, each block's rows of dm = dy w
+// computed as it arrives, then dW = dy^T m on the gathered dy. Either backward can keep a function that
+// computes its input again instead of the input (`again`, below).
 
 #include <array>
+#include <concepts>
 #include <cstdint>
 #include <numeric>
 #include <optional>
@@ -85,30 +89,50 @@ AxisBlocks axis_blocks(const Mesh& mesh, const GlobalShape& global, int axis, in
   return b;
 }
 
+/// gather_blocks in two halves: the constructor posts the exchanges (send `mine` to each other rank of
+/// `group`, receive theirs), finish(on_block) calls on_block(j, block) for every rank j, first this rank's
+/// own, then each other rank's block (of `blocks.length[j]` along blocks.dim) as it arrives. Between the two
+/// the caller computes while the blocks are in flight.
+template <class T, int R>
+class PostedGather {
+public:
+  PostedGather(const Tensor<T, R>& mine, const AxisBlocks& blocks, const ProcessGroup& group,
+               int tag = collective_matmul_tag)
+      : mine_(mine), n_(group.size()), r_(group.rank()), got_(n_) {
+    works_.reserve(n_);
+    for (int k = 1; k < n_; ++k) {
+      const int from = (r_ - k + n_) % n_;
+      auto shape = mine.shape();
+      shape[blocks.dim] = blocks.length[from];
+      got_[k] = Tensor<T, R>::empty(shape, mine.device());
+      const std::vector<P2POp> ops{{P2POp::isend, mine, (r_ + k) % n_, group, tag},
+                                   {P2POp::irecv, got_[k], from, group, tag}};
+      works_.push_back(batch_isend_irecv(ops)[0]);
+    }
+  }
+
+  template <class F>
+  void finish(F on_block) {
+    on_block(r_, mine_);
+    for (int k = 1; k < n_; ++k) {
+      works_[k - 1].wait();
+      on_block((r_ - k + n_) % n_, got_[k]);
+    }
+  }
+
+private:
+  Tensor<T, R> mine_;
+  int n_, r_;
+  std::vector<Tensor<T, R>> got_;
+  std::vector<Work> works_;
+};
+
 /// on_block(j, block) for every rank j of `group`: first this rank's `mine`, then each other rank's block
 /// (of `blocks.length[j]` along blocks.dim) as it arrives; the exchanges are all posted first.
 template <class T, int R, class F>
 void gather_blocks(const Tensor<T, R>& mine, const AxisBlocks& blocks, const ProcessGroup& group,
                    F on_block) {
-  const int n = group.size();
-  const int r = group.rank();
-  std::vector<Tensor<T, R>> got(n);
-  std::vector<Work> works;
-  works.reserve(n);
-  for (int k = 1; k < n; ++k) {
-    const int from = (r - k + n) % n;
-    auto shape = mine.shape();
-    shape[blocks.dim] = blocks.length[from];
-    got[k] = Tensor<T, R>::empty(shape, mine.device());
-    const std::vector<P2POp> ops{{P2POp::isend, mine, (r + k) % n, group, collective_matmul_tag},
-                                 {P2POp::irecv, got[k], from, group, collective_matmul_tag}};
-    works.push_back(batch_isend_irecv(ops)[0]);
-  }
-  on_block(r, mine);
-  for (int k = 1; k < n; ++k) {
-    works[k - 1].wait();
-    on_block((r - k + n) % n, got[k]);
-  }
+  PostedGather<T, R>(mine, blocks, group).finish(on_block);
 }
 
 /// The sum over `group`'s ranks, in rank order, of each rank's partial(r) (this rank r's block):
@@ -255,8 +279,10 @@ auto gather_linear(const X& x, const std::tuple<const W&...>& ws, std::index_seq
 
 } // namespace detail
 
-/// The backward context of all_gather_linear: keeps the gathered x and the weights.
-template <class X, class... W>
+/// The backward context of all_gather_linear: keeps x (again() gives it: kept, or computed again) and the
+/// weights, not the gathered x. The backward gathers x again, posted before the dx partials' GEMMs and
+/// finished while dx is reduce_scattered, where the dW GEMMs run on it (Megatron's schedule).
+template <class X, class Again, class... W>
 class GatherLinearBackward {
   using Ty = detail::GatherLinearTypes<X, W...>;
   using Xg = typename Ty::Xg;
@@ -265,8 +291,8 @@ class GatherLinearBackward {
   static constexpr int R = X::rank;
 
 public:
-  GatherLinearBackward(std::array<std::int64_t, R> x_shape, Xg xg, std::tuple<W...> ws)
-      : x_shape_(x_shape), xg_(std::move(xg)), ws_(std::move(ws)) {}
+  GatherLinearBackward(std::array<std::int64_t, R> x_shape, Again again, std::tuple<W...> ws)
+      : x_shape_(x_shape), again_(std::move(again)), ws_(std::move(ws)) {}
 
   /// {dx, {dw...}} from the outputs' gradients (any placements), one per weight in order.
   template <AnyDTensor... G>
@@ -288,8 +314,12 @@ private:
     using DXg = detail::product_result_t<&Ps::grad_a, DC0, W0, R>;
     static_assert(DXg::placements[Ty::ax] == Placement::partial(ReduceOp::sum));
     using DX = detail::with_axis_shard_t<DXg, Ty::ax, Ty::dim>;
-    const auto& mesh = xg_.mesh();
+    const X x = again_();
+    const auto& mesh = x.mesh();
+    const ProcessGroup& group = mesh.group(Ty::ax);
     const detail::AxisBlocks blocks = detail::axis_blocks<DX, DXg>(mesh, x_shape_, Ty::ax, Ty::dim);
+    const detail::AxisBlocks x_blocks = detail::axis_blocks<X, Xg>(mesh, x_shape_, Ty::ax, Ty::dim);
+    detail::PostedGather<T, R> gather(x.local(), x_blocks, group, detail::collective_matmul_tag + 1);
     auto partial = [&](int j) {
       Tensor<T, R> p;
       ((p = I == 0
@@ -306,22 +336,28 @@ private:
         std::tuple<detail::product_result_t<&Ps::grad_b, std::tuple_element_t<I, decltype(dc)>, Xg, 2>...>;
     std::optional<DWs> dws;
     auto weight_grads = [&] {
+      const Tensor<T, R> xg =
+          Tensor<T, R>::empty(detail::with_extent(x.local(), Ty::dim, x_blocks.total()), x.local().device());
+      gather.finish([&](int j, const Tensor<T, R>& b) {
+        local::copy(xg.narrow(Ty::dim, x_blocks.offset[j], b.shape()[Ty::dim]), b);
+      });
+      const Xg g(mesh, xg, x_shape_);
       dws.emplace(detail::run_product<std::tuple_element_t<I, DWs>, &Ps::grad_b>(
-          std::get<I>(dc), xg_, std::get<I>(ws_).global_shape())...);
+          std::get<I>(dc), g, std::get<I>(ws_).global_shape())...);
     };
-    DX dx(mesh, detail::reduce_scatter_blocks<T, R>(blocks, mesh.group(Ty::ax), partial, weight_grads),
-          x_shape_);
+    DX dx(mesh, detail::reduce_scatter_blocks<T, R>(blocks, group, partial, weight_grads), x_shape_);
     return std::pair{detail::as_gradient_of<X>(std::move(dx)),
                      std::tuple{detail::as_gradient_of<W>(std::get<I>(std::move(*dws)))...}};
   }
 
   std::array<std::int64_t, R> x_shape_;
-  Xg xg_;
+  Again again_;
   std::tuple<W...> ws_;
 };
 
-/// The backward context of linear_reduce_scatter<Out>: keeps m and w.
-template <class Out, class M, class W>
+/// The backward context of linear_reduce_scatter<Out>: keeps m (again() gives it: kept, or computed again)
+/// and w.
+template <class Out, class M, class W, class Again = Kept<M>>
 class LinearScatterBackward {
   using Ty = detail::LinearScatterTypes<Out, M, W>;
   using Ps = typename Ty::Ps;
@@ -329,7 +365,7 @@ class LinearScatterBackward {
   static constexpr int R = M::rank;
 
 public:
-  LinearScatterBackward(M m, W w) : m_(std::move(m)), w_(std::move(w)) {}
+  LinearScatterBackward(Again again, W w) : again_(std::move(again)), w_(std::move(w)) {}
 
   /// {dm, dw} from the output's gradient (any placements).
   template <AnyDTensor G>
@@ -339,13 +375,14 @@ public:
     using Cg = detail::with_axis_t<D, Ty::ax, Placement::replicate()>;
     using DM = detail::product_result_t<&Ps::grad_a, Cg, W, R>;
     using DW = detail::product_result_t<&Ps::grad_b, Cg, M, 2>;
-    const auto c_shape = detail::product_shape<true>(m_, w_);
+    const M m = again_();
+    const auto c_shape = detail::product_shape<true>(m, w_);
     DTENSOR_CHECK(dy.global_shape() == c_shape,
                   "backward of linear_reduce_scatter: the gradient's global shape " +
                       detail::shape_string(detail::to_extents(dy.global_shape())) + " is not the output's " +
                       detail::shape_string(detail::to_extents(c_shape)));
     const D d = detail::redistribute_as<D, G>::run(dy);
-    const auto& mesh = m_.mesh();
+    const auto& mesh = m.mesh();
     const detail::AxisBlocks blocks = detail::axis_blocks<D, Cg>(mesh, c_shape, Ty::ax, Ty::dim);
     const auto device = d.local().device();
     const Tensor<T, R> dc =
@@ -358,13 +395,13 @@ public:
       local::matmul_into(b, w_.local(), dm.narrow(Ty::dim, off, b.shape()[Ty::dim]));
     });
     const Cg dcg(mesh, dc, c_shape);
-    DW dw = detail::run_product<DW, &Ps::grad_b>(dcg, m_, w_.global_shape());
-    return std::pair{detail::as_gradient_of<M>(DM(mesh, dm, m_.global_shape())),
+    DW dw = detail::run_product<DW, &Ps::grad_b>(dcg, m, w_.global_shape());
+    return std::pair{detail::as_gradient_of<M>(DM(mesh, dm, m.global_shape())),
                      detail::as_gradient_of<W>(std::move(dw))};
   }
 
 private:
-  M m_;
+  Again again_;
   W w_;
 };
 
@@ -376,14 +413,23 @@ auto all_gather_linear(const X& x, const std::tuple<W&...>& ws) {
   return detail::gather_linear(x, cws, std::index_sequence_for<W...>{});
 }
 /// With the backward: `auto [ys, back] = all_gather_linear(x, std::tie(w1, w3), with_backward);`, ys the
-/// tuple {linear(xg, w1), linear(xg, w3)}, `auto [dx, dws] = back(dy1, dy3)`, dws the tuple {dw1, dw3}.
+/// tuple {linear(xg, w1), linear(xg, w3)}, `auto [dx, dws] = back(dy1, dy3)`, dws the tuple {dw1, dw3}. The
+/// backward keeps x, not the gathered copy (it gathers again); with `again`, a function returning x, it keeps
+/// that instead (x computed again from what an earlier op keeps anyway, as nn::TransformerBlock does with a
+/// norm's output).
+template <AnyDTensor X, class... W, std::invocable Again>
+auto all_gather_linear(const X& x, const std::tuple<W&...>& ws, WithBackwardTag, Again again) {
+  static_assert(std::is_same_v<std::remove_cvref_t<std::invoke_result_t<const Again&>>, X>,
+                "all_gather_linear: `again` must return the input's type");
+  auto all = all_gather_linear(x, ws);
+  using Back = GatherLinearBackward<X, Again, std::remove_cv_t<W>...>;
+  auto ys = std::apply([](const auto&, const auto&... y) { return std::tuple{y...}; }, all);
+  return WithBackward<decltype(ys), Back>{
+      std::move(ys), Back(x.global_shape(), std::move(again), std::tuple<std::remove_cv_t<W>...>(ws))};
+}
 template <AnyDTensor X, class... W>
 auto all_gather_linear(const X& x, const std::tuple<W&...>& ws, WithBackwardTag) {
-  auto all = all_gather_linear(x, ws);
-  using Back = GatherLinearBackward<X, std::remove_cv_t<W>...>;
-  auto ys = std::apply([](const auto&, const auto&... y) { return std::tuple{y...}; }, all);
-  return WithBackward<decltype(ys), Back>{std::move(ys), Back(x.global_shape(), std::get<0>(std::move(all)),
-                                                              std::tuple<std::remove_cv_t<W>...>(ws))};
+  return all_gather_linear(x, ws, with_backward, Kept<X>{x});
 }
 
 /// linear(m, w) reduce-scattered to Out (linear(m, w)'s type with a Partial<sum> axis turned Shard), each
@@ -403,11 +449,18 @@ Out linear_reduce_scatter(const M& m, const W& w) {
   return Out(mesh, detail::reduce_scatter_blocks<T, R>(blocks, mesh.group(Ty::ax), partial, [] {}), c_shape);
 }
 /// With the backward: `auto [y, back] = linear_reduce_scatter<Out>(m, w, with_backward);`, then
-/// `auto [dm, dw] = back(dy);`.
+/// `auto [dm, dw] = back(dy);`. With `again`, a function returning m, the backward keeps that instead of m
+/// (m computed again from what an earlier op keeps, as nn::Mlp does with its activation).
+template <AnyDTensor Out, AnyDTensor M, AnyDTensor W, std::invocable Again>
+auto linear_reduce_scatter(const M& m, const W& w, WithBackwardTag, Again again) {
+  static_assert(std::is_same_v<std::remove_cvref_t<std::invoke_result_t<const Again&>>, M>,
+                "linear_reduce_scatter: `again` must return m's type");
+  using Back = LinearScatterBackward<Out, M, W, Again>;
+  return WithBackward<Out, Back>{linear_reduce_scatter<Out>(m, w), Back(std::move(again), w)};
+}
 template <AnyDTensor Out, AnyDTensor M, AnyDTensor W>
 auto linear_reduce_scatter(const M& m, const W& w, WithBackwardTag) {
-  using Back = LinearScatterBackward<Out, M, W>;
-  return WithBackward<Out, Back>{linear_reduce_scatter<Out>(m, w), Back(m, w)};
+  return linear_reduce_scatter<Out>(m, w, with_backward, Kept<M>{m});
 }
 
 } // namespace dtensor
