@@ -313,6 +313,19 @@ def loss():
              f"faster in {len(fast)} of {len(d)} sizes", data("loss_parallel.json"))]
 
 
+def activation_memory():
+    row = {r["variant"]: r for r in load("train_recompute_gpt_n4.json")["rows"]}
+    sel, before = row["selective"], row["before"]
+    gathers = sel["all_gather_tp_ms"] - before["all_gather_tp_ms"]
+    growth = before["step_ms"] * (1 / before["step_vs_selective"] - 1)
+    return [("[activation memory](#activation-memory-step-time-and-heap-before-and-after)",
+             "the step grows by no more than the backward's extra all_gathers",
+             f"{'met' if growth <= gathers else 'not met'}: heap peak {before['heap_peak_mb']:.1f} → {sel['heap_peak_mb']:.1f} MB per rank, the step "
+             f"{100 * (1 / before['step_vs_selective'] - 1):+.1f} % (paired), the all_gathers "
+             f"{100 * gathers / before['step_ms']:+.0f} % of it (gpt tp, 4 processes)",
+             data("train_recompute_gpt_n4.json"))]
+
+
 def checkpoint():
     d = load("checkpoint.json")
     save = [r["paired_ratio"] for r in d if r["name"].startswith("save")]
@@ -381,7 +394,7 @@ def quoted_rows():
 
 
 SUMMARY_ROWS = [collectives_gloo, collectives_mpi, redistribution, uneven, overhead, gemm, mlp, training, backends,
-                gpt, attention, cp, loss, checkpoint, pipeline, moe, compile_cost, store, quoted_rows]
+                gpt, activation_memory, attention, cp, loss, checkpoint, pipeline, moe, compile_cost, store, quoted_rows]
 
 
 def table(header, rows):

@@ -10,8 +10,9 @@
 // (init_process_group's "auto"), under dtensor-run on gloo; the printout and the JSON name the backend.
 //
 //   dtensor-run --nproc-per-node 4 ./bench_train --layout tp|tp_cm|ddp|fsdp|hsdp|fsdp_tp [--model mlp|gpt]
-//       [--steps N] [--tokens T --hidden H --ffn F --vocab V --heads N --kv-heads N] [--checkpoint]
-//       [--mixed] [--prefetch N] [--max-reductions N] [--no-check] [--json FILE]
+//       [--steps N] [--tokens T --hidden H --ffn F --vocab V --heads N --kv-heads N]
+//       [--recompute selective|none|full | --checkpoint] [--mixed] [--prefetch N] [--max-reductions N]
+//       [--no-check] [--json FILE]
 //
 // The step's T tokens are 8 sequences of T / 8 (the batch over the batch axes, the sequence over tp), float.
 // Step 1 warms up; steps 2, 7, 12, ... run with overlap off (FsdpScheduleOptions::overlap and
@@ -23,8 +24,9 @@
 // (CommWaitTimer: tensor-parallel included), the step's exposed communication; layout tp_cm (--model mlp) is
 // tp with nn::CollectiveMatmul (the all_gather into and the reduce_scatter out of each tensor-parallel region
 // overlapped with its GEMMs), to compare with tp in one run.
-// --checkpoint (tp, ddp): every block nn::Checkpointed (the FSDP layouts always
-// recompute a block's forward in its backward). --mixed (fsdp, fsdp_tp): parameters kept in float shards,
+// --recompute: what every block keeps for its backward (nn::Recompute: selective, the bound, by default;
+// none, every op's inputs; full, the block's input only, its forward run again in the backward);
+// --checkpoint is --recompute full (the FSDP layouts recompute a unit's forward in its backward anyway). --mixed (fsdp, fsdp_tp): parameters kept in float shards,
 // gathered and computed in bfloat16, gradients reduced in float. --prefetch and --max-reductions: the FSDP
 // schedule's (nn::FsdpScheduleOptions; 1 and 2 by default). With the check (default; --no-check skips
 // it) the same model trains in float on one rank in this process and the losses of every step must agree
@@ -49,12 +51,23 @@ namespace {
 
 using namespace bench::train;
 
+const char* recompute_suffix(nn::Recompute r) {
+  return r == nn::Recompute::full   ? " (checkpointed blocks: Recompute::full)"
+         : r == nn::Recompute::none ? " (Recompute::none: every op keeps its inputs)"
+                                    : "";
+}
+
+const char* recompute_name(nn::Recompute r) {
+  return r == nn::Recompute::full ? "full" : r == nn::Recompute::none ? "none" : "selective";
+}
+
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(
       stderr,
       "bench_train: %s\nusage: bench_train [--layout tp|tp_cm|ddp|fsdp|hsdp|fsdp_tp] [--model mlp|gpt] "
       "[--steps N] "
-      "[--tokens T] [--hidden H] [--ffn F] [--vocab V] [--heads N] [--kv-heads N] [--checkpoint] [--mixed] "
+      "[--tokens T] [--hidden H] [--ffn F] [--vocab V] [--heads N] [--kv-heads N] "
+      "[--recompute selective|none|full | --checkpoint] [--mixed] "
       "[--prefetch N] [--max-reductions N] [--no-check] [--json FILE]\n",
       why.c_str());
   std::exit(2);
@@ -70,8 +83,12 @@ int main(int argc, char** argv) {
       o.check = false;
       continue;
     }
-    if (a == "--checkpoint" || a == "--mixed") {
-      (a == "--checkpoint" ? o.checkpoint : o.mixed) = true;
+    if (a == "--checkpoint") {
+      o.recompute = nn::Recompute::full;
+      continue;
+    }
+    if (a == "--mixed") {
+      o.mixed = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -86,6 +103,13 @@ int main(int argc, char** argv) {
       o.schedule.prefetch = std::atoi(v.c_str());
     } else if (a == "--max-reductions") {
       o.schedule.max_reductions = std::atoi(v.c_str());
+    } else if (a == "--recompute") {
+      if (v != "selective" && v != "none" && v != "full") {
+        usage("--recompute is selective, none or full, not " + v);
+      }
+      o.recompute = v == "none"   ? nn::Recompute::none
+                    : v == "full" ? nn::Recompute::full
+                                  : nn::Recompute::selective;
     } else if (a == "--model") {
       o.model_kind = v;
     } else if (a == "--steps") {
@@ -118,9 +142,6 @@ int main(int argc, char** argv) {
   if (o.mixed && o.layout != "fsdp" && o.layout != "fsdp_tp") {
     usage("--mixed is a policy of the FSDP layouts fsdp and fsdp_tp");
   }
-  if (o.checkpoint && o.layout != "tp" && o.layout != "ddp") {
-    usage("--checkpoint is for tp and ddp (the FSDP layouts always recompute a block's forward)");
-  }
   const auto train = o.model_kind == "gpt" ? &train_gpt : &train_mlp;
   ProcessGroup world = init_process_group();
   const int n = world.size();
@@ -145,7 +166,8 @@ int main(int argc, char** argv) {
   if (o.check) {
     const ProcessGroup one = world.new_group({world.rank()});
     Options plain = o; // float, no recompute
-    plain.mixed = plain.checkpoint = false;
+    plain.mixed = false;
+    plain.recompute = nn::Recompute::selective;
     const Measured want = train(init_device_mesh<Mesh>(one, 1, 1, 1), "ddp", plain);
     for (int s = 0; s < o.steps; ++s) {
       loss_diff = std::max(loss_diff, std::abs(got.losses[s] - want.losses[s]) / std::abs(want.losses[s]));
@@ -160,7 +182,7 @@ int main(int argc, char** argv) {
         "data-parallel communication %.2f ms; that communication %.2f ms (in the steps with overlap "
         "off, %.2f ms a step)\n",
         o.model_kind.c_str(), o.layout.c_str(), o.mixed ? " (bfloat16 compute)" : "",
-        o.checkpoint ? " (checkpointed blocks)" : "", rep, dp, tp, backend.c_str(), got.step * ms,
+        recompute_suffix(o.recompute), rep, dp, tp, backend.c_str(), got.step * ms,
         (got.step - got.exposed) * ms, got.exposed * ms, got.comm * ms, got.serial_step * ms);
     std::printf(
         "all communication, tensor-parallel included, blocked rank 0's training thread %.2f ms a step "
@@ -190,7 +212,8 @@ int main(int argc, char** argv) {
       std::fprintf(
           f,
           "{\"suite\": \"train\", \"model\": \"%s\", \"layout\": \"%s\", \"dtype\": \"float32\", "
-          "\"compute_dtype\": \"%s\", \"checkpoint\": %s, \"backend\": \"%s\", \"device\": \"cpu\", "
+          "\"compute_dtype\": \"%s\", \"checkpoint\": %s, \"recompute\": \"%s\", \"backend\": \"%s\", "
+          "\"device\": \"cpu\", "
           "\"ranks\": %d, "
           "\"mesh\": [%d, %d, %d], \"blocks\": %d, \"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, "
           "\"vocab\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"steps\": %d, \"step_ms\": %.4f, "
@@ -199,10 +222,10 @@ int main(int argc, char** argv) {
           "\"minor_faults_per_step\": %.1f, \"heap_start_bytes\": %.0f, \"heap_peak_bytes\": %.0f, "
           "\"heap_end_bytes\": %.0f, \"state_bytes\": %lld, \"losses\": [",
           o.model_kind.c_str(), o.layout.c_str(), o.mixed ? "bfloat16" : "float32",
-          o.checkpoint ? "true" : "false", backend.c_str(), n, rep, dp, tp, kBlocks, (long long)o.tokens,
-          (long long)o.model.hidden, (long long)o.model.ffn, (long long)o.model.vocab,
-          (long long)o.model.heads, (long long)o.model.kv_head_count(), o.steps, got.step * ms,
-          (got.step - got.exposed) * ms, got.exposed * ms, got.blocked * ms, got.comm * ms,
+          o.recompute == nn::Recompute::full ? "true" : "false", recompute_name(o.recompute), backend.c_str(),
+          n, rep, dp, tp, kBlocks, (long long)o.tokens, (long long)o.model.hidden, (long long)o.model.ffn,
+          (long long)o.model.vocab, (long long)o.model.heads, (long long)o.model.kv_head_count(), o.steps,
+          got.step * ms, (got.step - got.exposed) * ms, got.exposed * ms, got.blocked * ms, got.comm * ms,
           got.serial_step * ms, got.faults, heap(0), heap(1), heap(2), (long long)got.state_bytes);
       for (int s = 0; s < o.steps; ++s) {
         std::fprintf(f, "%s%.8g", s ? ", " : "", got.losses[s]);

@@ -42,7 +42,9 @@ struct Options {
   int steps = 12;
   std::int64_t tokens = 512;
   nn::TransformerConfig model{.vocab = 2048, .hidden = 256, .ffn = 1024, .norm_eps = 1e-6, .init_std = 0.02};
-  bool check = true, checkpoint = false, mixed = false;
+  bool check = true, mixed = false;
+  nn::Recompute recompute =
+      nn::Recompute::selective;   ///< what each block keeps (--recompute; --checkpoint: full)
   FsdpScheduleOptions schedule{}; ///< the FSDP layouts' prefetch depth and reductions in flight
 };
 
@@ -118,12 +120,6 @@ Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
   return m;
 }
 
-template <template <class, class> class Block>
-struct CheckpointedOf {
-  template <class T, class Layout>
-  using type = nn::Checkpointed<Block<T, Layout>>;
-};
-
 /// What a trainer's state() holds: replicated parameters (DTensors) and FSDP groups.
 template <class V>
         struct ParamSource : std::bool_constant < AnyDTensor<V> ||
@@ -131,8 +127,8 @@ template <class V>
   v.local_param();
 } > {};
 
-/// Trains a LanguageModel<float, L, Block> of kBlocks blocks in `layout` (o.checkpoint: every block
-/// nn::Checkpointed, tp and ddp; o.mixed: bfloat16 compute, fsdp and fsdp_tp) and measures it.
+/// Trains a LanguageModel<float, L, Block> of kBlocks blocks in `layout` (o.recompute: each block's
+/// nn::Recompute; o.mixed: bfloat16 compute, fsdp and fsdp_tp) and measures it.
 template <template <class, class> class Block, bool Overlap = false>
 Measured train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, const Options& o) {
   using Model = nn::LanguageModel<float, L, Block>;
@@ -153,25 +149,27 @@ Measured train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, c
     });
     return run(t, o, n);
   };
+  auto model = [&]<class M>(std::type_identity<M>) {
+    M m(mesh, o.model, kBlocks, keys);
+    for (auto& b : m.blocks) {
+      b.recompute = o.recompute;
+    }
+    return m;
+  };
   if ((layout == "fsdp" || layout == "fsdp_tp") && o.mixed) {
-    nn::FsdpTrainer<Model, Fsdp<"dp">, bfloat16> t(mesh, Model(mesh, o.model, kBlocks, keys), options);
-    return measure(t);
-  }
-  if (o.checkpoint) { // every block keeps its input only and runs again in the backward
-    using Ckpt = nn::LanguageModel<float, L, CheckpointedOf<Block>::template type>;
-    nn::DdpTrainer<Ckpt, "dp"> t(mesh, Ckpt(mesh, o.model, kBlocks, keys), options);
+    nn::FsdpTrainer<Model, Fsdp<"dp">, bfloat16> t(mesh, model(std::type_identity<Model>{}), options);
     return measure(t);
   }
   if constexpr (Overlap) { // tp_cm: the mlp model only (the GPT's trainer twice costs compile time)
     if (layout == "tp_cm") {
       using Overlapped = nn::LanguageModel<float, Lcm, Block>;
-      nn::DdpTrainer<Overlapped, "dp"> t(mesh, Overlapped(mesh, o.model, kBlocks, keys), options);
+      nn::DdpTrainer<Overlapped, "dp"> t(mesh, model(std::type_identity<Overlapped>{}), options);
       return measure(t);
     }
   }
   // The data layouts by name (train/data_layout.hpp), as the examples pick them.
   return nn::with_trainer(nn::parse_data_layout(layout == "tp_cm" ? "tp" : layout), mesh,
-                          Model(mesh, o.model, kBlocks, keys), options, measure);
+                          model(std::type_identity<Model>{}), options, measure);
 }
 
 /// The two models, each instantiated in its own translation unit (train_mlp.cpp, train_gpt.cpp).
