@@ -123,6 +123,69 @@ TEST_CASE("pipeline_order: every schedule runs each step once, never deadlocks, 
   }
 }
 
+TEST_CASE("pipeline_order: ZB-H1 and ZB-V run each F, B and W once, in that order, never deadlock, hold at "
+          "most their bound, and ZB-H1's bubble is the formula, a third of 1F1B's idle time",
+          "[pipeline]") {
+  using K = PipelineAction::Kind;
+  // ZB-H1 on 4 ranks, 8 micro-batches: rank r is 1F1B with its first r W's deferred.
+  CHECK(order_string(pipeline_order(Schedule::zero_bubble_h1, {.stages = 4, .microbatches = 8}, 0), false) ==
+        "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7");
+  CHECK(order_string(pipeline_order(Schedule::zero_bubble_h1, {.stages = 4, .microbatches = 8}, 3), false) ==
+        "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7");
+  for (Schedule schedule : {Schedule::zero_bubble_h1, Schedule::zero_bubble_v}) {
+    const int v = schedule == Schedule::zero_bubble_v ? 2 : 1;
+    for (int p = 1; p <= 4; ++p) {
+      for (int m = 1; m <= 8; ++m) {
+        const PipelineShape shape{.stages = p, .microbatches = m, .chunks = v};
+        INFO(schedule_name(schedule) << " p " << p << " m " << m);
+        for (int r = 0; r < p; ++r) {
+          std::map<std::tuple<int, int, int>, int> seen; // (kind, mb, chunk) -> position
+          const auto order = pipeline_order(schedule, shape, r);
+          for (std::size_t i = 0; i < order.size(); ++i) {
+            CHECK(seen.emplace(std::tuple{int(order[i].kind), order[i].microbatch, order[i].chunk}, int(i))
+                      .second);
+          }
+          CHECK(order.size() == std::size_t(3 * m * v));
+          for (int mb = 0; mb < m; ++mb) {
+            for (int c = 0; c < v; ++c) {
+              CHECK(seen.at({int(K::forward), mb, c}) < seen.at({int(K::backward), mb, c}));
+              CHECK(seen.at({int(K::backward), mb, c}) < seen.at({int(K::weight), mb, c}));
+            }
+          }
+        }
+        // At 1F1B's memory: p micro-batches from F to W (ZB-V: 2p chunks of half the layers).
+        for (const auto& [f, b, w] : {std::tuple{1.0, 1.0, 1.0}, {1.0, 2.0, 1.5}, {2.0, 1.0, 0.5}}) {
+          const PipelineTimeline t = simulate_pipeline(schedule, shape, f, b, w);
+          for (int r = 0; r < p; ++r) {
+            CHECK(t.peak_activations[std::size_t(r)] <= p * v);
+          }
+        }
+        const PipelineTimeline zb = simulate_pipeline(schedule, shape, 1.0 / v, 1.0 / v, 1.0 / v);
+        const PipelineTimeline one =
+            simulate_pipeline(Schedule::one_f_one_b, {.stages = p, .microbatches = m}, 1, 1, 1);
+        CHECK(zb.bubble() <= one.bubble() + 1e-12);
+        if (schedule == Schedule::zero_bubble_h1 && m >= p) { // fewer W's than p - 1 cannot fill the waits
+          CHECK(zb.bubble() == Approx(zero_bubble_h1_bubble(p, m)).margin(1e-12));
+          CHECK(3 * (zb.makespan - zb.busy[0]) == Approx(one.makespan - one.busy[0]).margin(1e-12));
+        } else if (m >= 2 * p) {
+          CHECK(zb.bubble() <= zero_bubble_h1_bubble(p, m) + 1e-12);
+        }
+      }
+    }
+  }
+  // p = 4, m = 8, f = b = w: 1F1B 0.273, ZB-H1 0.111 (the issue's goal: at most a third of 1F1B's + 0.05).
+  const PipelineTimeline one =
+      simulate_pipeline(Schedule::one_f_one_b, {.stages = 4, .microbatches = 8}, 1, 1, 1);
+  const PipelineTimeline h1 =
+      simulate_pipeline(Schedule::zero_bubble_h1, {.stages = 4, .microbatches = 8}, 1, 1, 1);
+  CHECK(h1.bubble() <= one.bubble() / 3 + 0.05);
+  CHECK_THROWS_WITH(pipeline_order(Schedule::zero_bubble_v, {.stages = 2, .microbatches = 4}, 0),
+                    Catch::Contains("ZB-V runs exactly 2"));
+  CHECK_THROWS_WITH(
+      pipeline_order(Schedule::zero_bubble_h1, {.stages = 2, .microbatches = 4, .chunks = 2}, 0),
+      Catch::Contains("ZB-H1 on 2 stages, 2 chunks per stage"));
+}
+
 TEST_CASE("simulate_pipeline: model stages of unequal cost (a timeline worked by hand)", "[pipeline]") {
   // 1F1B, 2 ranks, 2 micro-batches; stage 1 three times stage 0's cost. Rank 0 runs F0 F1 B0 B1, rank 1 F0
   // B0 F1 B1: F0 [0, 1] F1 [1, 2] on rank 0; F0 [1, 4] B0 [4, 10] F1 [10, 13] B1 [13, 19] on rank 1; then
@@ -140,7 +203,8 @@ TEST_CASE("simulate_pipeline: model stages of unequal cost (a timeline worked by
   CHECK(a.busy == b.busy);
   CHECK_THROWS_WITH(
       simulate_pipeline(Schedule::interleaved_one_f_one_b, il, {1.0, 1.0}, {1.0, 1.0}),
-      Catch::Contains("2 forward and 2 backward times for 4 model stages (2 ranks x 2 chunks)"));
+      Catch::Contains(
+          "2 forward, 2 backward and 0 weight-gradient times for 4 model stages (2 ranks x 2 chunks)"));
   CHECK_THROWS_WITH(simulate_pipeline(Schedule::one_f_one_b, shape, {1.0, -3.0}, {2.0, 6.0}),
                     Catch::Contains("model stage 1's forward time -3") && Catch::Contains("is negative"));
 }
@@ -402,6 +466,11 @@ TEST_CASE("run_pipeline: a dry run of each stage alone (the fake backend) commun
       CHECK_THROWS_WITH(pipelined(mesh, plain), Catch::Contains("set PipelineRunOptions::boundary_shape"));
     }
   }
+  // The zero-bubble schedules are orders to plan with: the chunks' backwards are not split into B and W.
+  PipelineRunOptions zb{.schedule = Schedule::zero_bubble_h1, .shape = {.stages = 2, .microbatches = 4}};
+  zb.boundary_shape = [](int mb) { return std::vector<std::int64_t>{rows_of(mb), kSeq, kWidth}; };
+  CHECK_THROWS_WITH(pipelined(init_device_mesh<PMesh>(fake_world(0, 2), 2, 1, 1), zb),
+                    Catch::Contains("ZB-H1 runs each backward as B and W apart"));
 }
 
 TEST_CASE(

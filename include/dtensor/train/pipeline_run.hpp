@@ -125,6 +125,11 @@ public:
                    PipelineChunks<Act>& chunks, const PipelineRunOptions& o)
       : pp_(pp), mesh_(stage_mesh), chunks_(chunks), o_(o), s_(pp.rank()), p_(pp.size()),
         stages_(o.shape.stages * o.shape.chunks), guarded_(!o.device.is_cuda()), dry_(pp.dry_run()) {
+    DTENSOR_CHECK(!splits_backward(o.schedule) || o.forward_only,
+                  std::string("run_pipeline: ") + schedule_name(o.schedule) +
+                      " runs each backward as B and W apart, which the chunks' backwards do not split yet; "
+                      "plan with its orders (pipeline_order, simulate_pipeline) and run GPipe, 1F1B or "
+                      "interleaved 1F1B");
     DTENSOR_CHECK(o.shape.stages == p_, "run_pipeline: the shape names " + std::to_string(o.shape.stages) +
                                             " stages, the pp group has " + std::to_string(p_) + " ranks");
     DTENSOR_CHECK(chunks.forward && (chunks.backward || o.forward_only),

@@ -146,6 +146,10 @@ public:
                       (options.chunks == 1 || options.schedule == Schedule::interleaved_one_f_one_b),
                   "nn::PipelineTrainer: " + std::to_string(options.chunks) + " chunks per pp rank under " +
                       schedule_name(options.schedule) + "; several chunks need interleaved 1F1B");
+    DTENSOR_CHECK(!splits_backward(options.schedule),
+                  std::string("nn::PipelineTrainer: ") + schedule_name(options.schedule) +
+                      " runs each backward as B and W apart, which the units' backwards do not split yet; "
+                      "choose GPipe, 1F1B or interleaved 1F1B");
     const int p = pp.size(), s = pp.rank(), stages = p * options.chunks;
     auto units = model_.units();
     const int layers = int(std::get<kRun>(units).size());
