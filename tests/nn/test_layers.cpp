@@ -81,7 +81,7 @@ nn::ids_t<L> tokens(const DeviceMesh<Mesh>& mesh, std::int64_t batch, std::int64
 
 /// The model's forward and backward on `mesh` in layout L.
 template <class L, class Activation = nn::SwiGlu, template <class, class> class Norm = nn::RmsNorm,
-          bool Checkpoint = false>
+          bool Checkpoint = false, bool Split = false>
 Result run_model(const DeviceMesh<Mesh>& mesh, const nn::TransformerConfig& c, std::int64_t batch,
                  std::int64_t seq, nn::Recompute recompute = nn::Recompute::selective) {
   init::InitKeys keys(7);
@@ -98,6 +98,8 @@ Result run_model(const DeviceMesh<Mesh>& mesh, const nn::TransformerConfig& c, s
   auto block_forward = [&](const auto& block, const auto& x) {
     if constexpr (Checkpoint) {
       return nn::checkpointed(block).forward(x, with_backward);
+    } else if constexpr (Split) {
+      return nn::forward_split(block, x); // B now, W (the weights' gradients) when asked, as a pipeline runs
     } else {
       return block.forward(x, with_backward);
     }
@@ -119,8 +121,13 @@ Result run_model(const DeviceMesh<Mesh>& mesh, const nn::TransformerConfig& c, s
   r.comm = forward_comm + "backward:\n" + block_comm.to_string();
   auto [none, emb_grads] = emb_back(dh0);
   r.add(emb_grads);
-  r.add(b0_grads);
-  r.add(b1_grads);
+  if constexpr (Split) { // the W's after every B, the earlier block's first
+    r.add(b0_grads());
+    r.add(b1_grads());
+  } else {
+    r.add(b0_grads);
+    r.add(b1_grads);
+  }
   r.add(norm_grads);
   r.add(head_grads);
   auto keep = [&](const auto& w) {
@@ -525,6 +532,22 @@ TEST_CASE("nn layers: a block's collectives, activation checkpointing and nn::Re
       const Result plain = run_model<RingSp>(mesh, gqa, 2, 7);
       const Result again = run_model<RingSp, nn::SwiGlu, nn::RmsNorm, true>(mesh, gqa, 2, 7);
       compare(again, plain, 0, "checkpointed");
+    });
+  }
+  SECTION("the backward split into B and W (zero-bubble pipelines) gives the same gradients bit for bit") {
+    testing::run_ranks(2, [&](ProcessGroup& world) {
+      const auto mesh = init_device_mesh<Mesh>(world, 1, 1, 2);
+      compare(run_model<TpSp, nn::SwiGlu, nn::RmsNorm, false, true>(mesh, gqa, 2, 5),
+              run_model<TpSp>(mesh, gqa, 2, 5), 0, "tp + sp, split");
+      compare(run_model<TpSpCm, nn::SwiGlu, nn::RmsNorm, false, true>(mesh, gqa, 2, 5),
+              run_model<TpSpCm>(mesh, gqa, 2, 5), 0, "collective matmul, split");
+      compare(run_model<Tp, nn::Gelu, nn::LayerNorm, false, true>(mesh, gqa, 2, 5),
+              run_model<Tp, nn::Gelu, nn::LayerNorm>(mesh, gqa, 2, 5), 0, "tp, GELU, LayerNorm, split");
+      for (const auto mode : {nn::Recompute::none, nn::Recompute::full}) {
+        compare(run_model<TpSp, nn::SwiGlu, nn::RmsNorm, false, true>(mesh, gqa, 2, 5, mode),
+                run_model<TpSp>(mesh, gqa, 2, 5), 0,
+                "tp + sp, split, Recompute " + std::to_string(int(mode)));
+      }
     });
   }
   SECTION("each nn::Recompute gives the same loss and gradients bit for bit") {

@@ -33,4 +33,11 @@ struct WithBackwardTag {
 };
 inline constexpr WithBackwardTag with_backward{};
 
+/// Tag selecting the form of a layer whose backward is split for zero-bubble pipelines: its backward gives
+/// the input's gradient now and a function computing the parameters' gradients later (nn::SplitGradients).
+struct WithSplitBackwardTag {
+  explicit WithSplitBackwardTag() = default;
+};
+inline constexpr WithSplitBackwardTag with_split_backward{};
+
 } // namespace dtensor

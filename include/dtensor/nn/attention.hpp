@@ -80,12 +80,32 @@ public:
   /// instead of x.
   template <class X, std::invocable Again>
   auto forward(const X& x, WithBackwardTag, Again again) const {
+    return forward_impl<false>(x, std::move(again));
+  }
+  /// The backward split for zero-bubble pipelines (nn::SplitGradients): B computes dx, W the projections'
+  /// gradients from the output gradients B kept (under nn::CollectiveMatmul both in B).
+  template <class X>
+  auto forward(const X& x, WithSplitBackwardTag) const {
+    return forward_impl<true>(x, Kept<X>{x});
+  }
+  template <class X, std::invocable Again>
+  auto forward(const X& x, WithSplitBackwardTag, Again again) const {
+    return forward_impl<true>(x, std::move(again));
+  }
+  template <class X>
+  input_type forward(const X& x) const {
+    return forward(x, with_backward).output;
+  }
+
+private:
+  template <bool Split, class X, class Again>
+  auto forward_impl(const X& x, Again again) const {
     static_assert(std::is_same_v<X, input_type>,
                   "nn::Attention: the input must be nn::act_t<L, T> of the layer's layout and element type");
     check_split(x.mesh());
     const std::int64_t hd = config.head_dim();
     const RotaryOptions rope{.base = config.rope_base};
-    auto [qkv, in_back] = project_in(x, std::move(again)); // (b, s, heads * hd) each
+    auto [qkv, in_back] = project_in<Split>(x, std::move(again)); // (b, s, heads * hd) each
     auto [q, qh_back] = to_heads(std::get<0>(qkv), config.heads, hd);
     auto [k, kh_back] = to_heads(std::get<1>(qkv), config.kv_head_count(), hd);
     auto [v, vh_back] = to_heads(std::get<2>(qkv), config.kv_head_count(), hd);
@@ -94,23 +114,25 @@ public:
     auto [o, attn_back] = attend(qr, kr, v);
     auto [ot, ot_back] = transpose<1, 2>(o, with_backward); // (b, s, heads, hd)
     auto [of, of_back] = flatten<2, 3>(ot, with_backward);  // (b, s, heads * hd)
-    auto [out, out_back] = project_out(of, o);
+    auto [out, out_back] = project_out<Split>(of, o);
     auto back = [=](const auto& dout) {
       auto [dof, dwo] = out_back(dout);
       auto [dq, dk, dv] = attn_back(ot_back(of_back(dof)));
       auto [dx, dw] = in_back(qh_back(qr_back(dq)), kh_back(kr_back(dk)), vh_back(dv));
-      return Gradients{detail::gradient_as<input_type>(dx),
-                       std::tuple{std::get<0>(std::move(dw)), std::get<1>(std::move(dw)),
-                                  std::get<2>(std::move(dw)), std::move(dwo)}};
+      auto params = [](auto in, auto o) {
+        return std::tuple{std::get<0>(std::move(in)), std::get<1>(std::move(in)), std::get<2>(std::move(in)),
+                          std::move(o)};
+      };
+      if constexpr (Split) {
+        return SplitGradients{detail::gradient_as<input_type>(dx),
+                              [dw, dwo, params] { return params(dw(), dwo()); }};
+      } else {
+        return Gradients{detail::gradient_as<input_type>(dx), params(std::move(dw), std::move(dwo))};
+      }
     };
     return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
   }
-  template <class X>
-  input_type forward(const X& x) const {
-    return forward(x, with_backward).output;
-  }
 
-private:
   void check_config() const {
     DTENSOR_CHECK(config.heads > 0 && config.hidden % config.heads == 0 &&
                       config.heads % config.kv_head_count() == 0,
@@ -137,10 +159,12 @@ private:
   /// there with sp), {dW_q, dW_k, dW_v}}. It keeps `again` (x, or a function computing it again), not the
   /// gathered copy: under sequence parallelism the sequence shard, gathered again in the backward (1/t of
   /// the copy: docs/parallel.md, activation memory).
-  template <class X, class Again>
+  template <bool Split, class X, class Again>
   auto project_in(const X& x, Again again) const {
     if constexpr (L::collective_matmul) {
-      return all_gather_linear(x, std::tie(wq, wk, wv), with_backward, std::move(again));
+      auto [y, back] = all_gather_linear(x, std::tie(wq, wk, wv), with_backward, std::move(again));
+      return WithBackward<decltype(y), decltype(later<Split>(std::move(back)))>{
+          std::move(y), later<Split>(std::move(back))};
     } else {
       using XG = gathered_t<L, T>;
       auto [xg, entry_back] = detail::to_placements<XG>::run(x);
@@ -150,11 +174,21 @@ private:
       auto back = [again = std::move(again), wq = wq, wk = wk, wv = wv,
                    entry_back = std::move(entry_back)](const auto& dq, const auto& dk, const auto& dv) {
         const XG g = detail::to_placements<XG>::run(again()).output; // the entry all_gather again (sp)
-        auto [dxq, dwq] = ProductBackward<true, XG, q_type>(g, wq)(dq);
-        auto [dxk, dwk] = ProductBackward<true, XG, q_type>(g, wk)(dk);
-        auto [dxv, dwv] = ProductBackward<true, XG, q_type>(g, wv)(dv);
-        return std::pair{entry_back(add(add(dxq, dxk), dxv)),
-                         std::tuple{std::move(dwq), std::move(dwk), std::move(dwv)}};
+        const ProductBackward<true, XG, q_type> pq(g, wq), pk(g, wk), pv(g, wv);
+        if constexpr (Split) {
+          auto [dxq, dwq] = pq.split(dq);
+          auto [dxk, dwk] = pk.split(dk);
+          auto [dxv, dwv] = pv.split(dv);
+          return std::pair{entry_back(add(add(dxq, dxk), dxv)), [dwq, dwk, dwv] {
+                             return std::tuple{dwq(), dwk(), dwv()};
+                           }};
+        } else {
+          auto [dxq, dwq] = pq(dq);
+          auto [dxk, dwk] = pk(dk);
+          auto [dxv, dwv] = pv(dv);
+          return std::pair{entry_back(add(add(dxq, dxk), dxv)),
+                           std::tuple{std::move(dwq), std::move(dwk), std::move(dwv)}};
+        }
       };
       return WithBackward<std::tuple<decltype(qf), decltype(kf), decltype(vf)>, decltype(back)>{
           {std::move(qf), std::move(kf), std::move(vf)}, std::move(back)};
@@ -164,20 +198,41 @@ private:
   /// of W_o^T (Partial on tp) brought to the activations' placements (reduce_scatter with sp, all_reduce
   /// without), the first as a collective matmul with nn::CollectiveMatmul; the backward maps dout to
   /// {dof, dW_o}.
-  template <class F, class O>
+  template <bool Split, class F, class O>
   auto project_out(const F& of, const O& o) const {
     // W_o's gradient needs `of`: rebuilt from the attention's output o (b, heads, s, hd), which the
     // attention keeps for its own backward, rather than kept a second time, transposed.
     auto of_again = [o] { return F(flatten<2, 3>(transpose<1, 2>(o))); };
     if constexpr (L::collective_matmul) {
-      return linear_reduce_scatter<input_type>(of, wo, with_backward, std::move(of_again));
+      auto [y, back] = linear_reduce_scatter<input_type>(of, wo, with_backward, std::move(of_again));
+      return WithBackward<input_type, decltype(later<Split>(std::move(back)))>{std::move(y),
+                                                                               later<Split>(std::move(back))};
     } else {
       auto [out, exit_back] = detail::to_placements<input_type>::run(linear(of, wo));
       auto back = [of_again = std::move(of_again), wo = wo,
                    exit_back = std::move(exit_back)](const auto& dout) {
-        return ProductBackward<true, F, o_type>(of_again(), wo)(exit_back(dout));
+        const ProductBackward<true, F, o_type> p(of_again(), wo);
+        if constexpr (Split) {
+          return p.split(exit_back(dout));
+        } else {
+          return p(exit_back(dout));
+        }
       };
       return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
+    }
+  }
+
+  /// A fused backward `back` (giving {dx, gradients}) as a split one ({dx, a function giving the gradients}),
+  /// with Split; as it is otherwise.
+  template <bool Split, class B>
+  static auto later(B back) {
+    if constexpr (Split) {
+      return [back = std::move(back)](const auto&... d) {
+        auto [dx, dw] = back(d...);
+        return std::pair{std::move(dx), [dw = std::move(dw)] { return dw; }};
+      };
+    } else {
+      return back;
     }
   }
 

@@ -98,21 +98,43 @@ public:
     static_assert(
         std::is_same_v<X, input_type>,
         "nn::TransformerBlock: the input must be nn::act_t<L, T> of the block's layout and element type");
-    return detail::block_forward(*this, h);
+    return detail::block_forward<false>(*this, h);
+  }
+  /// The backward split for zero-bubble pipelines (nn::SplitGradients): B runs the input's gradient through
+  /// the block (the norms' weight gradients with it: reductions, no GEMM), W the projections' and the MLP's
+  /// weight gradients.
+  template <class X>
+  auto forward(const X& h, WithSplitBackwardTag) const {
+    static_assert(
+        std::is_same_v<X, input_type>,
+        "nn::TransformerBlock: the input must be nn::act_t<L, T> of the block's layout and element type");
+    return detail::block_forward<true>(*this, h);
   }
   /// The forward with its backward keeping the bound (keep_all false: the norms' outputs and the MLP's
   /// activation computed again in the backward) or every op's inputs (true); what forward runs under
-  /// `recompute`.
+  /// `recompute`. With Split the backward gives nn::SplitGradients.
+  template <bool Split = false>
   auto forward_keeping(const input_type& h, bool keep_all) const {
+    constexpr auto tag = [] {
+      if constexpr (Split) {
+        return with_split_backward;
+      } else {
+        return with_backward;
+      }
+    }();
     auto [n1, n1_back] = attention_norm.forward(h, with_backward);
-    auto [a, a_back] = attention.forward(n1, with_backward, norm_output(attention_norm, h, n1, !keep_all));
+    auto [a, a_back] = attention.forward(n1, tag, norm_output(attention_norm, h, n1, !keep_all));
     auto [h1, r1_back] = add(h, a, with_backward);
     auto [n2, n2_back] = mlp_norm.forward(h1, with_backward);
     auto [f, f_back] = [&] {
       if constexpr (std::is_same_v<Activation, Experts>) {
-        return mlp.forward(n2, with_backward);
+        if constexpr (Split) {
+          return forward_split(mlp, n2);
+        } else {
+          return mlp.forward(n2, with_backward);
+        }
       } else {
-        return mlp.forward(n2, with_backward, norm_output(mlp_norm, h1, n2, !keep_all), keep_all);
+        return mlp.forward(n2, tag, norm_output(mlp_norm, h1, n2, !keep_all), keep_all);
       }
     }();
     auto [out, r2_back] = add(h1, f, with_backward);
@@ -125,8 +147,14 @@ public:
       auto [dh_res, da] = r1_back(add(dh1_res, dh1_norm));
       auto [dn1, attention_grads] = a_back(da);
       auto [dh_norm, n1_grads] = n1_back(dn1);
-      return Gradients{add(dh_res, dh_norm), std::tuple_cat(std::move(n1_grads), std::move(attention_grads),
-                                                            std::move(n2_grads), std::move(mlp_grads))};
+      if constexpr (Split) {
+        return SplitGradients{add(dh_res, dh_norm), [n1_grads, attention_grads, n2_grads, mlp_grads] {
+                                return std::tuple_cat(n1_grads, attention_grads(), n2_grads, mlp_grads());
+                              }};
+      } else {
+        return Gradients{add(dh_res, dh_norm), std::tuple_cat(std::move(n1_grads), std::move(attention_grads),
+                                                              std::move(n2_grads), std::move(mlp_grads))};
+      }
     };
     return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
   }

@@ -96,6 +96,28 @@ public:
   /// and the exit reduce_scatter are collective matmuls, in the backward as well.
   template <class X, std::invocable Again>
   auto forward(const X& x, WithBackwardTag, Again again, bool keep_hidden = false) const {
+    return forward_impl<false>(x, std::move(again), keep_hidden);
+  }
+  /// The backward split for zero-bubble pipelines (nn::SplitGradients): B computes dx, W the weights'
+  /// gradients from the output gradients B kept (under nn::CollectiveMatmul both in B).
+  template <class X>
+  auto forward(const X& x, WithSplitBackwardTag) const {
+    return forward_impl<true>(x, Kept<X>{x}, false);
+  }
+  template <class X, std::invocable Again>
+  auto forward(const X& x, WithSplitBackwardTag, Again again, bool keep_hidden = false) const {
+    return forward_impl<true>(x, std::move(again), keep_hidden);
+  }
+  template <class X>
+  input_type forward(const X& x) const {
+    return forward(x, with_backward).output;
+  }
+
+private:
+  using gathered_type = gathered_t<L, T>;
+
+  template <bool Split, class X, class Again>
+  auto forward_impl(const X& x, Again again, bool keep_hidden) const {
     static_assert(std::is_same_v<X, input_type>,
                   "nn::Mlp: the input must be nn::act_t<L, T> of the layer's layout and element type");
     auto [a, u] = up(x);
@@ -108,27 +130,31 @@ public:
     auto back = [again = std::move(again), a, u, kept = std::move(kept), w1 = w1, w3 = w3, w2 = w2,
                  exit_back = std::move(exit_back)](const auto& dout) {
       const auto [m, act_back] = kept ? *kept : activation(a, u);
-      auto [dm, dw2] = down_backward(m, w2, exit_back, dout);
-      if constexpr (swiglu) {
-        auto [da, du] = act_back(dm);
-        auto [dx, dw] = up_backward(again, w1, w3, da, du);
-        return Gradients{detail::gradient_as<input_type>(dx),
-                         std::tuple{std::get<0>(std::move(dw)), std::get<1>(std::move(dw)), std::move(dw2)}};
+      auto [dm, dw2] = down_backward<Split>(m, w2, exit_back, dout);
+      auto [dx, dw] = [&] {
+        if constexpr (swiglu) {
+          auto [da, du] = act_back(dm);
+          return up_backward<Split>(again, w1, w3, da, du);
+        } else {
+          return up_backward<Split>(again, w1, w3, act_back(dm));
+        }
+      }();
+      auto params = [](auto up, auto down) {
+        if constexpr (swiglu) {
+          return std::tuple{std::get<0>(std::move(up)), std::get<1>(std::move(up)), std::move(down)};
+        } else {
+          return std::tuple{std::get<0>(std::move(up)), std::move(down)};
+        }
+      };
+      if constexpr (Split) {
+        return SplitGradients{detail::gradient_as<input_type>(dx),
+                              [dw, dw2, params] { return params(dw(), dw2()); }};
       } else {
-        auto [dx, dw] = up_backward(again, w1, w3, act_back(dm));
-        return Gradients{detail::gradient_as<input_type>(dx),
-                         std::tuple{std::get<0>(std::move(dw)), std::move(dw2)}};
+        return Gradients{detail::gradient_as<input_type>(dx), params(std::move(dw), std::move(dw2))};
       }
     };
     return WithBackward<input_type, decltype(back)>{std::move(y), std::move(back)};
   }
-  template <class X>
-  input_type forward(const X& x) const {
-    return forward(x, with_backward).output;
-  }
-
-private:
-  using gathered_type = gathered_t<L, T>;
 
   /// {W1 x, W3 x} (hidden units over tp) after the entry all_gather on tp (sp); with Gelu {W1 x, W1 x}.
   /// The gathered x is not kept.
@@ -148,25 +174,45 @@ private:
   }
 
   /// {dx, {dW1, dW3}} (or {dx, {dW1}}) from W1's and W3's output gradients, x from again(): gathered
-  /// again (sp) as the forward did.
-  template <class Again, class... D>
+  /// again (sp) as the forward did. With Split the second is a function giving that tuple later.
+  template <bool Split, class Again, class... D>
   static auto up_backward(const Again& again, const up_type& w1, const up_type& w3, const D&... d) {
     using X = input_type;
-    if constexpr (L::collective_matmul && swiglu) {
-      return GatherLinearBackward<X, Again, up_type, up_type>(again().global_shape(), again,
-                                                              std::tuple{w1, w3})(d...);
-    } else if constexpr (L::collective_matmul) {
-      return GatherLinearBackward<X, Again, up_type>(again().global_shape(), again, std::tuple{w1})(d...);
+    if constexpr (L::collective_matmul) {
+      auto [dx, dw] = [&] {
+        if constexpr (swiglu) {
+          return GatherLinearBackward<X, Again, up_type, up_type>(again().global_shape(), again,
+                                                                  std::tuple{w1, w3})(d...);
+        } else {
+          return GatherLinearBackward<X, Again, up_type>(again().global_shape(), again, std::tuple{w1})(d...);
+        }
+      }();
+      if constexpr (Split) {
+        return std::pair{std::move(dx), [dw = std::move(dw)] { return dw; }};
+      } else {
+        return std::pair{std::move(dx), std::move(dw)};
+      }
     } else {
       auto [g, entry_back] = detail::to_placements<gathered_type>::run(again());
       const auto& da = std::get<0>(std::tie(d...));
-      auto [dg, dw1] = ProductBackward<true, gathered_type, up_type>(g, w1)(da);
+      const ProductBackward<true, gathered_type, up_type> p1(g, w1);
       if constexpr (swiglu) {
         const auto& du = std::get<1>(std::tie(d...));
-        auto [dg3, dw3] = ProductBackward<true, gathered_type, up_type>(g, w3)(du);
-        return std::pair{entry_back(add(dg, dg3)), std::tuple{std::move(dw1), std::move(dw3)}};
+        const ProductBackward<true, gathered_type, up_type> p3(g, w3);
+        if constexpr (Split) {
+          auto [dg, dw1] = p1.split(da);
+          auto [dg3, dw3] = p3.split(du);
+          return std::pair{entry_back(add(dg, dg3)), [dw1, dw3] { return std::tuple{dw1(), dw3()}; }};
+        } else {
+          auto [dg, dw1] = p1(da);
+          auto [dg3, dw3] = p3(du);
+          return std::pair{entry_back(add(dg, dg3)), std::tuple{std::move(dw1), std::move(dw3)}};
+        }
+      } else if constexpr (Split) {
+        auto [dg, dw1] = p1.split(da);
+        return std::pair{entry_back(dg), [dw1] { return std::tuple{dw1()}; }};
       } else {
-        (void)w3;
+        auto [dg, dw1] = p1(da);
         return std::pair{entry_back(dg), std::tuple{std::move(dw1)}};
       }
     }
@@ -184,12 +230,19 @@ private:
     }
   }
 
-  /// {dm, dW2} from the output's gradient, m W2's input.
-  template <class M, class E, class G>
+  /// {dm, dW2} from the output's gradient, m W2's input; with Split dW2 as a function giving it later.
+  template <bool Split, class M, class E, class G>
   static auto down_backward(const M& m, const down_type& w2, const E& exit_back, const G& dout) {
     if constexpr (L::collective_matmul) {
       (void)exit_back;
-      return LinearScatterBackward<input_type, M, down_type>(Kept<M>{m}, w2)(dout);
+      auto [dm, dw2] = LinearScatterBackward<input_type, M, down_type>(Kept<M>{m}, w2)(dout);
+      if constexpr (Split) {
+        return std::pair{std::move(dm), [dw2 = std::move(dw2)] { return dw2; }};
+      } else {
+        return std::pair{std::move(dm), std::move(dw2)};
+      }
+    } else if constexpr (Split) {
+      return ProductBackward<true, M, down_type>(m, w2).split(exit_back(dout));
     } else {
       return ProductBackward<true, M, down_type>(m, w2)(exit_back(dout));
     }

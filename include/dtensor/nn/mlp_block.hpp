@@ -58,19 +58,39 @@ public:
   auto forward(const X& h, WithBackwardTag) const {
     static_assert(std::is_same_v<X, input_type>,
                   "nn::MlpBlock: the input must be nn::act_t<L, T> of the block's layout and element type");
-    return detail::block_forward(*this, h);
+    return detail::block_forward<false>(*this, h);
   }
-  /// The forward with its backward keeping the bound (keep_all false) or every op's inputs (true).
+  /// The backward split for zero-bubble pipelines (nn::SplitGradients): the MLP's weight gradients in W.
+  template <class X>
+  auto forward(const X& h, WithSplitBackwardTag) const {
+    static_assert(std::is_same_v<X, input_type>,
+                  "nn::MlpBlock: the input must be nn::act_t<L, T> of the block's layout and element type");
+    return detail::block_forward<true>(*this, h);
+  }
+  /// The forward with its backward keeping the bound (keep_all false) or every op's inputs (true); with
+  /// Split the backward gives nn::SplitGradients.
+  template <bool Split = false>
   auto forward_keeping(const input_type& h, bool keep_all) const {
     auto [n, n_back] = norm.forward(h, with_backward);
-    auto [f, f_back] = mlp.forward(n, with_backward, norm_output(norm, h, n, !keep_all), keep_all);
+    auto [f, f_back] = [&] {
+      if constexpr (Split) {
+        return mlp.forward(n, with_split_backward, norm_output(norm, h, n, !keep_all), keep_all);
+      } else {
+        return mlp.forward(n, with_backward, norm_output(norm, h, n, !keep_all), keep_all);
+      }
+    }();
     auto [out, r_back] = add(h, f, with_backward);
     auto back = [n_back = std::move(n_back), f_back = std::move(f_back),
                  r_back = std::move(r_back)](const auto& dout) {
       auto [dh_res, df] = r_back(dout);
       auto [dn, mlp_grads] = f_back(df);
       auto [dh_norm, norm_grads] = n_back(dn);
-      return Gradients{add(dh_res, dh_norm), std::tuple_cat(std::move(norm_grads), std::move(mlp_grads))};
+      if constexpr (Split) {
+        return SplitGradients{add(dh_res, dh_norm),
+                              [norm_grads, mlp_grads] { return std::tuple_cat(norm_grads, mlp_grads()); }};
+      } else {
+        return Gradients{add(dh_res, dh_norm), std::tuple_cat(std::move(norm_grads), std::move(mlp_grads))};
+      }
     };
     return WithBackward<input_type, decltype(back)>{std::move(out), std::move(back)};
   }

@@ -57,6 +57,33 @@ struct Gradients {
 template <class Input, class Params>
 Gradients(Input, Params) -> Gradients<Input, Params>;
 
+/// A backward split in two (zero-bubble pipelines, Qi et al.): B, the input's gradient, now; W, `weight()`,
+/// the parameters' gradients (the Gradients::params tuple) later. The same values as the fused backward's.
+template <class Input, class Weight>
+struct SplitGradients {
+  Input input;
+  Weight weight;
+};
+template <class Input, class Weight>
+SplitGradients(Input, Weight) -> SplitGradients<Input, Weight>;
+
+/// A layer's forward with its backward split (SplitGradients): layer.forward(x, with_split_backward) where
+/// the layer has that form (the blocks: their GEMMs' weight gradients wait for W), otherwise its fused
+/// backward run in B, W handing over what it computed (any unit of any model).
+template <class Layer, class X>
+auto forward_split(const Layer& layer, const X& x) {
+  if constexpr (requires { layer.forward(x, with_split_backward); }) {
+    return layer.forward(x, with_split_backward);
+  } else {
+    auto [y, back] = layer.forward(x, with_backward);
+    auto split = [back = std::move(back)](const auto& dy) {
+      auto [dx, g] = back(dy);
+      return SplitGradients{std::move(dx), [g = std::move(g)] { return g; }};
+    };
+    return WithBackward<decltype(y), decltype(split)>{std::move(y), std::move(split)};
+  }
+}
+
 /// The input gradient of a layer whose input is not differentiable (token ids).
 struct NoGradient {};
 
@@ -90,19 +117,19 @@ struct TransformerConfig {
 
 namespace detail {
 
-/// A block's forward with its backward under b.recompute: b.forward_keeping(h, keep_all) runs it keeping
-/// the bound (false) or every op's inputs (true); under Recompute::full its context is dropped at once and
-/// the backward runs forward_keeping again from h (the block is copied into the backward: its parameters
-/// are handles).
-template <class Block, class X>
+/// A block's forward with its backward under b.recompute: b.forward_keeping<Split>(h, keep_all) runs it
+/// keeping the bound (false) or every op's inputs (true), its backward split (nn::SplitGradients) with Split;
+/// under Recompute::full its context is dropped at once and the backward runs forward_keeping again from h
+/// (the block is copied into the backward: its parameters are handles).
+template <bool Split, class Block, class X>
 auto block_forward(const Block& b, const X& h) {
-  auto [out, inner] = b.forward_keeping(h, b.recompute == Recompute::none);
+  auto [out, inner] = b.template forward_keeping<Split>(h, b.recompute == Recompute::none);
   std::optional<decltype(inner)> kept;
   if (b.recompute != Recompute::full) {
     kept.emplace(std::move(inner));
   }
   auto back = [b, h, kept = std::move(kept)](const auto& dout) {
-    return kept ? (*kept)(dout) : b.forward_keeping(h, false).backward(dout);
+    return kept ? (*kept)(dout) : b.template forward_keeping<Split>(h, false).backward(dout);
   };
   return WithBackward<decltype(out), decltype(back)>{std::move(out), std::move(back)};
 }

@@ -161,8 +161,17 @@ public:
     }
   }
 
+  /// The backward split for zero-bubble pipelines: {dA, w} now, w() gives dB later (the same values as
+  /// operator()'s; w holds dC and A until then).
+  template <AnyDTensor G>
+  auto split(const G& g) const {
+    static_assert(detail::ProductOut<&Ps::forward, A, B>::rule().ok(),
+                  "ProductBackward::split: the forward's placements are rejected");
+    return backward<true>(g);
+  }
+
 private:
-  template <class G>
+  template <bool Split = false, class G>
   auto backward(const G& g) const {
     using C = detail::product_result_t<&Ps::forward, A, B, A::rank>;
     static_assert(std::is_same_v<typename G::value_type, typename A::value_type> && G::rank == A::rank,
@@ -180,14 +189,18 @@ private:
     using DB = detail::product_result_t<&Ps::grad_b, std::conditional_t<Linear, Target, A>,
                                         std::conditional_t<Linear, A, Target>, B::rank>;
     DA da = detail::run_product<DA, &Ps::grad_a>(dc, b_, a_.global_shape());
-    DB db = [&] {
+    auto db = [dc, a = a_, shape = b_.global_shape()] {
       if constexpr (Linear) {
-        return detail::run_product<DB, &Ps::grad_b>(dc, a_, b_.global_shape());
+        return detail::as_gradient_of<B>(detail::run_product<DB, &Ps::grad_b>(dc, a, shape));
       } else {
-        return detail::run_product<DB, &Ps::grad_b>(a_, dc, b_.global_shape());
+        return detail::as_gradient_of<B>(detail::run_product<DB, &Ps::grad_b>(a, dc, shape));
       }
-    }();
-    return std::pair{detail::as_gradient_of<A>(std::move(da)), detail::as_gradient_of<B>(std::move(db))};
+    };
+    if constexpr (Split) {
+      return std::pair{detail::as_gradient_of<A>(std::move(da)), std::move(db)};
+    } else {
+      return std::pair{detail::as_gradient_of<A>(std::move(da)), db()};
+    }
   }
 
   A a_;
