@@ -466,11 +466,12 @@ TEST_CASE("run_pipeline: a dry run of each stage alone (the fake backend) commun
       CHECK_THROWS_WITH(pipelined(mesh, plain), Catch::Contains("set PipelineRunOptions::boundary_shape"));
     }
   }
-  // The zero-bubble schedules are orders to plan with: the chunks' backwards are not split into B and W.
+  // The zero-bubble schedules run each backward as B and W: chunks without a weight function cannot.
   PipelineRunOptions zb{.schedule = Schedule::zero_bubble_h1, .shape = {.stages = 2, .microbatches = 4}};
   zb.boundary_shape = [](int mb) { return std::vector<std::int64_t>{rows_of(mb), kSeq, kWidth}; };
-  CHECK_THROWS_WITH(pipelined(init_device_mesh<PMesh>(fake_world(0, 2), 2, 1, 1), zb),
-                    Catch::Contains("ZB-H1 runs each backward as B and W apart"));
+  CHECK_THROWS_WITH(
+      pipelined(init_device_mesh<PMesh>(fake_world(0, 2), 2, 1, 1), zb),
+      Catch::Contains("ZB-H1 runs each backward as B and W apart: PipelineChunks needs weight"));
 }
 
 TEST_CASE(
@@ -617,16 +618,20 @@ GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
   // micro-batch, forward and backward, and each link to another rank (peer, direction) one done header at
   // the end; each FSDP group is gathered and reduce_scattered once a step.
   const int p = mesh.size<"pp">(), s = mesh.local_rank<"pp">(), stages = p * v;
+  const auto rank_of = [&](int g) { // Megatron's interleaving, or ZB-V's V
+    return schedule == Schedule::zero_bubble_v && g >= p ? 2 * p - 1 - g : g % p;
+  };
   std::set<std::pair<int, int>> links; // (peer, direction): the same number sent on as received on
   for (const auto& [g, first, last] : trainer.stages()) {
-    const std::int64_t crossings = (g > 0 ? 1 : 0) + (g < stages - 1 ? 1 : 0);
+    const std::int64_t crossings = (g > 0 && rank_of(g - 1) != s ? 1 : 0) +
+                                   (g < stages - 1 && rank_of(g + 1) != s ? 1 : 0); // same-rank: in memory
     run.expected[0] += 2 * kGptMicro * crossings;
     run.expected[1] += 2 * kGptMicro * crossings;
-    if (g > 0 && (g - 1) % p != s) {
-      links.insert({(g - 1) % p, 1});
+    if (g > 0 && rank_of(g - 1) != s) {
+      links.insert({rank_of(g - 1), 1});
     }
-    if (g < stages - 1 && (g + 1) % p != s) {
-      links.insert({(g + 1) % p, 0});
+    if (g < stages - 1 && rank_of(g + 1) != s) {
+      links.insert({rank_of(g + 1), 0});
     }
     const std::int64_t groups = (last - first) + (g == 0 ? 1 : 0) + (g == stages - 1 ? 1 : 0);
     run.expected[2] += groups;
@@ -692,6 +697,23 @@ TEST_CASE(
   gpt_case(2, 2, 2, Schedule::one_f_one_b, 1, want);             // 8 ranks: 3 + 2 layers
   gpt_case(2, 2, 1, Schedule::interleaved_one_f_one_b, 2, want); // 4 model stages: 2, 1, 1, 1 layers
   gpt_case(4, 1, 1, Schedule::gpipe, 1, want);                   // 4 stages, one rank each
+}
+
+TEST_CASE("PP x FSDP x TP: ZB-H1 and ZB-V (B and W apart) train the GPT as one rank does, ZB-H1 as 1F1B bit "
+          "for bit",
+          "[pipeline]") {
+  const GptRun want = gpt_one_rank();
+  gpt_case(2, 2, 2, Schedule::zero_bubble_h1, 1, want); // 8 ranks
+  gpt_case(2, 2, 1, Schedule::zero_bubble_v, 2, want);  // stages 0 and 3 on pp rank 0, 1 and 2 on rank 1
+  // The same arithmetic as 1F1B (each W right where 1F1B's backward would add the weights' gradients, in
+  // micro-batch order): the same losses and parameters bit for bit.
+  testing::run_ranks(8, [&](ProcessGroup& world) {
+    const auto mesh = init_device_mesh<PMesh>(world, 2, 2, 2);
+    const GptRun one = gpt_pipelined(mesh, Schedule::one_f_one_b, 1);
+    const GptRun zb = gpt_pipelined(mesh, Schedule::zero_bubble_h1, 1);
+    expect(zb.losses == one.losses && zb.norms == one.norms, "ZB-H1's losses and norms are 1F1B's");
+    expect(zb.params == one.params, "ZB-H1's parameters are 1F1B's bit for bit");
+  });
 }
 
 TEST_CASE("nn::PipelineTrainer in mixed precision (double shards, float compute), with and without "

@@ -2,7 +2,8 @@
 // A pipeline of DTensor stages: each rank of a pp group runs one or more chunks (model stages) on its stage's
 // sub-mesh, and what crosses a boundary is a DTensor of any rank with its placements, sent shard by shard
 // to the rank of the same sub-mesh coordinate on the next stage. The order is pipeline_order's (GPipe, 1F1B,
-// interleaved 1F1B, train/pipeline_schedule.hpp).
+// interleaved 1F1B, ZB-H1, ZB-V: train/pipeline_schedule.hpp; the zero-bubble ones call weight(chunk, mb),
+// the W of a split backward, where their order says).
 //
 //   using Mesh = MeshShape<Axis<"pp">, Axis<"dp">, Axis<"tp">>;
 //   const auto stage_mesh = mesh.slice<"dp", "tp">();           // this stage's (dp, tp) sub-mesh
@@ -14,7 +15,7 @@
 //   run_pipeline(mesh.group<"pp">(), stage_mesh, chunks, {.schedule = Schedule::interleaved_one_f_one_b,
 //                .shape = {.stages = 2, .microbatches = 4, .chunks = 2}});
 //
-// Chunk c of pp rank s is model stage c p + s. The forward of the last model stage returns its output (not
+// Chunk c of pp rank s is model stage c p + s (under ZB-V: s, then 2p - 1 - s). The forward of the last model stage returns its output (not
 // sent; its backward starts from its own loss: dout is empty there); the backward of model stage 0 returns
 // nothing to send. A chunk keeps what its backward needs per micro-batch. Activations may have another
 // global shape in every micro-batch: each send is a header (the micro-batch, the sending model stage, the
@@ -85,6 +86,9 @@ template <class Act>
 struct PipelineChunks {
   std::function<Act(int chunk, int microbatch, std::optional<Act> input)> forward;
   std::function<std::optional<Act>(int chunk, int microbatch, std::optional<Act> output_grad)> backward;
+  /// Under ZB-H1 and ZB-V (splits_backward): backward is B (the input's gradient) and weight W, the
+  /// parameters' gradients of the same chunk and micro-batch, run later; nothing crosses a boundary.
+  std::function<void(int chunk, int microbatch)> weight{};
 };
 
 struct PipelineRunOptions {
@@ -107,6 +111,7 @@ struct PipelineRunStats {
   /// Per chunk, the flops (FlopCounter's) of its forwards and of its backwards over every micro-batch: a
   /// dry run's stage costs for simulate_pipeline.
   std::vector<double> forward_flops, backward_flops;
+  std::vector<double> weight_flops; ///< per chunk, the W's under a splitting schedule (B's in backward_flops)
   double idle_fraction() const { return total_s > 0 ? 1.0 - compute_s / total_s : 0.0; }
 };
 
@@ -125,11 +130,9 @@ public:
                    PipelineChunks<Act>& chunks, const PipelineRunOptions& o)
       : pp_(pp), mesh_(stage_mesh), chunks_(chunks), o_(o), s_(pp.rank()), p_(pp.size()),
         stages_(o.shape.stages * o.shape.chunks), guarded_(!o.device.is_cuda()), dry_(pp.dry_run()) {
-    DTENSOR_CHECK(!splits_backward(o.schedule) || o.forward_only,
+    DTENSOR_CHECK(!splits_backward(o.schedule) || o.forward_only || chunks.weight,
                   std::string("run_pipeline: ") + schedule_name(o.schedule) +
-                      " runs each backward as B and W apart, which the chunks' backwards do not split yet; "
-                      "plan with its orders (pipeline_order, simulate_pipeline) and run GPipe, 1F1B or "
-                      "interleaved 1F1B");
+                      " runs each backward as B and W apart: PipelineChunks needs weight as well");
     DTENSOR_CHECK(o.shape.stages == p_, "run_pipeline: the shape names " + std::to_string(o.shape.stages) +
                                             " stages, the pp group has " + std::to_string(p_) + " ranks");
     DTENSOR_CHECK(chunks.forward && (chunks.backward || o.forward_only),
@@ -144,6 +147,7 @@ public:
     PipelineRunStats st;
     st.forward_flops.assign(std::size_t(o_.shape.chunks), 0.0);
     st.backward_flops.assign(std::size_t(o_.shape.chunks), 0.0);
+    st.weight_flops.assign(std::size_t(o_.shape.chunks), 0.0);
     if (o_.forward_only) {
       for (int mb = 0; mb < o_.shape.microbatches; ++mb) {
         for (int c = 0; c < o_.shape.chunks; ++c) {
@@ -212,7 +216,15 @@ private:
   };
 
   void step(const PipelineAction& a, PipelineRunStats& st) {
-    const int g = a.chunk * p_ + s_;
+    const int g = stage_of(a.chunk);
+    if (a.kind == PipelineAction::Kind::weight) { // W: local, nothing to send or receive
+      const auto c0 = std::chrono::steady_clock::now();
+      const double f0 = FlopCounter::clock();
+      chunks_.weight(a.chunk, a.microbatch);
+      st.compute_s += seconds_since(c0);
+      st.weight_flops[std::size_t(a.chunk)] += FlopCounter::clock() - f0;
+      return;
+    }
     if (a.kind == PipelineAction::Kind::forward) {
       std::optional<Act> in;
       if (g > 0) {
@@ -275,7 +287,10 @@ private:
   /// Host tensors: the links (peer, kind) this rank sends on and receives on, from the order.
   void links(const std::vector<PipelineAction>& order) {
     for (const PipelineAction& a : order) {
-      const int g = a.chunk * p_ + s_;
+      if (a.kind == PipelineAction::Kind::weight) {
+        continue;
+      }
+      const int g = stage_of(a.chunk);
       const bool forward = a.kind == PipelineAction::Kind::forward;
       const int to = forward ? g + 1 : g - 1, from = forward ? g - 1 : g + 1;
       const int kind = forward ? kForward : kBackward;
@@ -339,7 +354,7 @@ private:
     }
     if (!abort_) {
       abort_ = Abort{at.kind == PipelineAction::Kind::forward ? kFailedForward : kFailedBackward,
-                     at.microbatch, at.chunk * p_ + s_};
+                     at.microbatch, stage_of(at.chunk)};
     }
     notify();
     pp_.abort("run_pipeline stopped on pp rank " + std::to_string(s_) + ": " + why);
@@ -401,7 +416,12 @@ private:
   static double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  int rank_of(int stage) const { return stage % p_; }
+  /// The pp rank of model stage `stage`, and the model stage of this rank's chunk `chunk`
+  /// (pipeline_stage: Megatron's interleaving, or ZB-V's V).
+  int rank_of(int stage) const {
+    return o_.schedule == Schedule::zero_bubble_v && stage >= p_ ? 2 * p_ - 1 - stage : stage % p_;
+  }
+  int stage_of(int chunk) const { return pipeline_stage(o_.schedule, p_, s_, chunk); }
   int tag(int kind, int part) const { return 1 + 2 * kind + part; }
 
   /// Host tensors: every header this rank will receive, posted at once in the order it will need them (a
@@ -409,7 +429,10 @@ private:
   /// its shard only. Not on CUDA: NCCL would queue the receives ahead of this rank's sends on one stream.
   void post_headers(const std::vector<PipelineAction>& order) {
     for (const PipelineAction& a : order) {
-      const int g = a.chunk * p_ + s_;
+      if (a.kind == PipelineAction::Kind::weight) {
+        continue;
+      }
+      const int g = stage_of(a.chunk);
       const bool forward = a.kind == PipelineAction::Kind::forward;
       const int from = forward ? g - 1 : g + 1;
       if (from < 0 || from >= stages_ || rank_of(from) == s_) {

@@ -8,7 +8,7 @@
 //   const auto stage = mesh.slice<"dp", "tp">();                 // the model lives on (dp, tp)
 //   nn::LanguageModel<float, L, nn::TransformerBlock> gpt(stage, config, layers, keys);
 //   nn::PipelineTrainer<decltype(gpt), Fsdp<"dp">> trainer(mesh.group<"pp">(), stage, std::move(gpt),
-//       {.schedule = Schedule::interleaved_one_f_one_b, .chunks = 2});
+//       {.schedule = Schedule::interleaved_one_f_one_b, .chunks = 2});    // or zero_bubble_h1, zero_bubble_v
 //   nn::StepResult r = trainer.step(std::span(micro_batches), opt);   // m (input, target) pairs
 //   double val = trainer.loss(input, target);                         // forward only, every rank
 //   save_training_state(trainer, dir, opt, progress);   // train/train_state.hpp: one part per pp rank
@@ -16,7 +16,7 @@
 // The stages are cut at unit boundaries: the model's units() holds one run of blocks (a std::vector), split
 // into p v model stages (p the pp group's size, v = chunks; pipeline_layers: the first `blocks % (p v)`
 // stages get one block more); the units before the run go with model stage 0, those after it with the last.
-// pp rank s holds the chunks of model stages c p + s. The constructor keeps this rank's units, one
+// pp rank s holds the chunks of model stages c p + s (ZB-V: s and 2p - 1 - s). The constructor keeps this rank's units, one
 // FlatParamGroup per unit with parameters (as nn::FsdpTrainer groups them), sharded by Policy over the
 // stage's mesh; the other units' parameters are released. A step runs the m micro-batches in the schedule's
 // order (run_pipeline, train/pipeline_run.hpp) with the run's activations (in C) crossing each boundary:
@@ -26,6 +26,9 @@
 //     unsharded and its last reduce_scatters the sum (once per step, not per micro-batch: see
 //     pipeline_run.hpp for why).
 //   - With options.recompute each block keeps only its input and runs its forward again in its backward.
+//   - Under ZB-H1 and ZB-V (splits_backward) a chunk's backward is B, each unit's backward split
+//     (nn::forward_split: the blocks' weight GEMMs deferred), and its W delivers the units' gradients; the
+//     gradients are those of the fused backward bit for bit.
 //   - The loss of micro-batch k is scaled by 1 / m, so the step equals one on the m micro-batches together
 //     (nn::DdpTrainer's and nn::FsdpTrainer's step on the same span).
 //   - The clip is by the global norm over every stage: each stage's sum of squares (total_norm over its
@@ -38,6 +41,7 @@
 // holds references into its own members: it is neither copied nor moved.
 #include <array>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -68,7 +72,7 @@ namespace dtensor::nn {
 /// How nn::PipelineTrainer runs a step.
 struct PipelineTrainerOptions {
   Schedule schedule = Schedule::one_f_one_b;
-  int chunks = 1;        ///< model stages per pp rank (v; more than 1 under interleaved 1F1B only)
+  int chunks = 1;        ///< model stages per pp rank (v: any under interleaved 1F1B, 2 under ZB-V, else 1)
   double max_norm = 1.0; ///< clip_grad_norm's bound over every stage (infinity: no clipping)
   /// Activation recomputation (Megatron's --recompute-activations, torch's activation checkpointing): a
   /// block keeps only its input from its forward and runs the forward again in its backward. A stage then
@@ -133,8 +137,20 @@ class PipelineTrainer {
   struct Chunk {
     int stage = 0, first = 0, last = 0;
     ChunkGroups groups;
-    int backwards = 0; ///< this step's backwards so far
+    int backwards = 0; ///< this step's backwards (B under a splitting schedule) so far
+    int weights = 0;   ///< this step's W's so far (splitting schedules)
   };
+  /// A chunk's W's of one micro-batch: each unit's gradients delivered to its group.
+  using Weights = std::vector<std::function<void()>>;
+
+  void check_chunks(const PipelineTrainerOptions& o) const {
+    const bool ok = o.schedule == Schedule::interleaved_one_f_one_b
+                        ? o.chunks >= 1
+                        : o.chunks == (o.schedule == Schedule::zero_bubble_v ? 2 : 1);
+    DTENSOR_CHECK(ok, "nn::PipelineTrainer: " + std::to_string(o.chunks) + " chunks per pp rank under " +
+                          schedule_name(o.schedule) +
+                          "; several chunks need interleaved 1F1B, and ZB-V runs exactly 2");
+  }
 
 public:
   using model_type = Model;
@@ -142,21 +158,14 @@ public:
   PipelineTrainer(const ProcessGroup& pp, const DeviceMesh<Mesh>& stage_mesh, Model model,
                   PipelineTrainerOptions options = {})
       : pp_(pp), mesh_(stage_mesh), options_(options), model_(std::move(model)) {
-    DTENSOR_CHECK(options.chunks >= 1 &&
-                      (options.chunks == 1 || options.schedule == Schedule::interleaved_one_f_one_b),
-                  "nn::PipelineTrainer: " + std::to_string(options.chunks) + " chunks per pp rank under " +
-                      schedule_name(options.schedule) + "; several chunks need interleaved 1F1B");
-    DTENSOR_CHECK(!splits_backward(options.schedule),
-                  std::string("nn::PipelineTrainer: ") + schedule_name(options.schedule) +
-                      " runs each backward as B and W apart, which the units' backwards do not split yet; "
-                      "choose GPipe, 1F1B or interleaved 1F1B");
+    check_chunks(options);
     const int p = pp.size(), s = pp.rank(), stages = p * options.chunks;
     auto units = model_.units();
     const int layers = int(std::get<kRun>(units).size());
     chunks_.resize(std::size_t(options.chunks));
     for (int c = 0; c < options.chunks; ++c) {
       Chunk& k = chunks_[std::size_t(c)];
-      k.stage = c * p + s;
+      k.stage = pipeline_stage(options.schedule, p, s, c);
       std::tie(k.first, k.last) = pipeline_layers(layers, stages, k.stage); // says how they split
       hold(k, units, stages, std::make_index_sequence<kElements>{});
     }
@@ -191,12 +200,26 @@ public:
     for_each_group([](auto& g) { (void)g.unshard(async_op); });      // waited for at first use
     using Act = act_of<std::remove_cvref_t<decltype(micro[0].first)>>;
     const int m = int(micro.size());
+    check_chunks(options_);
+    for (const Chunk& k : chunks_) { // the stages were cut for the constructor's schedule
+      DTENSOR_CHECK(k.stage ==
+                        pipeline_stage(options_.schedule, pp_.size(), pp_.rank(), int(&k - &chunks_[0])),
+                    std::string("nn::PipelineTrainer::step: ") + schedule_name(options_.schedule) +
+                        " places the chunks on other model stages than the schedule this trainer was built "
+                        "for (ZB-V's V against Megatron's interleaving)");
+    }
+    const bool split = splits_backward(options_.schedule);
     double loss = 0;
     std::map<std::pair<int, int>, std::function<std::optional<Act>(std::optional<Act>)>> pending;
+    std::map<std::pair<int, int>, std::shared_ptr<Weights>> pending_weights;
     PipelineChunks<Act> fns;
     fns.forward = [&](int c, int mb, std::optional<Act> in) {
+      std::shared_ptr<Weights> w;
+      if (split) {
+        w = pending_weights[{c, mb}] = std::make_shared<Weights>();
+      }
       return forward(chunks_[std::size_t(c)], micro[std::size_t(mb)], std::move(in), m, loss,
-                     &pending[{c, mb}]);
+                     &pending[{c, mb}], std::move(w));
     };
     fns.backward = [&](int c, int mb, std::optional<Act> dout) {
       const auto it = pending.find({c, mb});
@@ -205,6 +228,16 @@ public:
       ++chunks_[std::size_t(c)].backwards;
       return din;
     };
+    if (split) {
+      fns.weight = [&](int c, int mb) {
+        const auto it = pending_weights.find({c, mb});
+        for (auto& w : *it->second) {
+          w();
+        }
+        pending_weights.erase(it);
+        ++chunks_[std::size_t(c)].weights;
+      };
+    }
     last_run_ = run_pipeline(pp_, mesh_, fns,
                              {.schedule = options_.schedule,
                               .shape = {.stages = pp_.size(), .microbatches = m, .chunks = options_.chunks},
@@ -213,10 +246,12 @@ public:
                                 return micro[std::size_t(mb)].first;
                               })});
     for (Chunk& k : chunks_) {
-      DTENSOR_CHECK(k.backwards == m, "nn::PipelineTrainer::step: model stage " + std::to_string(k.stage) +
-                                          " ran " + std::to_string(k.backwards) + " backwards of " +
-                                          std::to_string(m) + " micro-batches");
+      DTENSOR_CHECK(k.backwards == m && (!split || k.weights == m),
+                    "nn::PipelineTrainer::step: model stage " + std::to_string(k.stage) + " ran " +
+                        std::to_string(k.backwards) + " backwards and " + std::to_string(k.weights) +
+                        " W's of " + std::to_string(m) + " micro-batches");
       k.backwards = 0;
+      k.weights = 0;
     }
     // The global norm: each stage's sum of squares (total_norm over the stage's mesh) and the last stage's
     // loss added over pp in one all_reduce.
@@ -263,7 +298,8 @@ public:
       return forward<Act>(chunks_[std::size_t(c)], one, std::move(in), 1, loss, nullptr);
     };
     (void)run_pipeline(pp_, mesh_, fns,
-                       {.shape = {.stages = pp_.size(), .microbatches = 1, .chunks = options_.chunks},
+                       {.schedule = options_.schedule, // where the chunks are (ZB-V's V)
+                        .shape = {.stages = pp_.size(), .microbatches = 1, .chunks = options_.chunks},
                         .device = device(),
                         .forward_only = true,
                         .boundary_shape = boundary_shape([&](int) -> const auto& { return input; })});
@@ -432,8 +468,25 @@ private:
     }
   }
 
+  /// A unit's gradients (or, split, its W) to deliver now, or with `weights` at the chunk's W.
+  template <class Group, class Last, class G>
+  static void hand(Group& group, Last last, G g, Weights* weights) {
+    const auto now = [&group, last](const auto& grads) {
+      if constexpr (std::invocable<decltype(grads)>) {
+        deliver(group, last(), grads());
+      } else {
+        deliver(group, last(), grads);
+      }
+    };
+    if (weights != nullptr) {
+      weights->push_back([g = std::move(g), now] { now(g); });
+    } else {
+      now(g);
+    }
+  }
+
   /// A unit's gradients into its group: accumulated unsharded, reduce_scattered with the chunk's last
-  /// backward of the step.
+  /// backward (W under a splitting schedule) of the step.
   template <class Group, class Grads>
   static void deliver(Group& group, bool last, const Grads& g) {
     if constexpr (!std::is_same_v<Group, std::tuple<>>) {
@@ -466,17 +519,17 @@ private:
   /// Elements I..End of the units on x with chunk k's groups and their backward: {y, back}, back(dy) x's
   /// gradient, the units' gradients delivered to their groups (reduced when last() says so).
   template <std::size_t I, std::size_t End, class X, class Last>
-  auto ends_backprop(Chunk& k, const X& x, Last last) {
+  auto ends_backprop(Chunk& k, const X& x, Last last, std::shared_ptr<Weights> weights) {
     if constexpr (I == End) {
       return std::pair{x, std::function<X(const X&)>([](const X& d) { return d; })};
     } else {
       auto& group = *std::get<I>(k.groups);
       auto [y, back] = on_params(std::get<I>(model_.units()), group).forward(x, with_backward);
-      auto [z, rest] = ends_backprop<I + 1, End>(k, y, last);
+      auto [z, rest] = ends_backprop<I + 1, End>(k, y, last, weights);
       using Z = decltype(z);
-      auto chain = [back = std::move(back), rest = std::move(rest), &group, last](const Z& dz) {
+      auto chain = [back = std::move(back), rest = std::move(rest), &group, last, weights](const Z& dz) {
         auto [dx, g] = back(rest(dz));
-        deliver(group, last(), g);
+        hand(group, last, std::move(g), weights.get());
         return dx;
       };
       using DX = decltype(chain(std::declval<const Z&>()));
@@ -490,17 +543,20 @@ private:
   /// (none on stage 0), delivering the units' gradients to their groups.
   template <class Act, class Batch>
   Act forward(Chunk& k, const Batch& batch, std::optional<Act> in, int m, double& loss,
-              std::function<std::optional<Act>(std::optional<Act>)>* backward) {
+              std::function<std::optional<Act>(std::optional<Act>)>* backward,
+              std::shared_ptr<Weights> weights = nullptr) {
     const bool grads = backward != nullptr;
     const double scale = 1.0 / m;
-    const auto last = [&k, m] { return k.backwards + 1 == m; };
+    // Whether a delivery is the chunk's last of the step: at its last backward, or split at its last W.
+    const bool split = weights != nullptr;
+    const auto last = [&k, m, split] { return (split ? k.weights : k.backwards) + 1 == m; };
     std::function<void(const Act&)> prologue_back;
     Act h = in ? std::move(*in) : [&]() -> Act {
       const auto input = detail::in_compute_type<C>(batch.first);
       if (!grads) {
         return ends_forward<0, kRun>(k, input);
       }
-      auto [x, back] = ends_backprop<0, kRun>(k, input, last);
+      auto [x, back] = ends_backprop<0, kRun>(k, input, last, weights);
       prologue_back = [back = std::move(back)](const Act& dh) { (void)back(dh); };
       return x;
     }();
@@ -518,17 +574,33 @@ private:
       if (options_.recompute) {
         Act input = h;
         h = detail::forward_only(layer, input);
-        block_backs.push_back([&block, &group, input = std::move(input), last](const Act& dy) {
-          auto [dx, g] = on_params(block, group).forward(input, with_backward).backward(dy);
-          deliver(group, last(), g);
+        block_backs.push_back([&block, &group, input = std::move(input), last, weights](const Act& dy) {
+          const auto l = on_params(block, group);
+          if (weights) {
+            auto [dx, w] = forward_split(l, input).backward(dy);
+            hand(group, last, std::move(w), weights.get());
+            return dx;
+          }
+          auto [dx, g] = l.forward(input, with_backward).backward(dy);
+          hand(group, last, std::move(g), nullptr);
           return dx;
         });
+        continue;
+      }
+      if (split) {
+        auto [y, back] = forward_split(layer, h);
+        block_backs.push_back([back = std::move(back), &group, last, weights](const Act& dy) {
+          auto [dx, w] = back(dy);
+          hand(group, last, std::move(w), weights.get());
+          return dx;
+        });
+        h = std::move(y);
         continue;
       }
       auto [y, back] = layer.forward(h, with_backward);
       block_backs.push_back([back = std::move(back), &group, last](const Act& dy) {
         auto [dx, g] = back(dy);
-        deliver(group, last(), g);
+        hand(group, last, std::move(g), nullptr);
         return dx;
       });
       h = std::move(y);
@@ -541,7 +613,7 @@ private:
         loss += scale * scalar_value(loss_function(ends_forward<kRun + 1, kElements>(k, h), target));
         return h;
       }
-      auto [y, back] = ends_backprop<kRun + 1, kElements>(k, h, last);
+      auto [y, back] = ends_backprop<kRun + 1, kElements>(k, h, last, weights);
       auto [l, loss_back] = loss_function(y, target, with_backward);
       loss += scale * scalar_value(l);
       epilogue_back = [back = std::move(back), loss_back = std::move(loss_back), scale]() {
