@@ -1,6 +1,7 @@
 #!/bin/sh
 # dtensor-plan's test: the tiny model on 2 nodes of 4 GPUs. Every layout it lists dry-runs (no "cannot
-# run"), pipelines among them (1F1B and interleaved, each with two representative ranks and a bubble) and
+# run"), pipelines among them (1F1B, interleaved, ZB-H1 and ZB-V, each with two representative ranks and a
+# bubble; ZB-H1's no larger than 1F1B's) and
 # HSDP, at least one fits in 1 GiB and none in 1 KiB, the best is listed first, and the JSON parses and
 # holds every layout with its dry runs (HSDP and DDP among them); a mixture of experts plans with its experts
 # sharded over ep; float compute gathers twice the bytes of bfloat16.
@@ -9,13 +10,13 @@ set -u
 plan=$1 dir=$2
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
 fail() { echo "check_plan: $*"; exit 1; }
-"$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 1GiB --replicas 1,2,8 --json "$dir/plan.json" >"$dir/out" 2>&1 ||
+"$plan" --model tiny --nodes 2 --gpus-per-node 4 --gpu-memory 1GiB --replicas 1,2,8 --zero-bubble --json "$dir/plan.json" >"$dir/out" 2>&1 ||
   { cat "$dir/out"; fail "dtensor-plan failed"; }
 cat "$dir/out"
 grep -q "cannot run" "$dir/out" && fail "a layout did not dry-run"
 rows=$(awk '$1 ~ /^[0-9]+$/' "$dir/out" | wc -l)
 [ "$rows" -ge 4 ] || fail "$rows layouts listed, want at least 4"
-awk '$1 ~ /^[0-9]+$/ { print $12; exit }' "$dir/out" | grep -qx yes || fail "the first layout does not fit 1 GiB"
+awk '$1 ~ /^[0-9]+$/ { print $13; exit }' "$dir/out" | grep -qx yes || fail "the first layout does not fit 1 GiB"
 python3 - "$dir/plan.json" "$rows" <<'PY' || fail "the JSON"
 import json, sys
 p = json.load(open(sys.argv[1]))
@@ -39,6 +40,15 @@ for l in ls:
     assert l["step_seconds"] >= max(d["step_seconds"] for d in runs), l
 pipes = {l["chunks"] for l in ls if l["pp"] > 1}
 assert pipes >= {1, 2}, pipes
+# --zero-bubble: each pipeline also under ZB-H1 and ZB-V, whose bubble is at most 1F1B's on the same layout
+assert {l["schedule"] for l in ls if l["pp"] > 1} == {"1F1B", "i1F1B", "ZB-H1", "ZB-V"}, ls
+assert all(l["schedule"] == "-" for l in ls if l["pp"] == 1), ls
+key = lambda l: (l["dp"], l["replicas"], l["pp"], l["cp"], l["tp"], l["micro_batch"], l["recompute"])
+one = {key(l): l for l in ls if l["schedule"] == "1F1B"}
+zb = [l for l in ls if l["schedule"] == "ZB-H1" and key(l) in one]
+assert zb, ls
+for l in zb:
+    assert l["bubble_seconds"] <= one[key(l)]["bubble_seconds"] * (1 + 1e-9), (l, one[key(l)])
 # HSDP: 2 replicas of FSDP over dp / 2, with and without a pipeline; DDP: replicas = dp
 assert {l["pp"] > 1 for l in ls if l["replicas"] == 2} == {False, True}, ls
 assert any(l["replicas"] == l["dp"] == 8 for l in ls), ls
@@ -79,7 +89,7 @@ PY
 awk '$1 ~ /^[0-9]+$/' "$dir/small" | grep -q . || fail "the 1 KiB run lists no layout"
 # a pipeline that does not fit is planned again recomputing (rc); FSDP always recomputes
 awk '$1 ~ /^[0-9]+$/ && $4 > 1' "$dir/small" | grep -q . || fail "the 1 KiB run lists no pipeline"
-awk '$1 ~ /^[0-9]+$/ && $10 != "yes"' "$dir/small" | grep -q . && fail "a layout of the 1 KiB run does not recompute"
-awk '$1 ~ /^[0-9]+$/ && $12 == "yes"' "$dir/small" | grep -q . && fail "a layout fits 1 KiB"
+awk '$1 ~ /^[0-9]+$/ && $11 != "yes"' "$dir/small" | grep -q . && fail "a layout of the 1 KiB run does not recompute"
+awk '$1 ~ /^[0-9]+$/ && $13 == "yes"' "$dir/small" | grep -q . && fail "a layout fits 1 KiB"
 rm -rf "$dir"
 echo "check_plan: OK"

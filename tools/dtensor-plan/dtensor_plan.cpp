@@ -25,6 +25,7 @@
 //                          dgx_h200, dgx_a100), before the flags above
 //   --tp a,b,... --cp a,b,... --pp a,b,...                      the degrees tried (default 1,2,4,8 each)
 //   --chunks a,b,...       model stages per pp rank (default 1,2)
+//   --zero-bubble          pipelines also under ZB-H1 and ZB-V (B and W apart: train/pipeline_schedule.hpp)
 //   --micro-batch a,b,...  sequences a micro-batch per dp rank (default 1,2,4)
 //   --replicas a,b,...     HSDP: dp as replicas x FSDP over dp / (replicas ep) (default 1: FSDP over all of
 //                          dp; replicas = dp: DDP)
@@ -136,6 +137,7 @@ struct Options {
       "[--layers N] [--hidden N] [--heads N] [--kv-heads N] [--ffn N] [--vocab N] [--seq N] "
       "[--global-batch N] [--nodes N] [--gpus-per-node G] [--gpu-memory 80GiB] [--cluster FILE|dgx_a100] "
       "[--experts N] [--top-k K] [--expert-ffn N] [--tp a,b] [--cp a,b] [--pp a,b] [--chunks a,b] "
+      "[--zero-bubble] "
       "[--replicas a,b] [--ep a,b] [--micro-batch a,b] [--dtype bf16|fp32] [--recompute] [--json FILE] "
       "[--top N]\n",
       why.c_str());
@@ -232,6 +234,8 @@ Options parse(int argc, char** argv) {
       o.plan.pp = int_list(value());
     } else if (a == "--chunks") {
       o.plan.chunks = int_list(value());
+    } else if (a == "--zero-bubble") {
+      o.plan.zero_bubble = true;
     } else if (a == "--micro-batch") {
       o.plan.micro_batch = int_list(value());
     } else if (a == "--dtype") {
@@ -321,11 +325,28 @@ std::string gib(std::int64_t bytes) {
   return s;
 }
 
+/// The pipeline's schedule, short: "-" without one.
+const char* schedule_of(const nn::PlannedLayout& l) {
+  if (l.pp == 1) {
+    return "-";
+  }
+  switch (l.schedule) {
+  case Schedule::zero_bubble_h1:
+    return "ZB-H1";
+  case Schedule::zero_bubble_v:
+    return "ZB-V";
+  case Schedule::interleaved_one_f_one_b:
+    return "i1F1B";
+  default:
+    return "1F1B";
+  }
+}
+
 std::string row(const nn::PlannedLayout& l) {
   char s[400];
   if (!l.error.empty()) {
-    std::snprintf(s, sizeof s, "%4d %3d %2d %3d %2d %3d %3d %3lld %4lld %3s  cannot run: %s", l.dp,
-                  l.replicas, l.ep, l.pp, l.chunks, l.cp, l.tp, (long long)l.micro_batch,
+    std::snprintf(s, sizeof s, "%4d %3d %2d %3d %2d %5s %3d %3d %3lld %4lld %3s  cannot run: %s", l.dp,
+                  l.replicas, l.ep, l.pp, l.chunks, schedule_of(l), l.cp, l.tp, (long long)l.micro_batch,
                   (long long)l.accumulation, l.recompute ? "yes" : "no", l.error.c_str());
     return s;
   }
@@ -337,12 +358,12 @@ std::string row(const nn::PlannedLayout& l) {
   auto at = [&](MemoryCategory c) { return gib(r.memory.at_peak[std::size_t(c)]); };
   std::snprintf(
       s, sizeof s,
-      "%4d %3d %2d %3d %2d %3d %3d %3lld %4lld %3s %7s %4s %6s %6s %6s %6s %6s %8.2f %8.2f %8.3f %8.3f "
+      "%4d %3d %2d %3d %2d %5s %3d %3d %3lld %4lld %3s %7s %4s %6s %6s %6s %6s %6s %8.2f %8.2f %8.3f %8.3f "
       "%8.3f %5.1f "
       "%5.1f %6.2f",
-      l.dp, l.replicas, l.ep, l.pp, l.chunks, l.cp, l.tp, (long long)l.micro_batch, (long long)l.accumulation,
-      l.recompute ? "yes" : "no", gib(r.memory.peak_total).c_str(), l.fits() ? "yes" : "no",
-      at(MemoryCategory::parameters).c_str(), at(MemoryCategory::gradients).c_str(),
+      l.dp, l.replicas, l.ep, l.pp, l.chunks, schedule_of(l), l.cp, l.tp, (long long)l.micro_batch,
+      (long long)l.accumulation, l.recompute ? "yes" : "no", gib(r.memory.peak_total).c_str(),
+      l.fits() ? "yes" : "no", at(MemoryCategory::parameters).c_str(), at(MemoryCategory::gradients).c_str(),
       at(MemoryCategory::optimizer_state).c_str(), at(MemoryCategory::activations).c_str(),
       at(MemoryCategory::communication).c_str(), double(l.bytes(false)) * 1e-9, double(l.bytes(true)) * 1e-9,
       l.step, l.bubble, l.runs[l.slowest].time.exposed, 100 * l.mfu, 100 * l.hfu, wall);
@@ -380,13 +401,13 @@ int main(int argc, char** argv) {
                            "--chunks, --micro-batch)\n");
       return 1;
     }
-    const char* head = "%4s %3s %2s %3s %2s %3s %3s %3s %4s %3s %7s %4s %6s %6s %6s %6s %6s %8s %8s %8s %8s "
-                       "%8s %5s %5s %6s\n";
-    std::printf(head, "dp", "rep", "ep", "pp", "v", "cp", "tp", "mb", "acc", "rc", "peak", "fits", "param",
-                "grad", "optim", "act", "comm", "NVLink", "network", "step", "bubble", "exposed", "MFU",
-                "HFU", "dry");
-    std::printf(head, "", "", "", "", "", "", "", "", "", "", "GiB", "", "GiB", "GiB", "GiB", "GiB", "GiB",
-                "GB", "GB", "s", "s", "s", "%", "%", "s");
+    const char* head = "%4s %3s %2s %3s %2s %5s %3s %3s %3s %4s %3s %7s %4s %6s %6s %6s %6s %6s %8s %8s %8s "
+                       "%8s %8s %5s %5s %6s\n";
+    std::printf(head, "dp", "rep", "ep", "pp", "v", "sched", "cp", "tp", "mb", "acc", "rc", "peak", "fits",
+                "param", "grad", "optim", "act", "comm", "NVLink", "network", "step", "bubble", "exposed",
+                "MFU", "HFU", "dry");
+    std::printf(head, "", "", "", "", "", "", "", "", "", "", "", "GiB", "", "GiB", "GiB", "GiB", "GiB",
+                "GiB", "GB", "GB", "s", "s", "s", "%", "%", "s");
     for (std::size_t i = 0; i < layouts.size() && int(i) < o.top; ++i) {
       std::printf("%s\n", row(layouts[i]).c_str());
     }
@@ -394,7 +415,8 @@ int main(int argc, char** argv) {
         "(memory: the tensors at the step's peak of the representative rank with the highest (the first "
         "pipeline stage's or the last's); bytes: the most a representative receives a step; v: model stages "
         "per pp rank "
-        "(1F1B with one, interleaved 1F1B with more); rep: HSDP's replicas (FSDP over dp / (rep ep)); ep: "
+        "(1F1B with one, interleaved 1F1B with more; ZB-H1 one, ZB-V two); sched: the pipeline's schedule; "
+        "rep: HSDP's replicas (FSDP over dp / (rep ep)); ep: "
         "the experts' shards; mb: "
         "sequences a micro-batch per dp rank, acc: "
         "micro-batches a step; rc: the blocks' forward recomputed in the backward; bubble: pipeline idle; "
@@ -408,6 +430,7 @@ int main(int argc, char** argv) {
         const nn::PlannedLayout& l = layouts[i];
         out << (i ? ", " : "") << "{\"dp\": " << l.dp << ", \"replicas\": " << l.replicas
             << ", \"ep\": " << l.ep << ", \"pp\": " << l.pp << ", \"chunks\": " << l.chunks
+            << ", \"schedule\": \"" << schedule_of(l) << "\""
             << ", \"cp\": " << l.cp << ", \"tp\": " << l.tp << ", \"micro_batch\": " << l.micro_batch
             << ", \"accumulation\": " << l.accumulation
             << ", \"recompute\": " << (l.recompute ? "true" : "false");

@@ -175,12 +175,13 @@ private:
                    entry_back = std::move(entry_back)](const auto& dq, const auto& dk, const auto& dv) {
         const XG g = detail::to_placements<XG>::run(again()).output; // the entry all_gather again (sp)
         const ProductBackward<true, XG, q_type> pq(g, wq), pk(g, wk), pv(g, wv);
-        if constexpr (Split) {
-          auto [dxq, dwq] = pq.split(dq);
-          auto [dxk, dwk] = pk.split(dk);
-          auto [dxv, dwv] = pv.split(dv);
-          return std::pair{entry_back(add(add(dxq, dxk), dxv)), [dwq, dwk, dwv] {
-                             return std::tuple{dwq(), dwk(), dwv()};
+        if constexpr (Split) { // W gathers x again rather than holding the gathered copy since B
+          auto [dxq, dwq] = pq.split_taking_a(dq);
+          auto [dxk, dwk] = pk.split_taking_a(dk);
+          auto [dxv, dwv] = pv.split_taking_a(dv);
+          return std::pair{entry_back(add(add(dxq, dxk), dxv)), [dwq, dwk, dwv, again] {
+                             const XG g = detail::to_placements<XG>::run(again()).output;
+                             return std::tuple{dwq(g), dwk(g), dwv(g)};
                            }};
         } else {
           auto [dxq, dwq] = pq(dq);

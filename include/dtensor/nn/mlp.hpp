@@ -199,18 +199,24 @@ private:
       if constexpr (swiglu) {
         const auto& du = std::get<1>(std::tie(d...));
         const ProductBackward<true, gathered_type, up_type> p3(g, w3);
-        if constexpr (Split) {
-          auto [dg, dw1] = p1.split(da);
-          auto [dg3, dw3] = p3.split(du);
-          return std::pair{entry_back(add(dg, dg3)), [dw1, dw3] { return std::tuple{dw1(), dw3()}; }};
+        if constexpr (Split) { // W gathers x again rather than holding the gathered copy since B
+          auto [dg, dw1] = p1.split_taking_a(da);
+          auto [dg3, dw3] = p3.split_taking_a(du);
+          return std::pair{entry_back(add(dg, dg3)), [dw1, dw3, again] {
+                             const gathered_type g =
+                                 detail::to_placements<gathered_type>::run(again()).output;
+                             return std::tuple{dw1(g), dw3(g)};
+                           }};
         } else {
           auto [dg, dw1] = p1(da);
           auto [dg3, dw3] = p3(du);
           return std::pair{entry_back(add(dg, dg3)), std::tuple{std::move(dw1), std::move(dw3)}};
         }
       } else if constexpr (Split) {
-        auto [dg, dw1] = p1.split(da);
-        return std::pair{entry_back(dg), [dw1] { return std::tuple{dw1()}; }};
+        auto [dg, dw1] = p1.split_taking_a(da);
+        return std::pair{entry_back(dg), [dw1, again] {
+                           return std::tuple{dw1(detail::to_placements<gathered_type>::run(again()).output)};
+                         }};
       } else {
         auto [dg, dw1] = p1(da);
         return std::pair{entry_back(dg), std::tuple{std::move(dw1)}};

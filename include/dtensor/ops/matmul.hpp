@@ -167,6 +167,15 @@ public:
   auto split(const G& g) const {
     static_assert(detail::ProductOut<&Ps::forward, A, B>::rule().ok(),
                   "ProductBackward::split: the forward's placements are rejected");
+    auto [da, db] = backward<true>(g);
+    return std::pair{std::move(da), [db = std::move(db), a = a_] { return db(a); }};
+  }
+  /// split whose w takes A (w(a) gives dB): for a caller that keeps A more cheaply until then (a sequence
+  /// shard it gathers again) rather than holding it whole between B and W.
+  template <AnyDTensor G>
+  auto split_taking_a(const G& g) const {
+    static_assert(detail::ProductOut<&Ps::forward, A, B>::rule().ok(),
+                  "ProductBackward::split_taking_a: the forward's placements are rejected");
     return backward<true>(g);
   }
 
@@ -189,7 +198,7 @@ private:
     using DB = detail::product_result_t<&Ps::grad_b, std::conditional_t<Linear, Target, A>,
                                         std::conditional_t<Linear, A, Target>, B::rank>;
     DA da = detail::run_product<DA, &Ps::grad_a>(dc, b_, a_.global_shape());
-    auto db = [dc, a = a_, shape = b_.global_shape()] {
+    auto db = [dc, shape = b_.global_shape()](const A& a) {
       if constexpr (Linear) {
         return detail::as_gradient_of<B>(detail::run_product<DB, &Ps::grad_b>(dc, a, shape));
       } else {
@@ -199,7 +208,7 @@ private:
     if constexpr (Split) {
       return std::pair{detail::as_gradient_of<A>(std::move(da)), std::move(db)};
     } else {
-      return std::pair{detail::as_gradient_of<A>(std::move(da)), db()};
+      return std::pair{detail::as_gradient_of<A>(std::move(da)), db(a_)};
     }
   }
 

@@ -20,7 +20,9 @@
 // of the dp ranks, pipeline stages over pp (nn::PipelineTrainer: 1F1B, or interleaved 1F1B with v model
 // stages per pp rank), context parallel over cp, tensor parallel over tp (within a node), and the micro-batch
 // (the local batch split into accumulation steps, the pipeline's micro-batches). The mesh is (rep, dp, ep,
-// pp, cp, tp), outermost to innermost (Llama 3's order); the batch is sharded over rep x dp x ep. Without a
+// pp, cp, tp), outermost to innermost (Llama 3's order); the batch is sharded over rep x dp x ep. With
+// PlanOptions::zero_bubble the pipelines are also planned under ZB-H1 and ZB-V (their B and W flops
+// measured apart by the dry run, train/pipeline_schedule.hpp). Without a
 // pipeline nn::FsdpTrainer runs the step (prefetching the next unit's gather, resharding after the forward
 // and recomputing it in the backward: torchtitan's default).
 //
@@ -71,7 +73,10 @@ struct PlanOptions {
   ClusterModel cluster = dgx_h100();
   std::int64_t global_batch = 1; ///< samples a step (all dp ranks together)
   std::vector<int> tp{1, 2, 4, 8}, cp{1, 2, 4, 8}, pp{1, 2, 4, 8};
-  std::vector<int> chunks{1, 2};         ///< model stages per pp rank
+  std::vector<int> chunks{1, 2}; ///< model stages per pp rank
+  /// With pp > 1, also the zero-bubble schedules: ZB-H1 (one chunk per pp rank) and ZB-V (two), beside
+  /// 1F1B and interleaved 1F1B.
+  bool zero_bubble = false;
   std::vector<int> micro_batch{1, 2, 4}; ///< samples a micro-batch per dp rank
   std::vector<int> replicas{1};          ///< HSDP: dp as this many replicas of FSDP (1: FSDP over all of dp)
   std::vector<int> ep{1};                ///< the experts sharded over this many of the dp ranks
@@ -82,6 +87,9 @@ struct PlanOptions {
 /// One layout and what its dry runs found.
 struct PlannedLayout {
   int dp = 1, pp = 1, chunks = 1, cp = 1, tp = 1;
+  /// With pp > 1: 1F1B (chunks 1), interleaved 1F1B (more), or with PlanOptions::zero_bubble ZB-H1 (1),
+  /// ZB-V (2).
+  Schedule schedule = Schedule::one_f_one_b;
   int replicas = 1; ///< HSDP: dp is this many replicas of FSDP over dp / (replicas ep) (1: no replicas)
   int ep = 1;       ///< the experts sharded over this many of the dp ranks
   std::int64_t micro_batch = 1;  ///< samples a micro-batch, per dp rank
@@ -189,10 +197,19 @@ std::vector<PlannedLayout> enumerate_layouts(const Family& family, const PlanOpt
             continue;
           }
           const std::int64_t m = local / mb;
+          std::vector<std::pair<int, Schedule>> schedules; // (v, schedule)
           for (int v : pp == 1 ? std::vector<int>{1} : o.chunks) {
-            if (v < 1 || family.blocks() < std::int64_t(pp) * v || (v > 1 && m % pp)) {
-              continue;
+            if (v >= 1 && family.blocks() >= std::int64_t(pp) * v && (v == 1 || m % pp == 0)) {
+              schedules.emplace_back(v, v > 1 ? Schedule::interleaved_one_f_one_b : Schedule::one_f_one_b);
             }
+          }
+          if (pp > 1 && o.zero_bubble && family.blocks() >= std::int64_t(pp)) {
+            schedules.emplace_back(1, Schedule::zero_bubble_h1);
+            if (family.blocks() >= 2 * std::int64_t(pp)) {
+              schedules.emplace_back(2, Schedule::zero_bubble_v);
+            }
+          }
+          for (const auto& [v, schedule] : schedules) {
             for (int r : o.replicas) {
               for (int e : o.ep) {
                 if (r < 1 || e < 1 || dp % (r * e) || !family.admits(tp, cp, e)) {
@@ -203,6 +220,7 @@ std::vector<PlannedLayout> enumerate_layouts(const Family& family, const PlanOpt
                                .chunks = v,
                                .cp = cp,
                                .tp = tp,
+                               .schedule = schedule,
                                .replicas = r,
                                .ep = e,
                                .micro_batch = mb,
@@ -246,9 +264,7 @@ PipelineRunStats planned_steps(const Family& family, const PlannedLayout& l, Dry
   }
   PipelineTrainer<Model, Policy, C, float> trainer(
       mesh.template group<"pp">(), stage, family.make(stage, device),
-      {.schedule = l.chunks > 1 ? Schedule::interleaved_one_f_one_b : Schedule::one_f_one_b,
-       .chunks = l.chunks,
-       .recompute = l.recompute});
+      {.schedule = l.schedule, .chunks = l.chunks, .recompute = l.recompute});
   (void)trainer.step(std::span(micro), opt);
   ctx.begin_step();
   (void)trainer.step(std::span(micro), opt);
@@ -289,18 +305,32 @@ void plan_once(const Family& family, const PlanOptions& o, PlannedLayout& l) {
       const auto [first, last] = pipeline_layers(layers, stages, g);
       return double(last - first);
     };
+    // A block's forward, backward (B under a splitting schedule) and W flops from the first stage's first
+    // chunk; the units after the run from the last model stage's chunk (under ZB-V pp rank 0's second).
+    const bool split = splits_backward(l.schedule);
+    const auto weight_flops = [&](const PipelineRunStats& st, int c) {
+      return split ? st.weight_flops[std::size_t(c)] : 0.0;
+    };
     const double block_f = stats[0].forward_flops[0] / m / blocks(0);
     const double block_b = stats[0].backward_flops[0] / m / blocks(0);
-    const double tail_f = stats[1].forward_flops[std::size_t(v - 1)] / m - blocks(stages - 1) * block_f;
-    const double tail_b = stats[1].backward_flops[std::size_t(v - 1)] / m - blocks(stages - 1) * block_b;
-    std::vector<double> forward(static_cast<std::size_t>(stages)), backward(forward.size());
+    const double block_w = weight_flops(stats[0], 0) / m / blocks(0);
+    const bool v_shape = l.schedule == Schedule::zero_bubble_v;
+    const PipelineRunStats& tail = v_shape ? stats[0] : stats[1];
+    const int tail_chunk = v_shape ? 1 : v - 1;
+    const double tail_f = tail.forward_flops[std::size_t(tail_chunk)] / m - blocks(stages - 1) * block_f;
+    const double tail_b = tail.backward_flops[std::size_t(tail_chunk)] / m - blocks(stages - 1) * block_b;
+    const double tail_w = weight_flops(tail, tail_chunk) / m - blocks(stages - 1) * block_w;
+    std::vector<double> forward(static_cast<std::size_t>(stages)), backward(forward.size()),
+        weight(forward.size());
     for (int g = 0; g < stages; ++g) {
-      forward[std::size_t(g)] = (blocks(g) * block_f + (g == stages - 1 ? tail_f : 0)) / rate;
-      backward[std::size_t(g)] = (blocks(g) * block_b + (g == stages - 1 ? tail_b : 0)) / rate;
+      const bool last = g == stages - 1;
+      forward[std::size_t(g)] = (blocks(g) * block_f + (last ? tail_f : 0)) / rate;
+      backward[std::size_t(g)] = (blocks(g) * block_b + (last ? tail_b : 0)) / rate;
+      weight[std::size_t(g)] = (blocks(g) * block_w + (last ? tail_w : 0)) / rate;
     }
-    const Schedule schedule = v > 1 ? Schedule::interleaved_one_f_one_b : Schedule::one_f_one_b;
-    const PipelineTimeline t = simulate_pipeline(
-        schedule, {.stages = p, .microbatches = int(l.accumulation), .chunks = v}, forward, backward);
+    const PipelineTimeline t =
+        simulate_pipeline(l.schedule, {.stages = p, .microbatches = int(l.accumulation), .chunks = v},
+                          forward, backward, weight);
     idle = {t.makespan - t.busy.front(), t.makespan - t.busy.back()};
     double busy = 0; // every stage's compute, in flops
     for (double b : t.busy) {
