@@ -20,8 +20,9 @@
 //                       pp_fsdp_tp  pp 2 x (n/4, 1, 2): the blocks pipelined over 2 stages
 //                                   (nn::PipelineTrainer), FSDP x TP inside each (8 processes: 2x2x2)
 //                       pp          pp n x (1, 1, 1): one stage per process
-//   --schedule S      the pipeline layouts' schedule: 1f1b (default), gpipe, interleaved
-//   --chunks V        model stages per pipeline rank (interleaved; default 1)
+//   --schedule S      the pipeline layouts' schedule: 1f1b (default), gpipe, interleaved, zb-h1, zb-v (the
+//                     zero-bubble ones: each backward as B and W apart)
+//   --chunks V        model stages per pipeline rank (interleaved; zb-v: 2; default 1)
 //   --microbatches M  the pipeline layouts split each batch into M micro-batches (default 4; M divides
 //                     the batch)
 //   --mixed           fsdp, fsdp_tp: parameters kept in float shards, gathered and computed in bfloat16
@@ -417,7 +418,8 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
   std::fprintf(
       stderr,
       "09_gpt: %s\nusage: 09_gpt [--layout ddp|fsdp|tp|cp_ring|cp_ulysses|fsdp_tp|fsdp_tp_cp|pp_fsdp_tp|pp] "
-      "[--mixed] [--schedule 1f1b|gpipe|interleaved] [--chunks V] [--microbatches M] [--steps N] [--batch B] "
+      "[--mixed] [--schedule 1f1b|gpipe|interleaved|zb-h1|zb-v] [--chunks V] [--microbatches M] [--steps N] "
+      "[--batch B] "
       "[--seq S] [--layers K] [--hidden H] [--heads N] [--kv-heads N] [--ffn F] "
       "[--lr X] [--eval-every N] [--eval-batches N] [--sample N] [--csv FILE] [--data PATH] [--save DIR] "
       "[--resume DIR] [--comm-table PREFIX] [--memory-table PREFIX] [--check]\n",
@@ -463,12 +465,14 @@ Options parse(int argc, char** argv) {
     } else if (a == "--sample") {
       o.sample = std::atoi(v.c_str());
     } else if (a == "--schedule") {
-      if (v != "1f1b" && v != "gpipe" && v != "interleaved") {
-        usage("--schedule takes 1f1b, gpipe or interleaved, not " + v);
+      if (v != "1f1b" && v != "gpipe" && v != "interleaved" && v != "zb-h1" && v != "zb-v") {
+        usage("--schedule takes 1f1b, gpipe, interleaved, zb-h1 or zb-v, not " + v);
       }
-      o.schedule = v == "1f1b"    ? Schedule::one_f_one_b
-                   : v == "gpipe" ? Schedule::gpipe
-                                  : Schedule::interleaved_one_f_one_b;
+      o.schedule = v == "1f1b"          ? Schedule::one_f_one_b
+                   : v == "gpipe"       ? Schedule::gpipe
+                   : v == "interleaved" ? Schedule::interleaved_one_f_one_b
+                   : v == "zb-h1"       ? Schedule::zero_bubble_h1
+                                        : Schedule::zero_bubble_v;
     } else if (a == "--chunks") {
       o.chunks = int(number());
     } else if (a == "--microbatches") {

@@ -168,6 +168,9 @@ TEST_CASE("pipeline_order: ZB-H1 and ZB-V run each F, B and W once, in that orde
           CHECK(zb.bubble() == Approx(zero_bubble_h1_bubble(p, m)).margin(1e-12));
           CHECK(3 * (zb.makespan - zb.busy[0]) == Approx(one.makespan - one.busy[0]).margin(1e-12));
         } else if (m >= 2 * p) {
+          // Only the fill: the last rank's first input comes after p - 1 chunk forwards.
+          const double fill = (p - 1) * 0.5, busy = 3.0 * m;
+          CHECK(zb.makespan == Approx(busy + fill).margin(1e-12));
           CHECK(zb.bubble() <= zero_bubble_h1_bubble(p, m) + 1e-12);
         }
       }
