@@ -31,6 +31,8 @@
 #include <tuple>
 #include <vector>
 
+#include "../support/block_memory.hpp"
+
 using namespace dtensor;
 
 namespace {
@@ -413,36 +415,6 @@ TEST_CASE("nn layers: context parallel (ring and Ulysses) and composed with tens
 
 namespace {
 
-/// The bytes of T a TransformerBlock's backward keeps beyond the block's input (docs/parallel.md,
-/// activation memory), on a rank that holds `tokens` of the batch x sequence (over the data and context
-/// axes), the residual stream over tp as well under sequence parallelism. Under Recompute::selective (the
-/// bound):
-///   RMSNorm 2's input (RMSNorm 1's is the block's input), each RMSNorm's 1/rms per token
-///   q, k, v (a + 2g heads of d over tp)
-///   the attention's output (W_o's gradient rebuilds its transposed input from it); twice under Ulysses,
-///   whose attention keeps its output before the all_to_all back
-///   the attention's log-sum-exp per token and head
-///   W1's and W3's outputs (f over tp)
-/// The norms' outputs are computed again from their inputs and W2's input silu(W1 x) * W3 x from W1's and
-/// W3's outputs; the gathered inputs of the column-parallel GEMMs are not kept (under sequence parallelism
-/// the shard is, gathered again in the backward). Recompute::none keeps the norms' outputs and silu(W1 x)
-/// and W2's input as well; Recompute::full nothing but the block's input.
-template <class T>
-std::int64_t expected_block_kept(const nn::TransformerConfig& c, std::int64_t tokens, int t, bool sp,
-                                 int output_copies = 1, nn::Recompute mode = nn::Recompute::selective) {
-  if (mode == nn::Recompute::full) {
-    return 0;
-  }
-  const std::int64_t h = c.hidden, a = c.heads, g = c.kv_head_count(), d = c.head_dim(), f = c.ffn;
-  const std::int64_t residual_tokens = sp ? tokens / t : tokens;
-  const std::int64_t norms = residual_tokens * h + 2 * residual_tokens;
-  const std::int64_t attention =
-      tokens * (a + 2 * g) * d / t + output_copies * tokens * a * d / t + tokens * a / t;
-  const std::int64_t mlp = 2 * tokens * f / t;
-  const std::int64_t rebuilt = mode == nn::Recompute::none ? 2 * residual_tokens * h + 2 * tokens * f / t : 0;
-  return std::int64_t(sizeof(T)) * (norms + attention + mlp + rebuilt);
-}
-
 /// The bytes a TransformerBlock<double, L>'s forward allocates and its backward keeps, on rank 0 of (dp,
 /// cp, tp): MemoryTracker's count after the forward, less its output.
 template <class L>
@@ -474,22 +446,26 @@ TEST_CASE("nn layers: the activations a block keeps for its backward, term by te
           "[parallel][layers][memory]") {
   const nn::TransformerConfig c{.vocab = 11, .hidden = 64, .heads = 8, .kv_heads = 4, .ffn = 160};
   const std::int64_t batch = 2, seq = 32, tokens = batch * seq;
-  CHECK(block_kept<TpSp>(c, batch, seq, 1, 1, 2) == expected_block_kept<double>(c, tokens, 2, true));
-  CHECK(block_kept<TpSp>(c, batch, seq, 1, 1, 4) == expected_block_kept<double>(c, tokens, 4, true));
-  CHECK(block_kept<Tp>(c, batch, seq, 1, 1, 2) == expected_block_kept<double>(c, tokens, 2, false));
-  CHECK(block_kept<Dp>(c, batch, seq, 2, 1, 1) == expected_block_kept<double>(c, tokens / 2, 1, false));
-  CHECK(block_kept<RingSp>(c, batch, seq, 1, 2, 2) == expected_block_kept<double>(c, tokens / 2, 2, true));
+  CHECK(block_kept<TpSp>(c, batch, seq, 1, 1, 2) == testing::expected_block_kept<double>(c, tokens, 2, true));
+  CHECK(block_kept<TpSp>(c, batch, seq, 1, 1, 4) == testing::expected_block_kept<double>(c, tokens, 4, true));
+  CHECK(block_kept<Tp>(c, batch, seq, 1, 1, 2) == testing::expected_block_kept<double>(c, tokens, 2, false));
+  CHECK(block_kept<Dp>(c, batch, seq, 2, 1, 1) ==
+        testing::expected_block_kept<double>(c, tokens / 2, 1, false));
+  CHECK(block_kept<RingSp>(c, batch, seq, 1, 2, 2) ==
+        testing::expected_block_kept<double>(c, tokens / 2, 2, true));
   CHECK(block_kept<Ulysses2>(c, batch, seq, 1, 2, 2) ==
-        expected_block_kept<double>(c, tokens / 2, 2, false, 2));
-  CHECK(block_kept<TpSpCm>(c, batch, seq, 1, 1, 2) == expected_block_kept<double>(c, tokens, 2, true));
-  CHECK(block_kept<TpSpCm>(c, batch, seq, 1, 1, 4) == expected_block_kept<double>(c, tokens, 4, true));
+        testing::expected_block_kept<double>(c, tokens / 2, 2, false, 2));
+  CHECK(block_kept<TpSpCm>(c, batch, seq, 1, 1, 2) ==
+        testing::expected_block_kept<double>(c, tokens, 2, true));
+  CHECK(block_kept<TpSpCm>(c, batch, seq, 1, 1, 4) ==
+        testing::expected_block_kept<double>(c, tokens, 4, true));
   for (const auto mode : {nn::Recompute::none, nn::Recompute::full}) {
     CHECK(block_kept<TpSp>(c, batch, seq, 1, 1, 2, mode) ==
-          expected_block_kept<double>(c, tokens, 2, true, 1, mode));
+          testing::expected_block_kept<double>(c, tokens, 2, true, 1, mode));
     CHECK(block_kept<TpSpCm>(c, batch, seq, 1, 1, 2, mode) ==
-          expected_block_kept<double>(c, tokens, 2, true, 1, mode));
+          testing::expected_block_kept<double>(c, tokens, 2, true, 1, mode));
     CHECK(block_kept<Dp>(c, batch, seq, 2, 1, 1, mode) ==
-          expected_block_kept<double>(c, tokens / 2, 1, false, 1, mode));
+          testing::expected_block_kept<double>(c, tokens / 2, 1, false, 1, mode));
   }
   // Under sequence parallelism the bytes kept per token do not grow with t (they grew by the gathered
   // copies before: 2 (t - 1) of the residual stream's size for each of the two column-parallel regions).

@@ -621,9 +621,7 @@ GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
   // micro-batch, forward and backward, and each link to another rank (peer, direction) one done header at
   // the end; each FSDP group is gathered and reduce_scattered once a step.
   const int p = mesh.size<"pp">(), s = mesh.local_rank<"pp">(), stages = p * v;
-  const auto rank_of = [&](int g) { // Megatron's interleaving, or ZB-V's V
-    return schedule == Schedule::zero_bubble_v && g >= p ? 2 * p - 1 - g : g % p;
-  };
+  const auto rank_of = [&](int g) { return pipeline_rank(schedule, p, g); };
   std::set<std::pair<int, int>> links; // (peer, direction): the same number sent on as received on
   for (const auto& [g, first, last] : trainer.stages()) {
     const std::int64_t crossings = (g > 0 && rank_of(g - 1) != s ? 1 : 0) +

@@ -34,6 +34,7 @@
 #include <dtensor/train/optim.hpp>
 #include <dtensor/train/trainer.hpp>
 
+#include "../support/block_memory.hpp"
 #include "../support/dry_run_match.hpp"
 
 #include <algorithm>
@@ -478,15 +479,11 @@ const nn::TransformerConfig gpt{
 constexpr std::int64_t kGptBatch = 2, kGptSeq = 32;
 
 /// The bytes of double a TransformerBlock keeps for its backward under tensor + sequence parallelism of
-/// size t at the bound (docs/parallel.md, activation memory; tests/nn/test_layers.cpp pins each term), and
-/// its input (the previous unit's output, which its first norm keeps), on a rank of a (1, 1, t) mesh.
+/// size t at the bound (tests/support/block_memory.hpp, pinned term by term in tests/nn/test_layers.cpp),
+/// and its input (the previous unit's output, which its first norm keeps), on a rank of a (1, 1, t) mesh.
 std::int64_t gpt_block_bound(int t) {
-  const std::int64_t tokens = kGptBatch * kGptSeq, shard = tokens / t;
-  const std::int64_t h = gpt.hidden, a = gpt.heads, g = gpt.kv_head_count(), d = gpt.head_dim(), f = gpt.ffn;
-  const std::int64_t norms = shard * h + 2 * shard; // RMSNorm 2's input; 1/rms
-  const std::int64_t attention = tokens * (2 * a + 2 * g) * d / t + tokens * a / t; // q k v, o; lse
-  const std::int64_t mlp = 2 * tokens * f / t;                                      // W1's and W3's outputs
-  return 8 * (shard * h + norms + attention + mlp);
+  const std::int64_t tokens = kGptBatch * kGptSeq;
+  return testing::expected_block_kept<double>(gpt, tokens, t, true) + 8 * (tokens / t) * gpt.hidden;
 }
 
 /// Two steps of a GPT of `blocks` blocks under tensor + sequence parallelism on (1, 1, tp); what the

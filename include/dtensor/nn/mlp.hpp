@@ -181,10 +181,9 @@ private:
     if constexpr (L::collective_matmul) {
       auto [dx, dw] = [&] {
         if constexpr (swiglu) {
-          return GatherLinearBackward<X, Again, up_type, up_type>(again().global_shape(), again,
-                                                                  std::tuple{w1, w3})(d...);
+          return GatherLinearBackward<X, Again, up_type, up_type>(again, std::tuple{w1, w3})(d...);
         } else {
-          return GatherLinearBackward<X, Again, up_type>(again().global_shape(), again, std::tuple{w1})(d...);
+          return GatherLinearBackward<X, Again, up_type>(again, std::tuple{w1})(d...);
         }
       }();
       if constexpr (Split) {

@@ -291,8 +291,7 @@ class GatherLinearBackward {
   static constexpr int R = X::rank;
 
 public:
-  GatherLinearBackward(std::array<std::int64_t, R> x_shape, Again again, std::tuple<W...> ws)
-      : x_shape_(x_shape), again_(std::move(again)), ws_(std::move(ws)) {}
+  GatherLinearBackward(Again again, std::tuple<W...> ws) : again_(std::move(again)), ws_(std::move(ws)) {}
 
   /// {dx, {dw...}} from the outputs' gradients (any placements), one per weight in order.
   template <AnyDTensor... G>
@@ -315,10 +314,11 @@ private:
     static_assert(DXg::placements[Ty::ax] == Placement::partial(ReduceOp::sum));
     using DX = detail::with_axis_shard_t<DXg, Ty::ax, Ty::dim>;
     const X x = again_();
+    const auto x_shape = x.global_shape();
     const auto& mesh = x.mesh();
     const ProcessGroup& group = mesh.group(Ty::ax);
-    const detail::AxisBlocks blocks = detail::axis_blocks<DX, DXg>(mesh, x_shape_, Ty::ax, Ty::dim);
-    const detail::AxisBlocks x_blocks = detail::axis_blocks<X, Xg>(mesh, x_shape_, Ty::ax, Ty::dim);
+    const detail::AxisBlocks blocks = detail::axis_blocks<DX, DXg>(mesh, x_shape, Ty::ax, Ty::dim);
+    const detail::AxisBlocks x_blocks = detail::axis_blocks<X, Xg>(mesh, x_shape, Ty::ax, Ty::dim);
     detail::PostedGather<T, R> gather(x.local(), x_blocks, group, detail::collective_matmul_tag + 1);
     auto partial = [&](int j) {
       Tensor<T, R> p;
@@ -341,16 +341,15 @@ private:
       gather.finish([&](int j, const Tensor<T, R>& b) {
         local::copy(xg.narrow(Ty::dim, x_blocks.offset[j], b.shape()[Ty::dim]), b);
       });
-      const Xg g(mesh, xg, x_shape_);
+      const Xg g(mesh, xg, x_shape);
       dws.emplace(detail::run_product<std::tuple_element_t<I, DWs>, &Ps::grad_b>(
           std::get<I>(dc), g, std::get<I>(ws_).global_shape())...);
     };
-    DX dx(mesh, detail::reduce_scatter_blocks<T, R>(blocks, group, partial, weight_grads), x_shape_);
+    DX dx(mesh, detail::reduce_scatter_blocks<T, R>(blocks, group, partial, weight_grads), x_shape);
     return std::pair{detail::as_gradient_of<X>(std::move(dx)),
                      std::tuple{detail::as_gradient_of<W>(std::get<I>(std::move(*dws)))...}};
   }
 
-  std::array<std::int64_t, R> x_shape_;
   Again again_;
   std::tuple<W...> ws_;
 };
@@ -424,8 +423,8 @@ auto all_gather_linear(const X& x, const std::tuple<W&...>& ws, WithBackwardTag,
   auto all = all_gather_linear(x, ws);
   using Back = GatherLinearBackward<X, Again, std::remove_cv_t<W>...>;
   auto ys = std::apply([](const auto&, const auto&... y) { return std::tuple{y...}; }, all);
-  return WithBackward<decltype(ys), Back>{
-      std::move(ys), Back(x.global_shape(), std::move(again), std::tuple<std::remove_cv_t<W>...>(ws))};
+  return WithBackward<decltype(ys), Back>{std::move(ys),
+                                          Back(std::move(again), std::tuple<std::remove_cv_t<W>...>(ws))};
 }
 template <AnyDTensor X, class... W>
 auto all_gather_linear(const X& x, const std::tuple<W&...>& ws, WithBackwardTag) {

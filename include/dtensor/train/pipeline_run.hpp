@@ -418,9 +418,7 @@ private:
   }
   /// The pp rank of model stage `stage`, and the model stage of this rank's chunk `chunk`
   /// (pipeline_stage: Megatron's interleaving, or ZB-V's V).
-  int rank_of(int stage) const {
-    return o_.schedule == Schedule::zero_bubble_v && stage >= p_ ? 2 * p_ - 1 - stage : stage % p_;
-  }
+  int rank_of(int stage) const { return pipeline_rank(o_.schedule, p_, stage); }
   int stage_of(int chunk) const { return pipeline_stage(o_.schedule, p_, s_, chunk); }
   int tag(int kind, int part) const { return 1 + 2 * kind + part; }
 
