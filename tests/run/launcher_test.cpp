@@ -10,6 +10,10 @@
 //   flags         malformed flags are refused with a clear message (--stop-timeout -1, nan, 1x)
 //   store_security  --standalone: the store listens on loopback only and refuses clients without the
 //                 job's token, which the ranks get
+//   restarts      --max-restarts: a rank SIGKILLed in the first starts, every rank started again with
+//                 DTENSOR_RESTART_COUNT and a fresh part of the store, until it succeeds or no restart is
+//                 left; --nproc-per-node MIN:MAX leaves the failed rank out of the restart; bad flags
+//   restarts_mpi  the same through mpirun (--backend mpi)
 // Dead and missing peers, with fault_program as the program (DTENSOR_TIMEOUT=2, three ranks): every
 // survivor gets an Error naming the cause within 2 timeouts, never an abort.
 //   kill_store_host  rank 0 hosts the store (--rank0-store) and is SIGKILLed mid-collective
@@ -206,6 +210,79 @@ void show(const Proc& p) {
 }
 
 // ---- scenarios ------------------------------------------------------------------------------------------
+
+/// The "start <k> rank <r> of <n>" lines of a run of rank_program restart.
+int starts_seen(const std::string& out, int k, int n) {
+  int seen = 0;
+  for (int r = 0; r < n; ++r) {
+    seen += count_of(out, "start " + std::to_string(k) + " rank " + std::to_string(r) + " of " +
+                              std::to_string(n) + "\n");
+  }
+  return seen;
+}
+
+/// `killed`: the exit code a run ending with a SIGKILLed rank gives (dtensor-run: 137; mpirun: its own).
+void restarts_with(const std::vector<std::string>& launch, bool mpi) {
+  auto killed = [&](int code) { return mpi ? code != 0 : code == 128 + SIGKILL; };
+  auto run = [&](std::vector<std::string> flags, std::vector<std::string> program) {
+    std::vector<std::string> argv = launch;
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back(g_program);
+    argv.insert(argv.end(), program.begin(), program.end());
+    auto p = std::make_unique<Proc>(argv, std::map<std::string, std::string>{});
+    p->wait(60s);
+    show(*p);
+    return p;
+  };
+  const auto ok = run({"--nproc-per-node", "3", "--max-restarts", "2"}, {"restart", "1", "2"});
+  EXPECT(ok->code() == 0, "rank 1 killed in starts 0 and 1: the third start succeeds, exit 0 (got " +
+                              std::to_string(ok->code()) + ")");
+  EXPECT(contains(ok->output, "restart 1 of 2") && contains(ok->output, "restart 2 of 2"),
+         "the launcher reports each restart");
+  for (int k = 0; k < 3; ++k) {
+    EXPECT(starts_seen(ok->output, k, 3) == 3,
+           "start " + std::to_string(k) + ": every rank with DTENSOR_RESTART_COUNT=" + std::to_string(k));
+  }
+  EXPECT(!contains(ok->output, "visible"), "no start sees an earlier start's keys");
+
+  const auto out = run({"--nproc-per-node", "3", "--max-restarts", "1"}, {"restart", "1", "2"});
+  EXPECT(killed(out->code()), "one restart is not enough: the launcher exits as the killed rank (got " +
+                                  std::to_string(out->code()) + ")");
+  EXPECT(contains(out->output, "no restart left (1 of 1 used)") && starts_seen(out->output, 2, 3) == 0,
+         "it says no restart is left and starts no third time");
+
+  const auto elastic = run({"--nproc-per-node", "2:4", "--max-restarts", "3"}, {"restart", "3", "5"});
+  EXPECT(elastic->code() == 0, "elastic 2:4, rank 3 killed: the restart on 3 ranks succeeds (got " +
+                                   std::to_string(elastic->code()) + ")");
+  EXPECT(starts_seen(elastic->output, 0, 4) == 4 && starts_seen(elastic->output, 1, 3) == 3 &&
+             starts_seen(elastic->output, 2, 3) == 0,
+         "4 ranks in start 0, then 3 (WORLD_SIZE 3) in start 1, and no other start");
+  const auto floor = run({"--nproc-per-node", "2:3", "--max-restarts", "2"}, {"restart", "1", "5"});
+  EXPECT(
+      killed(floor->code()) && starts_seen(floor->output, 1, 2) == 2 && starts_seen(floor->output, 2, 2) == 2,
+      "elastic 2:3 with rank 1 always failing: 3 ranks, then 2, then 2 (never below MIN), then it gives up");
+}
+
+void restarts() {
+  restarts_with({g_launcher, "--standalone", "--stop-timeout", "5"}, false);
+  for (const auto& [flags, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--nproc-per-node", "2:4"}, "give --max-restarts N too"},
+           {{"--nproc-per-node", "4:2", "--max-restarts", "1"}, "is not an integer in [4, 4096]"},
+           {{"--max-restarts", "-1"}, "is not an integer in [0,"},
+           {{"--nnodes", "2", "--max-restarts", "1"}, "one machine only for now"},
+           {{"--nnodes", "1:2"}, "elastic node ranges are not supported yet"}}) {
+    std::vector<std::string> argv = {g_launcher};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back(g_program);
+    Proc p(argv, {});
+    p.wait(10s);
+    EXPECT(p.code() == 2 && contains(p.output, why), "refused with '" + why + "': " + p.output);
+  }
+}
+
+void restarts_mpi() {
+  restarts_with({g_launcher, "--backend", "mpi"}, true);
+}
 
 void prefix() {
   const std::string dir = "launcher_test_logs_" + std::to_string(::getpid());
@@ -644,6 +721,8 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   ::prctl(PR_SET_CHILD_SUBREAPER, 1); // to see the launcher's orphans die (all_dead)
   const std::map<std::string, void (*)()> scenarios = {{"prefix", prefix},
+                                                       {"restarts", restarts},
+                                                       {"restarts_mpi", restarts_mpi},
                                                        {"early_exit", early_exit},
                                                        {"signals", signals},
                                                        {"unreachable", unreachable},

@@ -4,10 +4,17 @@
 //                               everybody's, counts with add() and meets at a barrier
 //   rank_program fail R CODE    rank R exits with CODE after 200 ms; the others print their pid and sleep
 //   rank_program sleep          prints "ready <pid>" and sleeps (for the signal tests)
+//   rank_program restart R K    prints "start <DTENSOR_RESTART_COUNT> rank <r> of <n>"; rank R kills itself
+//                               (SIGKILL) in starts 0 .. K-1. With the launcher's store, every rank checks
+//                               that no key of an earlier start is visible in its part of the store,
+//                               leaves one there, and meets the others at a barrier
 // Errors are printed as "rank_program error: <message>" with exit code 1.
 #include "dtensor/comm/init.hpp"
+#include "dtensor/rendezvous/barrier.hpp"
+#include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/tcp_store.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -63,6 +70,27 @@ int run(int argc, char** argv) {
       return code;
     }
     std::this_thread::sleep_for(std::chrono::seconds(60));
+    return 0;
+  }
+  if (mode == "restart") {
+    const int who = argc > 2 ? std::atoi(argv[2]) : 1;
+    const int fails = argc > 3 ? std::atoi(argv[3]) : 1;
+    std::printf("start %d rank %d of %d\n", env.restart_count, env.rank, env.world_size);
+    std::fflush(stdout);
+    if (env.agent_store) { // this start's part of the launcher's store, as init_process_group sees it
+      std::shared_ptr<dtensor::Store> store = dtensor::connect_store(env, dtensor::detail::init_timeout());
+      if (!env.store_prefix.empty()) {
+        store = std::make_shared<dtensor::PrefixStore>(env.store_prefix, store);
+      }
+      DTENSOR_CHECK(!store->check({"started"}), "a key of an earlier start is visible");
+      dtensor::store_barrier(*store, "checked", env.world_size, store->timeout());
+      store->set("started", std::string_view("1"));
+    }
+    if (env.rank == who && env.restart_count < fails) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ::raise(SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     return 0;
   }
   if (mode == "sleep") {

@@ -1,7 +1,10 @@
 // dtensor-run: torchrun for C++ programs. Starts --nproc-per-node copies of a program on this machine with
 // torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 // MASTER_PORT), prefixes their output per rank, forwards SIGINT/SIGTERM/SIGHUP, and when a rank exits
-// non-zero stops the others and exits non-zero naming it.
+// non-zero stops the others and exits non-zero naming it, or, with --max-restarts N, starts them all again
+// (up to N times; DTENSOR_RESTART_COUNT tells them which start this is, and a program that saves its state
+// resumes from it: train/checkpoint_folder.hpp). With --nproc-per-node MIN:MAX a restart runs without the
+// ranks that failed, down to MIN (elastic on one machine: the program resumes its state on fewer ranks).
 //
 //   dtensor-run --nproc-per-node 4 ./train --steps 10                   # one machine
 //   dtensor-run --nnodes 2 --node-rank 0 --master-addr node0 --nproc-per-node 8 ./train   # on node0
@@ -67,8 +70,13 @@ Starts --nproc-per-node copies of `program` with torchrun's environment variable
 (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, MASTER_ADDR, MASTER_PORT).
 
 options (torchrun's spellings; `--a-b` and `--a_b`, `--opt v` and `--opt=v` are all accepted):
-  --nproc-per-node N     processes on this machine (default 1)
-  --nnodes N             machines in the job (default 1; "N:N" accepted, elastic ranges are not)
+  --nproc-per-node N     processes on this machine (default 1); MIN:MAX: elastic, MAX at the start and
+                         one fewer for each rank that failed at each restart, never below MIN
+  --nnodes N             machines in the job (default 1; "N:N" accepted, elastic node ranges are not:
+                         on one machine, --nproc-per-node MIN:MAX)
+  --max-restarts N       when a rank fails, stop every rank and start them all again, up to N times
+                         (default 0); each start gets DTENSOR_RESTART_COUNT (and torchrun's
+                         TORCHELASTIC_RESTART_COUNT) = 0, 1, ... One machine only for now
   --node-rank R          this machine's index, 0..nnodes-1 (default 0)
   --master-addr A        address of node 0, where the store runs (default 127.0.0.1)
   --master-port P        port of the store (default 29500; 0 = a free port, one machine only)
@@ -106,6 +114,8 @@ was killed), 128+signal when dtensor-run itself was interrupted.
 
 struct Args {
   int nproc_per_node = 1;
+  int min_nproc = 0; // --nproc-per-node MIN:MAX: MIN (0: not elastic)
+  int max_restarts = 0;
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
@@ -186,12 +196,22 @@ Args parse(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       std::exit(0);
     } else if (arg == "--nproc-per-node") {
-      a.nproc_per_node = parse_int(arg, need(), 1, 4096);
+      const std::string v = need();
+      if (auto colon = v.find(':'); colon != std::string::npos) {
+        a.min_nproc = parse_int(arg + " (its MIN)", v.substr(0, colon), 1, 4096);
+        a.nproc_per_node = parse_int(arg + " (its MAX)", v.substr(colon + 1), a.min_nproc, 4096);
+      } else {
+        a.nproc_per_node = parse_int(arg, v, 1, 4096);
+      }
+    } else if (arg == "--max-restarts") {
+      a.max_restarts = parse_int(arg, need(), 0, 1 << 20);
     } else if (arg == "--nnodes") {
       std::string v = need();
       if (auto colon = v.find(':'); colon != std::string::npos) {
         if (v.substr(0, colon) != v.substr(colon + 1)) {
-          die("--nnodes " + v + ": elastic node ranges are not supported; give one number");
+          die("--nnodes " + v +
+              ": elastic node ranges are not supported yet; give one number (on one "
+              "machine, --nproc-per-node MIN:MAX with --max-restarts shrinks the job when ranks fail)");
         }
         v = v.substr(0, colon);
       }
@@ -266,6 +286,14 @@ Args parse(int argc, char** argv) {
   }
   if (a.node_rank >= a.nnodes) {
     die("--node-rank " + std::to_string(a.node_rank) + " must be < --nnodes " + std::to_string(a.nnodes));
+  }
+  if (a.nnodes > 1 && (a.max_restarts > 0 || a.min_nproc > 0)) {
+    die("--max-restarts and --nproc-per-node MIN:MAX work on one machine only for now (--nnodes 1); across "
+        "machines, restart the job from its scheduler (the program resumes from its checkpoint folder)");
+  }
+  if (a.min_nproc > 0 && a.max_restarts == 0) {
+    die("--nproc-per-node " + std::to_string(a.min_nproc) + ":" + std::to_string(a.nproc_per_node) +
+        ": an elastic size changes only at a restart; give --max-restarts N too");
   }
   if (a.master_port == 0 && a.nnodes > 1) {
     die("--master-port 0 (a free port) works on one machine only (--nnodes 1)");
@@ -558,7 +586,8 @@ struct Rank {
   int local_rank = 0;
   pid_t pid = -1;
   bool running = false;
-  int status = 0; // waitpid status once exited
+  int status = 0;            // waitpid status once exited
+  bool failed_first = false; // failed before the launcher stopped anyone
   Stream out, err;
   bool show = true;
 };
@@ -621,11 +650,20 @@ public:
     if (store_ && a_.nnodes > 1) {
       watcher_ = std::thread([this] { watch_store(); });
     }
-    spawn_all();
-    const int code = loop();
-    finish_store(code == 0);
-    guardian_.done();
-    return code;
+    for (;;) {
+      spawn_all();
+      const int code = loop();
+      if (code == 0 || interrupted_ != 0 || restart_ >= a_.max_restarts) {
+        if (code != 0 && a_.max_restarts > 0 && interrupted_ == 0) {
+          std::fprintf(stderr, "dtensor-run: no restart left (%d of %d used); giving up\n", restart_,
+                       a_.max_restarts);
+        }
+        finish_store(code == 0);
+        guardian_.done();
+        return code;
+      }
+      restart();
+    }
   }
 
 private:
@@ -641,6 +679,40 @@ private:
   }
 
   int world_size() const { return a_.nnodes * a_.nproc_per_node; }
+
+  /// The job's store key `key` of the current start: the first start's keys as they are, restart k's under
+  /// "dtensor-run/restart-<k>/" (DTENSOR_STORE_PREFIX tells the ranks), so that no start reads the keys of
+  /// an earlier one (their groups' addresses, the exits of their ranks).
+  std::string store_prefix() const {
+    return restart_ == 0 ? std::string() : "dtensor-run/restart-" + std::to_string(restart_);
+  }
+  std::string job_key(const std::string& key) const {
+    return restart_ == 0 ? key : store_prefix() + "/" + key;
+  }
+
+  /// After a failed start: the next one, without the ranks that failed when elastic (never below MIN).
+  void restart() {
+    int lost = 0;
+    for (const Rank& r : ranks_) {
+      lost += r.failed_first ? 1 : 0;
+    }
+    const int before = a_.nproc_per_node;
+    if (a_.min_nproc > 0) {
+      a_.nproc_per_node = std::max(a_.min_nproc, before - std::max(lost, 1));
+    }
+    ++restart_;
+    std::fprintf(stderr, "dtensor-run: restart %d of %d: starting %d rank(s)%s\n", restart_, a_.max_restarts,
+                 a_.nproc_per_node,
+                 a_.nproc_per_node < before
+                     ? (" (" + std::to_string(before - a_.nproc_per_node) + " fewer: elastic, at least " +
+                        std::to_string(a_.min_nproc) + ")")
+                           .c_str()
+                     : "");
+    ranks_.clear();
+    failed_ = nullptr;
+    kill_deadline_.reset();
+    running_ = 0;
+  }
 
   std::vector<std::string> child_env(const Rank& r) const {
     std::map<std::string, std::string> set = {
@@ -658,7 +730,13 @@ private:
         {"DTENSOR_USE_AGENT_STORE", a_.agent_store ? "1" : "0"},
         {"DTENSOR_STORE_TOKEN", a_.token},
         {"DTENSOR_BACKEND", a_.backend},
+        {"DTENSOR_RESTART_COUNT", std::to_string(restart_)},
+        {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_)},
+        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(a_.max_restarts)},
     };
+    if (a_.agent_store && restart_ > 0) {
+      set["DTENSOR_STORE_PREFIX"] = store_prefix();
+    }
     if (a_.store_bind_given) {
       set["DTENSOR_STORE_BIND_ADDR"] = a_.store_bind_addr;
     }
@@ -809,11 +887,12 @@ private:
   }
 
   void reap() {
+    const bool stopping = kill_deadline_.has_value() || interrupted_ != 0;
     for (;;) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
       if (pid <= 0) {
-        return;
+        break;
       }
       for (auto& r : ranks_) {
         if (r.pid != pid || !r.running) {
@@ -824,6 +903,7 @@ private:
         --running_;
         record_exit(r, status);
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        r.failed_first = !ok && !stopping; // before this launcher stopped anyone: a failure of its own
         if (!ok && !failed_ && !interrupted_) {
           failed_ = &r;
           const std::string report = "rank " + std::to_string(r.rank) + " (local rank " +
@@ -832,7 +912,6 @@ private:
                                      ") failed: " + describe_status(status);
           std::fprintf(stderr, "dtensor-run: %s; stopping the other ranks\n", report.c_str());
           publish_failure(report);
-          stop_all(SIGTERM);
         }
         if (kill_deadline_ || interrupted_) {
           // keep killing stragglers in this rank's group (grandchildren)
@@ -842,6 +921,11 @@ private:
           guardian_.forget(r.pid);
         }
       }
+    }
+    // After every exit already there was seen: ranks that failed in the same instant all count as failed
+    // on their own (an elastic restart leaves them all out).
+    if (failed_ != nullptr && !stopping) {
+      stop_all(SIGTERM);
     }
   }
 
@@ -945,7 +1029,7 @@ private:
       return;
     }
     try {
-      store_->set("dtensor-run/exit/" + std::to_string(r.rank), describe_status(status));
+      store_->set(job_key("dtensor-run/exit/" + std::to_string(r.rank)), describe_status(status));
     } catch (...) {
     }
   }
@@ -1025,6 +1109,7 @@ private:
   }
 
   Args a_;
+  int restart_ = 0; ///< this start's number: 0, then 1 .. --max-restarts
   Guardian guardian_;
   std::chrono::milliseconds store_timeout_{0};
   std::vector<Rank> ranks_;
@@ -1161,22 +1246,12 @@ private:
 /// forwards signals, stops every rank when one fails and names the first failed process; dtensor-run
 /// forwards its own signals to mpirun, turns mpirun's tagged output into its own (MpiOutput) and exits
 /// with mpirun's status.
-int run_mpirun(const Args& a) {
-  if (a.nnodes != 1) {
-    die("--backend mpi: dtensor-run starts an MPI job on one machine only (--nnodes 1); across machines "
-        "start it with mpirun (a hostfile) or srun --mpi=pmix");
-  }
-  if (a.own_launch_only) {
-    die("--backend mpi: --rank0-store and --store-bind-addr are about dtensor-run's TCP store; MPI jobs "
-        "meet through MPI (leave them out, or use --backend gloo)");
-  }
-  const std::string mpirun = find_mpirun();
-  if (mpirun.empty()) {
-    die("--backend mpi: mpirun is not found (PATH, or DTENSOR_MPIRUN); install openmpi-bin, or use "
-        "--backend gloo");
-  }
-  const bool rewrite = a.tee != 0 || !a.log_dir.empty() || !a.ranks_filter.empty();
-  std::vector<std::string> args = {mpirun, "-np", std::to_string(a.nproc_per_node), "--bind-to", "none",
+/// One start of the MPI job with `np` ranks (restart `restart`): what run_mpirun returns for it;
+/// `interrupted` gets the signal that interrupted dtensor-run, if one did.
+int run_mpirun_once(const Args& a, const std::string& mpirun, int np, int restart, int& interrupted) {
+  // With restarts the output always goes through dtensor-run (it outlives each mpirun).
+  const bool rewrite = a.tee != 0 || !a.log_dir.empty() || !a.ranks_filter.empty() || a.max_restarts > 0;
+  std::vector<std::string> args = {mpirun, "-np", std::to_string(np), "--bind-to", "none",
                                    // as dtensor-run: any number of ranks, whatever the cores
                                    "--oversubscribe"};
   if (::geteuid() == 0) {
@@ -1186,19 +1261,9 @@ int run_mpirun(const Args& a) {
     args.emplace_back("--tag-output");
   }
   args.insert(args.end(), a.cmd.begin(), a.cmd.end());
-  // The ranks meet through MPI: no torchrun variables, which would take precedence over mpirun's.
-  for (const char* v :
-       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-        "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DTENSOR_USE_AGENT_STORE"}) {
-    ::unsetenv(v);
-  }
-  ::setenv("DTENSOR_BACKEND", "mpi", 1);
-  if (a.nproc_per_node > 1) {
-    ::setenv("OMP_NUM_THREADS", "1", 0); // as torchrun: N ranks on one machine share its cores
-  }
-  if (!a.log_dir.empty()) {
-    ::mkdir(a.log_dir.c_str(), 0755);
-  }
+  ::setenv("DTENSOR_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+  ::setenv("TORCHELASTIC_MAX_RESTARTS", std::to_string(a.max_restarts).c_str(), 1);
   std::vector<char*> argv;
   for (auto& s : args) {
     argv.push_back(s.data());
@@ -1210,7 +1275,6 @@ int run_mpirun(const Args& a) {
     die("cannot execute '" + mpirun + "': " + std::strerror(errno), 127);
   }
 
-  install_handlers();
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
     die("pipe: " + std::string(std::strerror(errno)));
@@ -1222,7 +1286,6 @@ int run_mpirun(const Args& a) {
   ::close(err[1]);
   MpiOutput output(a);
   pollfd fds[3] = {{g_signal_pipe[0], POLLIN, 0}, {out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-  int interrupted = 0;
   while (fds[1].fd >= 0 || fds[2].fd >= 0) {
     ::poll(fds, 3, -1);
     if ((fds[0].revents & POLLIN) != 0) {
@@ -1260,6 +1323,53 @@ int run_mpirun(const Args& a) {
     return 128 + interrupted; // as the own launch: 128+signal when dtensor-run itself was interrupted
   }
   return exit_code_of(status);
+}
+
+int run_mpirun(const Args& a) {
+  if (a.nnodes != 1) {
+    die("--backend mpi: dtensor-run starts an MPI job on one machine only (--nnodes 1); across machines "
+        "start it with mpirun (a hostfile) or srun --mpi=pmix");
+  }
+  if (a.own_launch_only) {
+    die("--backend mpi: --rank0-store and --store-bind-addr are about dtensor-run's TCP store; MPI jobs "
+        "meet through MPI (leave them out, or use --backend gloo)");
+  }
+  const std::string mpirun = find_mpirun();
+  if (mpirun.empty()) {
+    die("--backend mpi: mpirun is not found (PATH, or DTENSOR_MPIRUN); install openmpi-bin, or use "
+        "--backend gloo");
+  }
+  // The ranks meet through MPI: no torchrun variables, which would take precedence over mpirun's.
+  for (const char* v :
+       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+        "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DTENSOR_USE_AGENT_STORE"}) {
+    ::unsetenv(v);
+  }
+  ::setenv("DTENSOR_BACKEND", "mpi", 1);
+  if (a.nproc_per_node > 1) {
+    ::setenv("OMP_NUM_THREADS", "1", 0); // as torchrun: N ranks on one machine share its cores
+  }
+  if (!a.log_dir.empty()) {
+    ::mkdir(a.log_dir.c_str(), 0755);
+  }
+  install_handlers();
+  // mpirun ends the job at the first failed rank and does not say which: an elastic restart runs one fewer.
+  int np = a.nproc_per_node;
+  for (int restart = 0;; ++restart) {
+    int interrupted = 0;
+    const int code = run_mpirun_once(a, mpirun, np, restart, interrupted);
+    if (code == 0 || interrupted != 0 || restart >= a.max_restarts) {
+      if (code != 0 && a.max_restarts > 0 && interrupted == 0) {
+        std::fprintf(stderr, "dtensor-run: no restart left (%d of %d used); giving up\n", restart,
+                     a.max_restarts);
+      }
+      return code;
+    }
+    const int before = np;
+    np = a.min_nproc > 0 ? std::max(a.min_nproc, np - 1) : np;
+    std::fprintf(stderr, "dtensor-run: mpirun ended with code %d; restart %d of %d: starting %d rank(s)%s\n",
+                 code, restart + 1, a.max_restarts, np, np < before ? " (one fewer: elastic)" : "");
+  }
 }
 
 } // namespace

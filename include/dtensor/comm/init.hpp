@@ -25,7 +25,8 @@
 // interface; with DTENSOR_STORE_TOKEN set (dtensor-run sets it), the store serves only clients presenting
 // the same token. The backend then rendezvouses through the
 // store (gloo: its pair addresses; NCCL: the unique id), and all ranks meet at a store barrier before
-// init_process_group returns.
+// init_process_group returns. After a restart (dtensor-run --max-restarts) the ranks use the part of the
+// launcher's store DTENSOR_STORE_PREFIX names, so nothing of the failed start is read again.
 //
 // A dry run: DTENSOR_BACKEND=fake (or InitOptions::backend "fake") makes the process play rank RANK of
 // WORLD_SIZE alone (backends/fake/backend.hpp): a backend registered as meeting no peers
@@ -47,6 +48,7 @@
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/barrier.hpp"
+#include "dtensor/rendezvous/prefix_store.hpp"
 #include "dtensor/rendezvous/store.hpp"
 #include "dtensor/rendezvous/tcp_store.hpp"
 
@@ -94,6 +96,12 @@ struct DistEnv {
   std::string store_token;
   /// Where rank 0's store listens (DTENSOR_STORE_BIND_ADDR); empty: see connect_store.
   std::string store_bind_addr;
+  /// The part of the launcher's store this start of the job uses (DTENSOR_STORE_PREFIX: dtensor-run
+  /// --max-restarts gives each restart its own, so no start reads an earlier one's keys); empty: all of it.
+  std::string store_prefix;
+  /// Which start of the job this is (DTENSOR_RESTART_COUNT, else torchrun's TORCHELASTIC_RESTART_COUNT):
+  /// 0, then 1, 2, ... after each restart.
+  int restart_count = 0;
 };
 
 /// Reads one environment variable; nullopt when unset.
@@ -227,6 +235,9 @@ inline DistEnv read_dist_env(const EnvLookup& env = detail::system_env, bool mee
   e.agent_store = detail::env_flag(env, "DTENSOR_USE_AGENT_STORE");
   e.store_token = env("DTENSOR_STORE_TOKEN").value_or("");
   e.store_bind_addr = env("DTENSOR_STORE_BIND_ADDR").value_or("");
+  e.store_prefix = env("DTENSOR_STORE_PREFIX").value_or("");
+  e.restart_count = detail::env_int(env, "DTENSOR_RESTART_COUNT",
+                                    detail::env_int(env, "TORCHELASTIC_RESTART_COUNT", 0, 0), 0);
   return e;
 }
 
@@ -351,6 +362,9 @@ inline ProcessGroup init_process_group(InitOptions options = {}) {
   if (store == nullptr) {
     own_store = connect_store(env, timeout);
     store = own_store;
+    if (!env.store_prefix.empty()) { // this start's part of the launcher's store
+      store = std::make_shared<PrefixStore>(env.store_prefix, own_store);
+    }
   }
   // Successive init_process_group calls of one job use fresh keys.
   const std::int64_t generation = store->add("dtensor/init_count/" + std::to_string(env.rank), 1);
