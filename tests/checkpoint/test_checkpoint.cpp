@@ -3,19 +3,25 @@
 
 #include <catch2/catch.hpp>
 
+#include <dtensor/checkpoint/async_save.hpp>
 #include <dtensor/checkpoint/checkpoint.hpp>
+#include <dtensor/local/copy.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/tensor/distribute.hpp>
 #include <dtensor/tensor/dtensor.hpp>
 #include <dtensor/testing/run_ranks.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
+#include <vector>
 
 using namespace dtensor;
 namespace ckpt = dtensor::checkpoint;
@@ -353,4 +359,96 @@ TEST_CASE("a save that fails midway leaves the previous checkpoint intact", "[ch
   CHECK(same_bits(load(), v2));
   CHECK_FALSE(fs::exists(tmp.path / "ckpt.tmp"));
   CHECK_FALSE(fs::exists(tmp.path / "ckpt.old"));
+}
+
+namespace {
+
+/// Every file of checkpoint `a` has the bytes of the same file of `b`, and they hold the same files.
+bool same_files(const fs::path& a, const fs::path& b) {
+  std::vector<std::string> names_a, names_b;
+  for (const auto& e : fs::directory_iterator(a)) {
+    names_a.push_back(e.path().filename().string());
+  }
+  for (const auto& e : fs::directory_iterator(b)) {
+    names_b.push_back(e.path().filename().string());
+  }
+  std::sort(names_a.begin(), names_a.end());
+  std::sort(names_b.begin(), names_b.end());
+  if (names_a != names_b) {
+    return false;
+  }
+  const auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  return std::all_of(names_a.begin(), names_a.end(),
+                     [&](const std::string& n) { return bytes(a / n) == bytes(b / n); });
+}
+
+} // namespace
+
+TEST_CASE("save_async writes what save writes, from the values of the call, at 1 to 4 ranks",
+          "[checkpoint][async]") {
+  TempDir tmp("async");
+  const auto a = reference<float>(7, 5);
+  const auto b = reference<std::int64_t>(3, 2, 7); // 3 rows on 4 ranks: an empty shard
+  for (int n : {1, 2, 3, 4}) {
+    const fs::path sync = tmp.path / ("sync" + std::to_string(n));
+    const fs::path async = tmp.path / ("async" + std::to_string(n));
+    testing::run_ranks(n, [&](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh1>(world);
+      auto da = distribute_tensor<Shard<0>>(mesh, a, replicated_source);
+      auto db = distribute_tensor<Replicate>(mesh, b, replicated_source);
+      ckpt::save(sync, {{"a", da}, {"b", db}}, chunks_of(16));
+      ckpt::PendingSave pending = ckpt::save_async(async, {{"a", da}, {"b", db}}, chunks_of(16));
+      // The next step changes the tensors at once: the save holds the values of its call.
+      local::fill(da.local(), -1.f);
+      local::fill(db.local(), std::int64_t(-1));
+      pending.wait();
+      expect(pending.ready(), "a waited save is ready");
+      pending.wait(); // empty now: returns
+    });
+    CHECK(same_files(sync, async));
+    CHECK_FALSE(fs::exists(tmp.path / ("async" + std::to_string(n) + ".tmp")));
+  }
+}
+
+TEST_CASE("an asynchronous save that fails midway leaves the previous checkpoint and throws on every rank",
+          "[checkpoint][async]") {
+  TempDir tmp("async_atomic");
+  const fs::path dir = tmp.path / "ckpt";
+  const auto v1 = reference<float>(5, 3, 1);
+  const auto v2 = reference<float>(5, 3, 2);
+  const auto save = [&](const Tensor<float, 2>& value, const std::string& fail_at) {
+    std::atomic<int> errors{0};
+    testing::run_ranks(3, [&](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh1>(world);
+      ckpt::PendingSave pending =
+          ckpt::save_async(dir, {{"w", distribute_tensor<Shard<0>>(mesh, value, replicated_source)}},
+                           {.on_stage = [&](std::string_view stage) {
+                             if (stage == fail_at) {
+                               throw Error("injected failure after " + std::string(stage));
+                             }
+                           }});
+      const std::string e = error_of([&] { pending.wait(); });
+      expect(e.empty() == fail_at.empty(), "rank " + std::to_string(world.rank()) + ": " + e);
+      errors += contains(e, "injected failure after " + fail_at) ? 1 : 0;
+    });
+    return errors.load();
+  };
+  const auto load = [&] {
+    Tensor<float, 2> out({5, 3});
+    ckpt::Reader(dir).read("w", DType::float32, Block{{5, 3}, {0, 0}}, out.data());
+    return out;
+  };
+  CHECK(save(v1, "") == 0);
+  CHECK(same_bits(load(), v1));
+  for (const char* stage : {"files", "index"}) {
+    CHECK(save(v2, stage) == 3); // the error on every rank
+    CHECK(same_bits(load(), v1));
+    CHECK(fs::exists(tmp.path / "ckpt.tmp")); // what a crash leaves; the next save clears it
+  }
+  CHECK(save(v2, "") == 0);
+  CHECK(same_bits(load(), v2));
+  CHECK_FALSE(fs::exists(tmp.path / "ckpt.tmp"));
 }

@@ -31,6 +31,7 @@
 #include <dtensor/train/pipeline_trainer.hpp>
 #include <dtensor/train/trainer.hpp>
 #if DTENSOR_HAS_CHECKPOINT
+#include <dtensor/train/checkpoint_folder.hpp>
 #include <dtensor/train/train_state.hpp>
 #endif
 
@@ -351,10 +352,78 @@ ModelRun resumed(ProcessGroup& world, const Where& w, int first, int last, const
   return with_layout(mesh, w.layout, [&](auto& trainer) { return run(trainer, mesh); });
 }
 
+/// Training at `w` from a CheckpointFolder at `folder` (saving every 2 steps, in the background when
+/// `async`) up to step `last`, stopping early after step `stop` (a run that dies there); the step it
+/// resumed at must be `first`.
+ModelRun from_folder(ProcessGroup& world, const Where& w, int first, int last, int stop,
+                     const std::string& folder, bool async) {
+  auto run = [&](auto& trainer, const auto& mesh) {
+    auto opt = testing::run_optimizer();
+    CheckpointFolder ckpt(folder, {.every = 2, .keep = 2, .async = async});
+    const TrainingProgress p = ckpt.resume(trainer, opt);
+    DTENSOR_CHECK(p.step == first && p.data_position == first * kBatch,
+                  "resumed at step " + std::to_string(p.step) + ", not " + std::to_string(first));
+    ModelRun r;
+    for (int s = first; s < std::min(last, stop); ++s) {
+      const ModelRun one =
+          testing::train_steps(trainer, opt, s, s + 1, true, [&](int t) { return batch_of(mesh, t, true); });
+      r.losses.push_back(one.losses[0]);
+      r.norms.push_back(one.norms[0]);
+      r.params = one.params;
+      ckpt.step_done(trainer, opt, {.step = s + 1, .data_position = (s + 1) * kBatch});
+    }
+    ckpt.wait();
+    return r;
+  };
+  if (w.pp > 1) {
+    return with_pipeline(init_device_mesh<PMesh>(world, w.pp, w.rep, w.dp, w.tp), w.schedule, w.chunks, run);
+  }
+  const auto mesh = init_device_mesh<Mesh>(world, w.rep, w.dp, w.tp);
+  return with_layout(mesh, w.layout, [&](auto& trainer) { return run(trainer, mesh); });
+}
+
 std::string scratch(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / ("dtensor_any_model_state_" + name);
   std::filesystem::remove_all(dir);
   return dir.string();
+}
+
+TEST_CASE("Any model: a checkpoint folder saves every 2 steps (in the background or not) and a run that "
+          "stops resumes from its latest complete state by itself, bit for bit, or on other ranks",
+          "[parallel][trainer][any_model][checkpoint]") {
+  namespace fs = std::filesystem;
+  constexpr int kLast = 6;
+  ModelRun one_rank; // 8 steps on one rank: the reference of the run resumed on other ranks
+  testing::run_ranks(1, [&](ProcessGroup& one) { one_rank = resumed(one, {}, 0, kLast + 2, "", ""); });
+  const auto each = [&](const Where& w, int ranks, bool async, const std::string& name) {
+    INFO(name);
+    const std::string folder = scratch("folder_" + name);
+    testing::run_ranks(ranks, [&](ProcessGroup& world) {
+      const ModelRun whole = resumed(world, w, 0, kLast, "", "");
+      from_folder(world, w, 0, kLast, 5, folder, async); // saves after steps 2 and 4, stops after 5
+      if (world.rank() == 0) { // a save killed after step 6 and one of step 8: never read
+        fs::create_directories(folder + "/step-6.tmp");
+        fs::create_directories(folder + "/step-8.tmp/part-0");
+      }
+      world.barrier({})->wait();
+      testing::compare_runs(from_folder(world, w, 4, kLast, kLast, folder, async),
+                            testing::steps_from(whole, 4), name + ": resumed at step 4", 0);
+    });
+    CheckpointFolder ckpt(folder);
+    CHECK(ckpt.complete_steps() == std::vector<std::int64_t>{4, 6}); // keep 2: step-2 removed
+    CHECK(ckpt.latest() == ckpt.state(6));
+    CHECK(!fs::exists(folder + "/step-6.tmp"));
+    // Elastic: the state of step 6 goes on under FSDP on 3 ranks, as the one-rank run does.
+    testing::run_ranks(3, [&](ProcessGroup& world) {
+      testing::compare_runs(
+          from_folder(world, {.layout = Layout::fsdp, .dp = 3}, kLast, kLast + 2, kLast + 2, folder, async),
+          testing::steps_from(one_rank, kLast), name + ": resumed under FSDP on 3", 1e-10);
+    });
+  };
+  each({.layout = Layout::ddp, .dp = 2}, 2, true, "ddp_async");
+  each({.layout = Layout::ddp, .dp = 2}, 2, false, "ddp_sync");
+  each({.layout = Layout::fsdp_tp, .dp = 2, .tp = 2}, 4, true, "fsdp_tp_async");
+  each({.pp = 2}, 2, true, "pipeline_async");
 }
 
 #endif // DTENSOR_HAS_CHECKPOINT

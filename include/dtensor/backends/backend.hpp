@@ -292,6 +292,11 @@ public:
   /// The same recorder, for what outlives this backend (the NCCL watchdog finishes ops after it is gone).
   std::shared_ptr<FlightRecorder> shared_flight_recorder() const noexcept { return flight_; }
 
+  /// The store every group of this rank's job shares (rank_store()), for what ranks coordinate off the
+  /// groups' ops (checkpoint/async_save.hpp: an asynchronous save finishes through it while the training's
+  /// ops go on); nullptr when there is none.
+  Store* job_store() { return rank_store(); }
+
 protected:
   /// `timeout`: the default limit of every op (see timeout()).
   explicit Backend(std::chrono::milliseconds timeout) : timeout_ms_(timeout.count()) {}

@@ -24,6 +24,8 @@
 // directory in (renameat2 RENAME_EXCHANGE where the file system has it; else the old one is renamed
 // aside first, and a crash between the two renames leaves it at "<dir>.old"). A save that fails or dies
 // before the swap leaves the previous checkpoint as it was; the next save clears the stale "<dir>.tmp".
+// save_async (async_save.hpp) does the same in the background, from a copy of the values of its call.
 
+#include "dtensor/checkpoint/async_save.hpp"
 #include "dtensor/checkpoint/load.hpp"
 #include "dtensor/checkpoint/save.hpp"

@@ -59,6 +59,15 @@ public:
   Device device() const noexcept { return device_; }
   /// True on the one rank that writes this block.
   bool writes() const noexcept { return writes_; }
+  /// The same, holding its own copy of this rank's values (on the host): what an asynchronous save writes
+  /// while the source changes.
+  Named snapshot() const {
+    Named copy = *this;
+    if (device_.is_cpu() && writes_) { // a device tensor's host copy is already its own
+      copy.local_ = local_.clone();
+    }
+    return copy;
+  }
 
 private:
   static ProcessGroup mesh_world(const DeviceMeshBase& mesh) {
@@ -141,34 +150,38 @@ inline void swap_in(const std::filesystem::path& tmp, const std::filesystem::pat
 
 } // namespace detail
 
-/// Saves `tensors` into the directory `dir`, replacing a previous checkpoint there atomically.
-/// Collective: every rank of the tensors' world calls it with the same names in the same order.
-inline void save(const std::filesystem::path& dir, const std::vector<Named>& tensors,
-                 SaveOptions options = {}) {
-  namespace fs = std::filesystem;
+namespace detail {
+
+/// The checks every rank makes before a save (no communication).
+inline void check_save(const std::filesystem::path& dir, const std::vector<Named>& tensors,
+                       const SaveOptions& options) {
   DTENSOR_CHECK(!tensors.empty(), "checkpoint::save " + dir.string() + ": no tensors to save");
   DTENSOR_CHECK(options.chunk_bytes > 0, "checkpoint::save: chunk_bytes must be positive");
   const ProcessGroup& world = tensors.front().world();
-  const Device device = tensors.front().device();
-  const int rank = world.rank();
   for (const Named& t : tensors) {
     DTENSOR_CHECK(t.world().size() == world.size(),
                   "checkpoint::save " + dir.string() + ": tensor '" + t.name() + "' lives on a world of " +
                       std::to_string(t.world().size()) + " ranks, '" + tensors.front().name() +
                       "' on one of " + std::to_string(world.size()));
   }
-  const fs::path tmp = detail::sibling(dir, ".tmp");
-  detail::on_rank0(world, device, [&] {
-    std::map<std::string_view, int> seen;
-    for (const Named& t : tensors) {
-      DTENSOR_CHECK(seen[t.name()]++ == 0,
-                    "checkpoint::save " + dir.string() + ": two tensors named '" + t.name() + "'");
-    }
-    fs::remove_all(tmp);
-    fs::create_directories(tmp);
-  });
+}
 
-  // This rank's file: its unique blocks, in the order given.
+/// Rank 0's part of starting a save: unique names, and `tmp` made empty.
+inline void prepare_save(const std::filesystem::path& dir, const std::filesystem::path& tmp,
+                         const std::vector<Named>& tensors) {
+  std::map<std::string_view, int> seen;
+  for (const Named& t : tensors) {
+    DTENSOR_CHECK(seen[t.name()]++ == 0,
+                  "checkpoint::save " + dir.string() + ": two tensors named '" + t.name() + "'");
+  }
+  std::filesystem::remove_all(tmp);
+  std::filesystem::create_directories(tmp);
+}
+
+/// Writes rank `rank`'s file of `tensors` (its unique blocks, in the order given) into `tmp` and syncs it;
+/// returns what the index needs of it (file, bytes, blocks with their checksums) as JSON text.
+inline std::string write_rank_file(const std::filesystem::path& tmp, const std::vector<Named>& tensors,
+                                   int rank, std::uint64_t chunk_bytes) {
   std::vector<TensorEntry> entries;
   nlohmann::json blocks = nlohmann::json::array();
   std::uint64_t at = 0;
@@ -179,77 +192,93 @@ inline void save(const std::filesystem::path& dir, const std::vector<Named>& ten
     const std::uint64_t n = t.local().nbytes();
     const std::string key = t.name() + "/" + std::to_string(rank);
     entries.push_back({key, t.local().dtype(), t.block().shape, at, at + n});
-    blocks.push_back({{"name", t.name()},
-                      {"dtype", safetensors_dtype(t.local().dtype())},
-                      {"global", detail::extents_json(t.global())},
-                      {"key", key},
-                      {"offset", detail::extents_json(t.block().offset)},
-                      {"shape", detail::extents_json(t.block().shape)},
-                      {"data_offsets", {at, at + n}},
-                      {"crc32c", detail::chunk_checksums(static_cast<const std::byte*>(t.local().data()), n,
-                                                         options.chunk_bytes)}});
+    blocks.push_back(
+        {{"name", t.name()},
+         {"dtype", safetensors_dtype(t.local().dtype())},
+         {"global", extents_json(t.global())},
+         {"key", key},
+         {"offset", extents_json(t.block().offset)},
+         {"shape", extents_json(t.block().shape)},
+         {"data_offsets", {at, at + n}},
+         {"crc32c", chunk_checksums(static_cast<const std::byte*>(t.local().data()), n, chunk_bytes)}});
     at += n;
   }
-  const std::string file = detail::file_name(rank);
-  {
-    File out(tmp / file, O_WRONLY | O_CREAT | O_TRUNC);
-    const std::string header = encode_header(entries, {{"format", "pt"}});
-    out.write_all(header.data(), header.size());
-    for (const Named& t : tensors) {
-      if (t.writes()) {
-        out.write_all(t.local().data(), t.local().nbytes());
-      }
+  const std::string file = file_name(rank);
+  File out(tmp / file, O_WRONLY | O_CREAT | O_TRUNC);
+  const std::string header = encode_header(entries, {{"format", "pt"}});
+  out.write_all(header.data(), header.size());
+  for (const Named& t : tensors) {
+    if (t.writes()) {
+      out.write_all(t.local().data(), t.local().nbytes());
     }
-    out.sync();
-    blocks = {{"file", file}, {"bytes", header.size() + at}, {"blocks", std::move(blocks)}};
   }
+  out.sync();
+  return nlohmann::json{{"file", file}, {"bytes", header.size() + at}, {"blocks", std::move(blocks)}}.dump();
+}
 
+/// Rank 0's part of finishing a save: the index of every rank's blocks (`all`: write_rank_file's
+/// descriptions) written into `tmp` and synced with the directory (not yet swapped in).
+inline void write_index(const std::filesystem::path& dir, const std::filesystem::path& tmp,
+                        const std::vector<Named>& tensors, const std::vector<std::string>& all,
+                        std::uint64_t chunk_bytes) {
+  nlohmann::ordered_json tensors_json = nlohmann::ordered_json::object();
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (const Named& t : tensors) {
+    tensors_json[t.name()] = {{"dtype", safetensors_dtype(t.local().dtype())},
+                              {"shape", extents_json(t.global())},
+                              {"blocks", nlohmann::ordered_json::array()}};
+  }
+  for (const std::string& text : all) {
+    const auto part = nlohmann::json::parse(text);
+    files[part["file"].get<std::string>()] = {{"bytes", part["bytes"]}};
+    for (const auto& b : part["blocks"]) {
+      const std::string name = b["name"];
+      DTENSOR_CHECK(tensors_json.contains(name) && tensors_json[name]["dtype"] == b["dtype"] &&
+                        tensors_json[name]["shape"] == b["global"],
+                    "checkpoint::save " + dir.string() + ": " + part["file"].get<std::string>() +
+                        " holds tensor '" + name + "' as " + b["dtype"].dump() + " " + b["global"].dump() +
+                        ", which rank 0 does not save alike (every rank must pass the same tensors)");
+      weight_map[b["key"].get<std::string>()] = part["file"];
+      tensors_json[name]["blocks"].push_back({{"file", part["file"]},
+                                              {"key", b["key"]},
+                                              {"offset", b["offset"]},
+                                              {"shape", b["shape"]},
+                                              {"data_offsets", b["data_offsets"]},
+                                              {"crc32c", b["crc32c"]}});
+    }
+  }
+  const nlohmann::ordered_json index = {{"format", index_format},     {"version", index_version},
+                                        {"chunk_bytes", chunk_bytes}, {"tensors", std::move(tensors_json)},
+                                        {"files", std::move(files)},  {"weight_map", std::move(weight_map)}};
+  const std::string text = index.dump(1) + "\n";
+  {
+    File out(tmp / "index.json", O_WRONLY | O_CREAT | O_TRUNC);
+    out.write_all(text.data(), text.size());
+    out.sync();
+  }
+  sync_directory(tmp);
+}
+
+} // namespace detail
+
+/// Saves `tensors` into the directory `dir`, replacing a previous checkpoint there atomically.
+/// Collective: every rank of the tensors' world calls it with the same names in the same order.
+inline void save(const std::filesystem::path& dir, const std::vector<Named>& tensors,
+                 SaveOptions options = {}) {
+  detail::check_save(dir, tensors, options);
+  const ProcessGroup& world = tensors.front().world();
+  const Device device = tensors.front().device();
+  const std::filesystem::path tmp = detail::sibling(dir, ".tmp");
+  detail::on_rank0(world, device, [&] { detail::prepare_save(dir, tmp, tensors); });
+  const std::string mine = detail::write_rank_file(tmp, tensors, world.rank(), options.chunk_bytes);
   // Rank 0 assembles the index from every rank's blocks, writes it, and swaps the directory in.
-  const auto all = gather_object(blocks.dump(), 0, world, {device});
+  const auto all = gather_object(mine, 0, world, {device});
   detail::on_rank0(world, device, [&] {
     if (options.on_stage) {
       options.on_stage("files");
     }
-    nlohmann::ordered_json tensors_json = nlohmann::ordered_json::object();
-    nlohmann::ordered_json files = nlohmann::ordered_json::object();
-    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-    for (const Named& t : tensors) {
-      tensors_json[t.name()] = {{"dtype", safetensors_dtype(t.local().dtype())},
-                                {"shape", detail::extents_json(t.global())},
-                                {"blocks", nlohmann::ordered_json::array()}};
-    }
-    for (const std::string& text : all) {
-      const auto part = nlohmann::json::parse(text);
-      files[part["file"].get<std::string>()] = {{"bytes", part["bytes"]}};
-      for (const auto& b : part["blocks"]) {
-        const std::string name = b["name"];
-        DTENSOR_CHECK(tensors_json.contains(name) && tensors_json[name]["dtype"] == b["dtype"] &&
-                          tensors_json[name]["shape"] == b["global"],
-                      "checkpoint::save " + dir.string() + ": " + part["file"].get<std::string>() +
-                          " holds tensor '" + name + "' as " + b["dtype"].dump() + " " + b["global"].dump() +
-                          ", which rank 0 does not save alike (every rank must pass the same tensors)");
-        weight_map[b["key"].get<std::string>()] = part["file"];
-        tensors_json[name]["blocks"].push_back({{"file", part["file"]},
-                                                {"key", b["key"]},
-                                                {"offset", b["offset"]},
-                                                {"shape", b["shape"]},
-                                                {"data_offsets", b["data_offsets"]},
-                                                {"crc32c", b["crc32c"]}});
-      }
-    }
-    const nlohmann::ordered_json index = {{"format", index_format},
-                                          {"version", index_version},
-                                          {"chunk_bytes", options.chunk_bytes},
-                                          {"tensors", std::move(tensors_json)},
-                                          {"files", std::move(files)},
-                                          {"weight_map", std::move(weight_map)}};
-    const std::string text = index.dump(1) + "\n";
-    {
-      File out(tmp / "index.json", O_WRONLY | O_CREAT | O_TRUNC);
-      out.write_all(text.data(), text.size());
-      out.sync();
-    }
-    sync_directory(tmp);
+    detail::write_index(dir, tmp, tensors, all, options.chunk_bytes);
     if (options.on_stage) {
       options.on_stage("index");
     }

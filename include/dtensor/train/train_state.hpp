@@ -49,6 +49,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dtensor/checkpoint/async_save.hpp"
 #include "dtensor/checkpoint/load.hpp"
 #include "dtensor/checkpoint/safetensors.hpp"
 #include "dtensor/checkpoint/save.hpp"
@@ -435,6 +436,90 @@ inline void save_state_parts(const std::filesystem::path& dir, const std::vector
   DTENSOR_CHECK(error.empty(), error);
 }
 
+/// save_state_parts in the background (checkpoint/async_save.hpp): the parts' directories made and the
+/// blocks copied on this thread, the files, indexes, parts.json and the one rename on threads.
+inline checkpoint::PendingSave save_state_parts_async(const std::filesystem::path& dir,
+                                                      const std::vector<checkpoint::Named>& named,
+                                                      const ProcessGroup& across) {
+  namespace fs = std::filesystem;
+  const ProcessGroup& world = named.front().world();
+  const Device device = named.front().device();
+  checkpoint::detail::check_save(dir, named, {});
+  Store* store = world.backend().job_store();
+  if (store == nullptr) {
+    try {
+      save_state_parts(dir, named, across);
+    } catch (const std::exception& e) {
+      return checkpoint::PendingSave::finished(e.what());
+    }
+    return checkpoint::PendingSave::finished("");
+  }
+  const fs::path tmp = checkpoint::detail::sibling(dir, ".tmp");
+  const bool leader = world.rank() == 0; // writes its part's index
+  checkpoint::detail::on_rank0(across, device, [&] {
+    if (leader) { // the publisher (part 0's leader): an empty tmp
+      fs::remove_all(tmp);
+      fs::create_directories(tmp);
+    }
+  });
+  checkpoint::detail::on_rank0(world, device, [&] {
+    checkpoint::detail::prepare_save(dir / state_part_name(across.rank()),
+                                     tmp / state_part_name(across.rank()), named);
+  });
+  const int parts = across.size();
+  auto publish = [tmp, parts] {
+    const std::string text = nlohmann::json{{"parts", parts}}.dump() + "\n";
+    checkpoint::File out(tmp / "parts.json", O_WRONLY | O_CREAT | O_TRUNC);
+    out.write_all(text.data(), text.size());
+    out.sync();
+    checkpoint::sync_directory(tmp);
+  };
+  const checkpoint::detail::SaveSlot slot{across.rank(), parts};
+  return checkpoint::PendingSave([dir, tmp, snap = checkpoint::detail::snapshots(named), store, slot,
+                                  keys = checkpoint::detail::collective_key("async_save", dir),
+                                  publish](const std::atomic<bool>& cancel) {
+    return checkpoint::detail::finish_async_save(dir, tmp, snap, {}, slot, *store, keys, publish, cancel);
+  });
+}
+
+} // namespace detail
+
+namespace detail {
+
+/// The tensors of the training state of `sources` (StateWriter's), in order. Collective over the sources'
+/// mesh for an FSDP group.
+template <class Opt, class... Sources>
+std::vector<checkpoint::Named> state_tensors(const Opt& opt, const TrainingProgress& progress,
+                                             const Sources&... sources) {
+  StateWriter<Opt> writer(opt);
+  int index = 0; // the optimizer index of the leaf
+  std::int64_t params = 0;
+  auto leaf = [&](const auto& s) {
+    writer.add(s, index++, params);
+    params += leaf_params<std::remove_cvref_t<decltype(s)>>;
+  };
+  (for_each_source(sources, leaf), ...);
+  std::vector<checkpoint::Named> named;
+  bool done = false;
+  auto finish = [&](const auto& s) {
+    if (!std::exchange(done, true)) {
+      named = writer.finish(s.mesh(), params, progress);
+    }
+  };
+  (for_each_source(sources, finish), ...);
+  DTENSOR_CHECK(done, "save_training_state: no parameters");
+  return named;
+}
+
+/// The tensors of a pipeline stage's part of the training state (nn::PipelineTrainer's for_each_state).
+template <class Trainer, class Opt>
+std::vector<checkpoint::Named> stage_state_tensors(Trainer& trainer, const Opt& opt,
+                                                   const TrainingProgress& progress) {
+  StateWriter<Opt> writer(opt);
+  trainer.for_each_state([&](const auto& g, int index, std::int64_t first) { writer.add(g, index, first); });
+  return writer.finish(trainer.mesh(), trainer.parameter_count(), progress);
+}
+
 } // namespace detail
 
 /// Saves the training state into the checkpoint directory `dir` (see the top of this file). Collective over
@@ -442,22 +527,7 @@ inline void save_state_parts(const std::filesystem::path& dir, const std::vector
 template <class Opt, class... Sources>
 void save_training_state(const std::filesystem::path& dir, const Opt& opt, const TrainingProgress& progress,
                          const Sources&... sources) {
-  detail::StateWriter<Opt> writer(opt);
-  int index = 0; // the optimizer index of the leaf
-  std::int64_t params = 0;
-  auto leaf = [&](const auto& s) {
-    writer.add(s, index++, params);
-    params += detail::leaf_params<std::remove_cvref_t<decltype(s)>>;
-  };
-  (detail::for_each_source(sources, leaf), ...);
-  bool done = false;
-  auto finish = [&](const auto& s) {
-    if (!std::exchange(done, true)) {
-      checkpoint::save(dir, writer.finish(s.mesh(), params, progress));
-    }
-  };
-  (detail::for_each_source(sources, finish), ...);
-  DTENSOR_CHECK(done, "save_training_state: no parameters");
+  checkpoint::save(dir, detail::state_tensors(opt, progress, sources...));
 }
 
 /// Loads the training state saved by save_training_state (or by nn::PipelineTrainer, in parts) into the
@@ -488,13 +558,28 @@ template <class Trainer, class Opt>
 requires(!std::is_convertible_v<Trainer&, std::filesystem::path>) void save_training_state(
     Trainer& trainer, const std::filesystem::path& dir, const Opt& opt, const TrainingProgress& progress) {
   if constexpr (requires { trainer.pp_group(); }) {
-    detail::StateWriter<Opt> writer(opt);
-    trainer.for_each_state(
-        [&](const auto& g, int index, std::int64_t first) { writer.add(g, index, first); });
-    detail::save_state_parts(dir, writer.finish(trainer.mesh(), trainer.parameter_count(), progress),
-                             trainer.pp_group());
+    detail::save_state_parts(dir, detail::stage_state_tensors(trainer, opt, progress), trainer.pp_group());
   } else {
     std::apply([&](auto&... s) { save_training_state(dir, opt, progress, s...); }, trainer.state());
+  }
+}
+
+/// save_training_state(trainer, ...) in the background (checkpoint/async_save.hpp): on this thread the
+/// state's tensors are gathered (an FSDP group's shards: a collective, as in the synchronous save) and
+/// copied to the host; threads write them and publish `dir` in one rename while training goes on, so a
+/// state the next step changes is saved with the values of this call. Collective over every rank of the
+/// trainer; wait() on the result (on every rank) before the next save of `dir`.
+template <class Trainer, class Opt>
+requires(!std::is_convertible_v<Trainer&, std::filesystem::path>) checkpoint::PendingSave
+    save_training_state_async(Trainer& trainer, const std::filesystem::path& dir, const Opt& opt,
+                              const TrainingProgress& progress) {
+  if constexpr (requires { trainer.pp_group(); }) {
+    return detail::save_state_parts_async(dir, detail::stage_state_tensors(trainer, opt, progress),
+                                          trainer.pp_group());
+  } else {
+    return std::apply(
+        [&](auto&... s) { return checkpoint::save_async(dir, detail::state_tensors(opt, progress, s...)); },
+        trainer.state());
   }
 }
 
