@@ -38,6 +38,11 @@
 //                     layouts save one part per stage)
 //   --resume DIR      start from the training state in DIR, saved by any layout on any number of ranks, and
 //                     train on to --steps (the batches are a function of the step, so the data goes on too)
+//   --checkpoint-dir D  a CheckpointFolder (train/checkpoint_folder.hpp): start from its latest complete
+//                     state if it has one (saved by any layout, on any number of ranks), and save into it
+//   --save-every K    every K steps (in the background; --sync-save: the step waits for the disk). With
+//                     dtensor-run --max-restarts a run that loses a rank starts again and goes on from its
+//                     last save, bit for bit on the same layout
 //   --comm-table P    every rank writes what it communicated in the training (CommDebugMode's table: op,
 //                     mesh axes, count, bytes received) to P.<rank>; a dry run (DTENSOR_BACKEND=fake RANK=r
 //                     WORLD_SIZE=n, one process alone) writes the same table as rank r of the real run;
@@ -66,6 +71,7 @@
 #include <dtensor/mesh/device_mesh.hpp>
 #include <dtensor/nn/block.hpp>
 #include <dtensor/nn/model.hpp>
+#include <dtensor/train/checkpoint_folder.hpp>
 #include <dtensor/train/data_layout.hpp>
 #include <dtensor/train/fsdp.hpp>
 #include <dtensor/train/lr_schedule.hpp>
@@ -113,8 +119,9 @@ using UlyssesCp = nn::Layout<Mesh, nn::TensorParallel<"tp">, nn::ContextParallel
 
 struct Options {
   std::string layout = "fsdp_tp", data = "/usr/share/games/fortunes", csv, save, resume, comm_table,
-              memory_table;
-  bool mixed = false, check = false;
+              memory_table, checkpoint_dir;
+  bool mixed = false, check = false, sync_save = false;
+  int save_every = 0;
   int steps = 450, eval_every = 25, eval_batches = 4, sample = 240;
   Schedule schedule = Schedule::one_f_one_b;
   int chunks = 1, microbatches = 4;
@@ -319,6 +326,35 @@ void record_step(Run& run, const nn::StepResult& r, std::chrono::steady_clock::t
   }
 }
 
+/// The checkpoint folder of --checkpoint-dir (none without it).
+std::unique_ptr<CheckpointFolder> checkpoint_folder(const Options& o) {
+  if (o.checkpoint_dir.empty()) {
+    return nullptr;
+  }
+  return std::make_unique<CheckpointFolder>(
+      o.checkpoint_dir, CheckpointFolderOptions{.every = o.save_every, .async = !o.sync_save});
+}
+
+/// The first step of the run: --resume's state, else the checkpoint folder's latest complete one, else 0.
+template <class Trainer>
+int first_step(Trainer& trainer, optim::AdamW& opt, const Options& o, CheckpointFolder* folder, bool print) {
+  if (!o.resume.empty()) { // saved by any layout: each rank (a stage: its parameters) reads its part
+    return int(load_training_state(trainer, o.resume, opt).step);
+  }
+  if (folder == nullptr) {
+    return 0;
+  }
+  const int first = int(folder->resume(trainer, opt).step);
+  if (print) {
+    const char* restart = std::getenv("DTENSOR_RESTART_COUNT");
+    std::printf("checkpoint folder %s: %s (start %s)\n", o.checkpoint_dir.c_str(),
+                first > 0 ? ("resumed at step " + std::to_string(first)).c_str() : "no state yet, step 0",
+                restart != nullptr ? restart : "0");
+    std::fflush(stdout);
+  }
+  return first;
+}
+
 /// Trains the GPT in layout L: nn::FsdpTrainer over dp in compute type C (fsdp, fsdp_tp, fsdp_tp_cp: one
 /// flat group per block, one for the embedding, one for the final norm and head, each resharded after its
 /// forward, the next one's all_gather in flight, at most two reduce_scatters in flight), or nn::DdpTrainer
@@ -337,14 +373,19 @@ Run train_layout(const DeviceMesh<Mesh>& mesh, const Text& text, const Options& 
   const auto trainer = std::make_unique<Trainer>(mesh, std::move(gpt), options);
   optim::AdamW opt({.lr = o.lr, .weight_decay = 0.01});
   Run run;
-  if (!o.resume.empty()) {
-    run.first = int(load_training_state(*trainer, o.resume, opt).step);
-  }
+  const auto folder = checkpoint_folder(o);
+  run.first = first_step(*trainer, opt, o, folder.get(), print);
   for (int s = run.first; s < o.steps; ++s) {
     const auto [ids, targets] = batch_of<L>(mesh, text.train, 1, s, o.batch, o.seq, o.device);
     const auto t0 = std::chrono::steady_clock::now();
     opt.set_lr(lr_at(o, s));
     record_step<L>(run, trainer->step(ids, targets, opt), t0, s, mesh, text, o, *trainer, print);
+    if (folder) {
+      folder->step_done(*trainer, opt, {.step = s + 1, .data_position = (s + 1) * o.batch});
+    }
+  }
+  if (folder) {
+    folder->wait();
   }
   if (!o.save.empty()) {
     save_training_state(*trainer, o.save, opt, {.step = o.steps, .data_position = o.steps * o.batch});
@@ -384,9 +425,8 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
   }
   optim::AdamW opt({.lr = o.lr, .weight_decay = 0.01});
   Run run;
-  if (!o.resume.empty()) { // saved by any layout: each stage reads its parameters
-    run.first = int(load_training_state(*trainer, o.resume, opt).step);
-  }
+  const auto folder = checkpoint_folder(o);
+  run.first = first_step(*trainer, opt, o, folder.get(), print);
   const std::int64_t rows = o.batch / o.microbatches;
   for (int s = run.first; s < o.steps; ++s) {
     std::vector<std::pair<nn::ids_t<L>, nn::ids_t<L>>> micro;
@@ -396,6 +436,12 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
     const auto t0 = std::chrono::steady_clock::now();
     opt.set_lr(lr_at(o, s));
     record_step<L>(run, trainer->step(std::span(micro), opt), t0, s, mesh, text, o, *trainer, print);
+    if (folder) {
+      folder->step_done(*trainer, opt, {.step = s + 1, .data_position = (s + 1) * o.batch});
+    }
+  }
+  if (folder) {
+    folder->wait();
   }
   if (!o.save.empty()) { // one part per stage
     save_training_state(*trainer, o.save, opt, {.step = o.steps, .data_position = o.steps * o.batch});
@@ -422,7 +468,8 @@ Run train_pipelined(const DeviceMesh<PipelineMesh>& world, const Text& text, con
       "[--batch B] "
       "[--seq S] [--layers K] [--hidden H] [--heads N] [--kv-heads N] [--ffn F] "
       "[--lr X] [--eval-every N] [--eval-batches N] [--sample N] [--csv FILE] [--data PATH] [--save DIR] "
-      "[--resume DIR] [--comm-table PREFIX] [--memory-table PREFIX] [--check]\n",
+      "[--resume DIR] [--checkpoint-dir DIR] [--save-every K] [--sync-save] [--comm-table PREFIX] "
+      "[--memory-table PREFIX] [--check]\n",
       why.c_str());
   std::exit(2);
 }
@@ -431,8 +478,8 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--mixed" || a == "--check") {
-      (a == "--mixed" ? o.mixed : o.check) = true;
+    if (a == "--mixed" || a == "--check" || a == "--sync-save") {
+      (a == "--mixed" ? o.mixed : a == "--check" ? o.check : o.sync_save) = true;
       continue;
     }
     if (i + 1 >= argc) {
@@ -454,6 +501,10 @@ Options parse(int argc, char** argv) {
       o.save = v;
     } else if (a == "--resume") {
       o.resume = v;
+    } else if (a == "--checkpoint-dir") {
+      o.checkpoint_dir = v;
+    } else if (a == "--save-every") {
+      o.save_every = int(number());
     } else if (a == "--csv") {
       o.csv = v;
     } else if (a == "--comm-table") {
@@ -565,6 +616,12 @@ int run_main(int argc, char** argv) {
     usage("--mixed is a policy of the FSDP layouts fsdp and fsdp_tp");
   }
   const int pp = d.pp, dp = d.dp, cp = d.cp, tp = d.tp;
+  if (!o.resume.empty() && !o.checkpoint_dir.empty()) {
+    usage("--resume and --checkpoint-dir both say where to start: give one");
+  }
+  if (o.save_every > 0 && o.checkpoint_dir.empty()) {
+    usage("--save-every needs --checkpoint-dir (the folder the states go to)");
+  }
   if (pipelined) {
     if (o.batch % o.microbatches != 0) {
       usage("--microbatches " + std::to_string(o.microbatches) + " does not divide the batch of " +
@@ -678,6 +735,7 @@ int run_main(int argc, char** argv) {
     ref.sample = 0;
     ref.save.clear();
     ref.resume.clear(); // the reference trains every step from the start
+    ref.checkpoint_dir.clear();
     std::swap(o, ref);
     const Run want =
         train(init_device_mesh<Mesh>(one, 1, 1, 1), nn::layout_spec(nn::DataLayout::ddp), false, false);
