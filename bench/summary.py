@@ -326,6 +326,17 @@ def activation_memory():
              data("train_recompute_gpt_n4.json"))]
 
 
+def async_save():
+    row = {r["variant"]: r for r in load("train_async_save_gpt_n4.json")["rows"]}
+    sync, asy = row["sync"], row["async"]
+    return [("[training-state saves](#saving-the-training-state-synchronous-and-asynchronous)",
+             "measure async against sync",
+             f"a save every 2 steps costs the step {100 * (sync['step_vs_none'] - 1):+.1f} % sync, "
+             f"{100 * (asy['step_vs_none'] - 1):+.1f} % async (the call {sync['save_call_ms']:.0f} → "
+             f"{asy['save_call_ms']:.0f} ms; gpt fsdp_tp, 4 processes)",
+             data("train_async_save_gpt_n4.json"))]
+
+
 def checkpoint():
     d = load("checkpoint.json")
     save = [r["paired_ratio"] for r in d if r["name"].startswith("save")]
@@ -406,7 +417,7 @@ def quoted_rows():
 
 
 SUMMARY_ROWS = [collectives_gloo, collectives_mpi, redistribution, uneven, overhead, gemm, mlp, training, backends,
-                gpt, activation_memory, attention, cp, loss, checkpoint, pipeline, moe, compile_cost, store, quoted_rows]
+                gpt, activation_memory, attention, cp, loss, checkpoint, async_save, pipeline, moe, compile_cost, store, quoted_rows]
 
 
 def table(header, rows):

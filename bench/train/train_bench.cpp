@@ -12,7 +12,7 @@
 //   dtensor-run --nproc-per-node 4 ./bench_train --layout tp|tp_cm|ddp|fsdp|hsdp|fsdp_tp [--model mlp|gpt]
 //       [--steps N] [--tokens T --hidden H --ffn F --vocab V --heads N --kv-heads N]
 //       [--recompute selective|none|full | --checkpoint] [--mixed] [--prefetch N] [--max-reductions N]
-//       [--no-check] [--json FILE]
+//       [--save-every K [--save sync|async] [--save-dir DIR]] [--no-check] [--json FILE]
 //
 // The step's T tokens are 8 sequences of T / 8 (the batch over the batch axes, the sequence over tp), float.
 // Step 1 warms up; steps 2, 7, 12, ... run with overlap off (FsdpScheduleOptions::overlap and
@@ -31,6 +31,10 @@
 // schedule's (nn::FsdpScheduleOptions; 1 and 2 by default). With the check (default; --no-check skips
 // it) the same model trains in float on one rank in this process and the losses of every step must agree
 // within 1e-4 (relative; 5e-2 with --mixed, bfloat16 keeps 8 bits of mantissa): exit 1 otherwise.
+// --save-every K: the training state saved into a CheckpointFolder (--save-dir, one state kept) after every
+// K-th step, in the background (--save async, the default: the step waits for the host copy) or not (sync:
+// the step waits for the disk); the save call counts in its step's time, and the wait for the last save
+// after the steps is reported apart (bench/train/async_save.sh compares none, sync and async).
 #include "train_bench.hpp"
 #include <dtensor/testing/heap_counter.hpp>
 
@@ -68,7 +72,8 @@ const char* recompute_name(nn::Recompute r) {
       "[--steps N] "
       "[--tokens T] [--hidden H] [--ffn F] [--vocab V] [--heads N] [--kv-heads N] "
       "[--recompute selective|none|full | --checkpoint] [--mixed] "
-      "[--prefetch N] [--max-reductions N] [--no-check] [--json FILE]\n",
+      "[--prefetch N] [--max-reductions N] [--save-every K [--save sync|async] [--save-dir DIR]] "
+      "[--no-check] [--json FILE]\n",
       why.c_str());
   std::exit(2);
 }
@@ -110,6 +115,15 @@ int main(int argc, char** argv) {
       o.recompute = v == "none"   ? nn::Recompute::none
                     : v == "full" ? nn::Recompute::full
                                   : nn::Recompute::selective;
+    } else if (a == "--save-every") {
+      o.save_every = std::atoi(v.c_str());
+    } else if (a == "--save") {
+      if (v != "sync" && v != "async") {
+        usage("--save is sync or async, not " + v);
+      }
+      o.save_async = v == "async";
+    } else if (a == "--save-dir") {
+      o.save_dir = v;
     } else if (a == "--model") {
       o.model_kind = v;
     } else if (a == "--steps") {
@@ -168,6 +182,7 @@ int main(int argc, char** argv) {
     Options plain = o; // float, no recompute
     plain.mixed = false;
     plain.recompute = nn::Recompute::selective;
+    plain.save_every = 0; // one rank per process: no shared folder
     const Measured want = train(init_device_mesh<Mesh>(one, 1, 1, 1), "ddp", plain);
     for (int s = 0; s < o.steps; ++s) {
       loss_diff = std::max(loss_diff, std::abs(got.losses[s] - want.losses[s]) / std::abs(want.losses[s]));
@@ -198,6 +213,12 @@ int main(int argc, char** argv) {
         "heap per rank (largest over ranks): %.3f MB before training, peak %.3f MB in the steps, %.3f MB "
         "after; parameters, gradients and AdamW state %.3f MB\n",
         heap(0) / 1e6, heap(1) / 1e6, heap(2) / 1e6, double(got.state_bytes) / 1e6);
+    if (o.save_every > 0) {
+      std::printf(
+          "%d saves (%s, every %d steps): %.2f ms a save call on rank 0, %.2f ms waiting for the last "
+          "one after the steps\n",
+          got.saves, o.save_async ? "async" : "sync", o.save_every, got.save_call * ms, got.final_wait * ms);
+    }
     if (o.check) {
       std::printf(
           "against one rank in float: max relative difference of the losses %.1e (tolerance %.0e): %s\n",
@@ -220,13 +241,19 @@ int main(int argc, char** argv) {
           "\"compute_ms\": %.4f, "
           "\"exposed_ms\": %.4f, \"blocked_ms\": %.4f, \"comm_ms\": %.4f, \"serial_step_ms\": %.4f, "
           "\"minor_faults_per_step\": %.1f, \"heap_start_bytes\": %.0f, \"heap_peak_bytes\": %.0f, "
-          "\"heap_end_bytes\": %.0f, \"state_bytes\": %lld, \"losses\": [",
+          "\"heap_end_bytes\": %.0f, \"state_bytes\": %lld, \"save_every\": %d, \"save\": \"%s\", "
+          "\"saves\": %d, \"save_call_ms\": %.4f, \"final_wait_ms\": %.4f, \"losses\": [",
           o.model_kind.c_str(), o.layout.c_str(), o.mixed ? "bfloat16" : "float32",
           o.recompute == nn::Recompute::full ? "true" : "false", recompute_name(o.recompute), backend.c_str(),
           n, rep, dp, tp, kBlocks, (long long)o.tokens, (long long)o.model.hidden, (long long)o.model.ffn,
           (long long)o.model.vocab, (long long)o.model.heads, (long long)o.model.kv_head_count(), o.steps,
           got.step * ms, (got.step - got.exposed) * ms, got.exposed * ms, got.blocked * ms, got.comm * ms,
-          got.serial_step * ms, got.faults, heap(0), heap(1), heap(2), (long long)got.state_bytes);
+          got.serial_step * ms, got.faults, heap(0), heap(1), heap(2), (long long)got.state_bytes,
+          o.save_every,
+          o.save_every == 0 ? "none"
+          : o.save_async    ? "async"
+                            : "sync",
+          got.saves, got.save_call * ms, got.final_wait * ms);
       for (int s = 0; s < o.steps; ++s) {
         std::fprintf(f, "%s%.8g", s ? ", " : "", got.losses[s]);
       }

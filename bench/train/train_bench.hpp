@@ -14,11 +14,15 @@
 #include <dtensor/train/fsdp_schedule.hpp>
 #include <dtensor/train/optim.hpp>
 #include <dtensor/train/trainer.hpp>
+#if DTENSOR_HAS_CHECKPOINT
+#include <dtensor/train/checkpoint_folder.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -46,6 +50,9 @@ struct Options {
   nn::Recompute recompute =
       nn::Recompute::selective;   ///< what each block keeps (--recompute; --checkpoint: full)
   FsdpScheduleOptions schedule{}; ///< the FSDP layouts' prefetch depth and reductions in flight
+  int save_every = 0;             ///< --save-every K: the training state saved after every K-th step
+  bool save_async = true;         ///< --save sync|async: the step waits for the disk, or for the host copy
+  std::string save_dir = "bench_train_state"; ///< --save-dir: the CheckpointFolder (one state kept)
 };
 
 inline nn::ids_t<L> tokens(const DeviceMesh<Mesh>& mesh, const Options& o, int step, bool targets) {
@@ -75,6 +82,10 @@ struct Measured {
   /// blocked per (op, group label), a step's mean.
   std::map<std::pair<std::string, std::string>, double> blocked_by_op;
   std::int64_t heap_start = 0, heap_peak = 0, heap_end = 0, state_bytes = 0;
+  /// --save-every: the saves, the mean time of a save call on the training thread, and the wait for the
+  /// last one after the steps.
+  int saves = 0;
+  double save_call = 0, final_wait = 0;
 };
 
 template <class Trainer>
@@ -84,6 +95,15 @@ Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
   m.heap_start = dtensor::testing::heap::live();
   m.state_bytes = param_elements * std::int64_t(sizeof(float)) * 4; // parameter, gradient, 2 moments
   int overlapped = 0, serial = 0;
+#if DTENSOR_HAS_CHECKPOINT
+  const auto folder = o.save_every > 0
+                          ? std::make_unique<CheckpointFolder>(
+                                o.save_dir, CheckpointFolderOptions{.keep = 1, .async = o.save_async})
+                          : nullptr;
+#else
+  DTENSOR_CHECK(o.save_every == 0,
+                "bench_train --save-every: built without checkpoints (nlohmann-json3-dev)");
+#endif
   for (int s = 0; s < o.steps; ++s) {
     const bool serial_step = s % 5 == 1; // 2, 7, 12, ... (1-based): overlap off
     trainer.options().ddp.overlap = trainer.options().schedule.overlap = !serial_step;
@@ -95,6 +115,14 @@ Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
     CommWaitTimer blocked;
     const auto t0 = std::chrono::steady_clock::now();
     const nn::StepResult r = trainer.step(ids, targets, opt);
+#if DTENSOR_HAS_CHECKPOINT
+    if (folder && (s + 1) % o.save_every == 0) { // counted in the step: what the training waits for
+      const auto t1 = std::chrono::steady_clock::now();
+      folder->save(trainer, opt, {.step = s + 1, .data_position = (s + 1) * kBatch});
+      m.save_call += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      ++m.saves;
+    }
+#endif
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m.losses.push_back(r.loss);
     if (s == 0) {
@@ -110,6 +138,14 @@ Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
       m.faults += minor_faults() - f0, ++overlapped;
     }
   }
+#if DTENSOR_HAS_CHECKPOINT
+  if (folder) {
+    const auto t1 = std::chrono::steady_clock::now();
+    folder->wait();
+    m.final_wait = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    m.save_call /= std::max(1, m.saves);
+  }
+#endif
   m.heap_peak = o.steps > 1 ? dtensor::testing::heap::peak() : 0;
   m.heap_end = dtensor::testing::heap::live();
   const double a = std::max(1, overlapped), b = std::max(1, serial);
