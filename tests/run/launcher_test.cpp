@@ -14,6 +14,8 @@
 //                 DTENSOR_RESTART_COUNT and a fresh part of the store, until it succeeds or no restart is
 //                 left; --nproc-per-node MIN:MAX leaves the failed rank out of the restart; bad flags
 //   restarts_mpi  the same through mpirun (--backend mpi)
+//   multinode_restarts  two launchers as two nodes with --max-restarts: a rank of node 1 killed, both nodes
+//                 start again; elastic --nnodes 1:2: node 1's launcher killed, node 0 goes on alone
 // Dead and missing peers, with fault_program as the program (DTENSOR_TIMEOUT=2, three ranks): every
 // survivor gets an Error naming the cause within 2 timeouts, never an abort.
 //   kill_store_host  rank 0 hosts the store (--rank0-store) and is SIGKILLed mid-collective
@@ -269,8 +271,7 @@ void restarts() {
            {{"--nproc-per-node", "2:4"}, "give --max-restarts N too"},
            {{"--nproc-per-node", "4:2", "--max-restarts", "1"}, "is not an integer in [4, 4096]"},
            {{"--max-restarts", "-1"}, "is not an integer in [0,"},
-           {{"--nnodes", "2", "--max-restarts", "1"}, "one machine only for now"},
-           {{"--nnodes", "1:2"}, "elastic node ranges are not supported yet"}}) {
+           {{"--nnodes", "1:2"}, "give --max-restarts N too"}}) {
     std::vector<std::string> argv = {g_launcher};
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.push_back(g_program);
@@ -459,6 +460,75 @@ void multinode() {
            "node 0 fails too, naming rank 3 on node 1");
     EXPECT(took0 < 15s && took1 < 15s, "both stop quickly");
     EXPECT(all_dead(pids_after(n0.output + n1.output, "pid")), "no rank survives on either node");
+  }
+}
+
+void multinode_restarts() {
+  const int port = free_port();
+  auto node = [&](int node_rank, const std::string& nnodes, const std::vector<std::string>& prog) {
+    std::vector<std::string> argv = {g_launcher,
+                                     "--nnodes",
+                                     nnodes,
+                                     "--node-rank",
+                                     std::to_string(node_rank),
+                                     "--master-addr",
+                                     "127.0.0.1",
+                                     "--master-port",
+                                     std::to_string(port),
+                                     "--nproc-per-node",
+                                     "2",
+                                     "--max-restarts",
+                                     "1",
+                                     "--rdzv-last-call",
+                                     "1",
+                                     "--stop-timeout",
+                                     "5"};
+    argv.insert(argv.end(), prog.begin(), prog.end());
+    return argv;
+  };
+  {
+    // Rank 3 (node 1) killed in the first start: both launchers stop their ranks and start them again.
+    Proc n1(node(1, "2", {g_program, "restart", "3", "1"}), {{"DTENSOR_TIMEOUT", "20"}});
+    Proc n0(node(0, "2", {g_program, "restart", "3", "1"}), {{"DTENSOR_TIMEOUT", "20"}});
+    n1.wait(60s);
+    n0.wait(60s);
+    show(n0);
+    show(n1);
+    EXPECT(n0.code() == 0 && n1.code() == 0, "both nodes finish after one restart");
+    EXPECT(starts_seen(n0.output + n1.output, 0, 4) >= 3 && starts_seen(n0.output + n1.output, 1, 4) == 4,
+           "the first start on 4 ranks, then all 4 again with DTENSOR_RESTART_COUNT=1");
+    EXPECT(contains(n0.output, "start 1: node 0 of 2") && contains(n1.output, "start 1: node 1 of 2"),
+           "each start's nodes meet at its rendezvous");
+    EXPECT(!contains(n0.output + n1.output, "visible"), "no start sees an earlier start's keys");
+  }
+  {
+    // Elastic 1:2: node 1's launcher killed mid-start (its ranks die with it); node 0's ranks fail at
+    // their last barrier, and node 0 starts again alone.
+    Proc n0(node(0, "1:2", {g_program, "restart", "-1", "0", "4000"}), {{"DTENSOR_TIMEOUT", "3"}});
+    Proc n1(node(1, "1:2", {g_program, "restart", "-1", "0", "4000"}), {{"DTENSOR_TIMEOUT", "3"}});
+    const bool up =
+        n1.read_until([](const std::string& o) { return contains(o, "start 0 rank 3 of 4"); }, 30s);
+    EXPECT(up, "node 1's ranks started");
+    ::kill(n1.pid, SIGKILL);
+    n1.wait(10s);
+    n0.wait(60s);
+    show(n0);
+    EXPECT(n0.code() == 0, "node 0 finishes alone (got " + std::to_string(n0.code()) + ")");
+    EXPECT(contains(n0.output, "start 1: node 0 of 1") && starts_seen(n0.output, 1, 2) == 2,
+           "the restart runs on node 0 only: 2 ranks, WORLD_SIZE 2");
+  }
+  for (const auto& [flags, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--nnodes", "1:2"}, "give --max-restarts N too"},
+           {{"--nnodes", "2", "--nproc-per-node", "1:2", "--max-restarts", "1"},
+            "the elastic unit is the node"},
+           {{"--nnodes", "2", "--max-restarts", "1", "--rank0-store"}, "needs the launchers' store"},
+           {{"--rdzv-last-call", "-1"}, "is not a number of seconds"}}) {
+    std::vector<std::string> argv = {g_launcher};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back(g_program);
+    Proc p(argv, {});
+    p.wait(10s);
+    EXPECT(p.code() == 2 && contains(p.output, why), "refused with '" + why + "': " + p.output);
   }
 }
 
@@ -723,6 +793,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, void (*)()> scenarios = {{"prefix", prefix},
                                                        {"restarts", restarts},
                                                        {"restarts_mpi", restarts_mpi},
+                                                       {"multinode_restarts", multinode_restarts},
                                                        {"early_exit", early_exit},
                                                        {"signals", signals},
                                                        {"unreachable", unreachable},

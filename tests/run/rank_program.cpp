@@ -4,10 +4,12 @@
 //                               everybody's, counts with add() and meets at a barrier
 //   rank_program fail R CODE    rank R exits with CODE after 200 ms; the others print their pid and sleep
 //   rank_program sleep          prints "ready <pid>" and sleeps (for the signal tests)
-//   rank_program restart R K    prints "start <DTENSOR_RESTART_COUNT> rank <r> of <n>"; rank R kills itself
-//                               (SIGKILL) in starts 0 .. K-1. With the launcher's store, every rank checks
-//                               that no key of an earlier start is visible in its part of the store,
-//                               leaves one there, and meets the others at a barrier
+//   rank_program restart R K [S]  prints "start <DTENSOR_RESTART_COUNT> rank <r> of <n>"; rank R kills
+//                               itself (SIGKILL) in starts 0 .. K-1. With the launcher's store, every rank
+//                               checks that no key of an earlier start is visible in its part of the store,
+//                               leaves one there, and meets the others at a barrier; then sleeps (S ms in
+//                               start 0, default 500) and meets them at a last barrier (a rank whose peers
+//                               died times out there: DTENSOR_TIMEOUT)
 // Errors are printed as "rank_program error: <message>" with exit code 1.
 #include "dtensor/comm/init.hpp"
 #include "dtensor/rendezvous/barrier.hpp"
@@ -77,8 +79,9 @@ int run(int argc, char** argv) {
     const int fails = argc > 3 ? std::atoi(argv[3]) : 1;
     std::printf("start %d rank %d of %d\n", env.restart_count, env.rank, env.world_size);
     std::fflush(stdout);
+    std::shared_ptr<dtensor::Store> store;
     if (env.agent_store) { // this start's part of the launcher's store, as init_process_group sees it
-      std::shared_ptr<dtensor::Store> store = dtensor::connect_store(env, dtensor::detail::init_timeout());
+      store = dtensor::connect_store(env, dtensor::detail::init_timeout());
       if (!env.store_prefix.empty()) {
         store = std::make_shared<dtensor::PrefixStore>(env.store_prefix, store);
       }
@@ -90,7 +93,11 @@ int run(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       ::raise(SIGKILL);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const int pause = argc > 4 && env.restart_count == 0 ? std::atoi(argv[4]) : 500;
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause));
+    if (store) {
+      dtensor::store_barrier(*store, "finished", env.world_size, store->timeout());
+    }
     return 0;
   }
   if (mode == "sleep") {

@@ -14,7 +14,9 @@
 // ranks), so the port stays bound for the whole job and ranks may start in any order. The store listens on
 // loopback when the master address is a loopback one (one machine), and serves only clients presenting
 // the job's token (DTENSOR_STORE_TOKEN: the launcher's own if set, else a random one on one machine). With
-// several nodes the launchers share failures through that store: a failed rank anywhere stops every node.
+// several nodes the launchers share failures through that store: a failed rank anywhere stops every node;
+// with --max-restarts they meet there again before each new start (node ranks in the order they join,
+// node 0 first), and with --nnodes MIN:MAX a start goes on with the nodes that came back.
 // Every launcher records there how each of its ranks ended ("dtensor-run/exit/<rank>"), so that the peers of
 // a rank that died name it alone. Run `dtensor-run --help` for every flag.
 //
@@ -72,11 +74,16 @@ Starts --nproc-per-node copies of `program` with torchrun's environment variable
 options (torchrun's spellings; `--a-b` and `--a_b`, `--opt v` and `--opt=v` are all accepted):
   --nproc-per-node N     processes on this machine (default 1); MIN:MAX: elastic, MAX at the start and
                          one fewer for each rank that failed at each restart, never below MIN
-  --nnodes N             machines in the job (default 1; "N:N" accepted, elastic node ranges are not:
-                         on one machine, --nproc-per-node MIN:MAX)
+  --nnodes N             machines in the job (default 1); MIN:MAX: elastic (with --max-restarts): each
+                         start of the job takes the nodes whose launchers join its rendezvous, at least
+                         MIN, at most MAX (node 0, the store's host, must stay)
+  --rdzv-last-call S     elastic: once MIN nodes joined a start, how long node 0 waits for more
+                         before starting without them (default 10 seconds)
   --max-restarts N       when a rank fails, stop every rank and start them all again, up to N times
                          (default 0); each start gets DTENSOR_RESTART_COUNT (and torchrun's
-                         TORCHELASTIC_RESTART_COUNT) = 0, 1, ... One machine only for now
+                         TORCHELASTIC_RESTART_COUNT) = 0, 1, ... With several nodes every launcher
+                         restarts its ranks, and the node ranks of a start are those of its rendezvous
+                         (node 0: the store's host; the others in the order they join)
   --node-rank R          this machine's index, 0..nnodes-1 (default 0)
   --master-addr A        address of node 0, where the store runs (default 127.0.0.1)
   --master-port P        port of the store (default 29500; 0 = a free port, one machine only)
@@ -114,8 +121,10 @@ was killed), 128+signal when dtensor-run itself was interrupted.
 
 struct Args {
   int nproc_per_node = 1;
-  int min_nproc = 0; // --nproc-per-node MIN:MAX: MIN (0: not elastic)
+  int min_nproc = 0;  // --nproc-per-node MIN:MAX: MIN (0: not elastic)
+  int min_nnodes = 0; // --nnodes MIN:MAX: MIN (0: not elastic)
   int max_restarts = 0;
+  double last_call = 10; // --rdzv-last-call seconds
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
@@ -203,19 +212,28 @@ Args parse(int argc, char** argv) {
       } else {
         a.nproc_per_node = parse_int(arg, v, 1, 4096);
       }
+    } else if (arg == "--rdzv-last-call") {
+      const std::string v = need();
+      std::size_t used = 0;
+      try {
+        a.last_call = std::stod(v, &used);
+      } catch (...) {
+        used = 0;
+      }
+      if (used != v.size() || v.empty() || !(a.last_call >= 0 && a.last_call <= 86400)) {
+        die("--rdzv-last-call: '" + v + "' is not a number of seconds from 0 to 86400");
+      }
     } else if (arg == "--max-restarts") {
       a.max_restarts = parse_int(arg, need(), 0, 1 << 20);
     } else if (arg == "--nnodes") {
       std::string v = need();
       if (auto colon = v.find(':'); colon != std::string::npos) {
-        if (v.substr(0, colon) != v.substr(colon + 1)) {
-          die("--nnodes " + v +
-              ": elastic node ranges are not supported yet; give one number (on one "
-              "machine, --nproc-per-node MIN:MAX with --max-restarts shrinks the job when ranks fail)");
-        }
-        v = v.substr(0, colon);
+        const int lo = parse_int(arg + " (its MIN)", v.substr(0, colon), 1, 1 << 16);
+        a.nnodes = parse_int(arg + " (its MAX)", v.substr(colon + 1), lo, 1 << 16);
+        a.min_nnodes = lo < a.nnodes ? lo : 0; // N:N is not elastic
+      } else {
+        a.nnodes = parse_int(arg, v, 1, 1 << 16);
       }
-      a.nnodes = parse_int(arg, v, 1, 1 << 16);
     } else if (arg == "--node-rank") {
       a.node_rank = parse_int(arg, need(), 0, 1 << 16);
     } else if (arg == "--master-addr") {
@@ -287,13 +305,19 @@ Args parse(int argc, char** argv) {
   if (a.node_rank >= a.nnodes) {
     die("--node-rank " + std::to_string(a.node_rank) + " must be < --nnodes " + std::to_string(a.nnodes));
   }
-  if (a.nnodes > 1 && (a.max_restarts > 0 || a.min_nproc > 0)) {
-    die("--max-restarts and --nproc-per-node MIN:MAX work on one machine only for now (--nnodes 1); across "
-        "machines, restart the job from its scheduler (the program resumes from its checkpoint folder)");
+  if (a.nnodes > 1 && a.min_nproc > 0) {
+    die("--nproc-per-node MIN:MAX works on one machine (--nnodes 1); across machines the elastic unit is the "
+        "node: --nnodes MIN:MAX");
   }
-  if (a.min_nproc > 0 && a.max_restarts == 0) {
-    die("--nproc-per-node " + std::to_string(a.min_nproc) + ":" + std::to_string(a.nproc_per_node) +
+  if ((a.min_nproc > 0 || a.min_nnodes > 0) && a.max_restarts == 0) {
+    die(std::string(a.min_nproc > 0 ? "--nproc-per-node " : "--nnodes ") +
+        std::to_string(a.min_nproc > 0 ? a.min_nproc : a.min_nnodes) + ":" +
+        std::to_string(a.min_nproc > 0 ? a.nproc_per_node : a.nnodes) +
         ": an elastic size changes only at a restart; give --max-restarts N too");
+  }
+  if (a.nnodes > 1 && a.max_restarts > 0 && !a.agent_store) {
+    die("--max-restarts with several nodes needs the launchers' store (leave out --rank0-store): the "
+        "launchers meet there to start again");
   }
   if (a.master_port == 0 && a.nnodes > 1) {
     die("--master-port 0 (a free port) works on one machine only (--nnodes 1)");
@@ -614,7 +638,7 @@ int exit_code_of(int status) {
 
 class Launcher {
 public:
-  explicit Launcher(Args args) : a_(std::move(args)) {}
+  explicit Launcher(Args args) : a_(std::move(args)), max_nnodes_(a_.nnodes) {}
 
   int run() {
     guardian_.start();
@@ -651,14 +675,20 @@ public:
       watcher_ = std::thread([this] { watch_store(); });
     }
     for (;;) {
+      if (rendezvous_mode()) {
+        rendezvous();
+      }
       spawn_all();
-      const int code = loop();
-      if (code == 0 || interrupted_ != 0 || restart_ >= a_.max_restarts) {
+      int code = loop();
+      if (code == 0 && store_ && a_.nnodes > 1) {
+        code = wait_for_nodes();
+      }
+      if (code == 0 || interrupted_ != 0 || restart_ >= a_.max_restarts || store_lost_ || job_stopped()) {
         if (code != 0 && a_.max_restarts > 0 && interrupted_ == 0) {
-          std::fprintf(stderr, "dtensor-run: no restart left (%d of %d used); giving up\n", restart_,
-                       a_.max_restarts);
+          std::fprintf(stderr, "dtensor-run: no restart left (%d of %d used)%s; giving up\n", restart_.load(),
+                       a_.max_restarts, store_lost_ ? " or the store is gone" : "");
         }
-        finish_store(code == 0);
+        finish_store();
         guardian_.done();
         return code;
       }
@@ -686,8 +716,99 @@ private:
   std::string store_prefix() const {
     return restart_ == 0 ? std::string() : "dtensor-run/restart-" + std::to_string(restart_);
   }
-  std::string job_key(const std::string& key) const {
-    return restart_ == 0 ? key : store_prefix() + "/" + key;
+  static std::string job_key_of(int start, const std::string& key) {
+    return start == 0 ? key : "dtensor-run/restart-" + std::to_string(start) + "/" + key;
+  }
+  std::string job_key(const std::string& key) const { return job_key_of(restart_, key); }
+
+  /// Whether a launcher of the job was interrupted (then no node starts again).
+  bool job_stopped() {
+    try {
+      return store_ && max_nnodes_ > 1 && store_->check({"dtensor-run/stopped"});
+    } catch (...) {
+      return true;
+    }
+  }
+
+  /// Several nodes that may start again: each start's nodes meet first (rendezvous()).
+  bool rendezvous_mode() const { return max_nnodes_ > 1 && a_.max_restarts > 0; }
+
+  /// The nodes of this start: node 0 (the store's host) waits for the others to join, all of them, or
+  /// when elastic at least MIN and then --rdzv-last-call for more (at most MAX), and closes the start;
+  /// the others take their node rank in the order they joined. Sets the node rank and count of the start.
+  void rendezvous() {
+    const std::string key = "dtensor-run/rdzv/" + std::to_string(restart_);
+    const int lo = a_.min_nnodes > 0 ? a_.min_nnodes : max_nnodes_;
+    try {
+      if (server_) {
+        const auto deadline = Clock::now() + store_timeout_;
+        std::optional<Clock::time_point> enough;
+        int joined = 1;
+        for (;;) {
+          joined = 1 + static_cast<int>(store_->add(key + "/joined", 0));
+          if (joined >= max_nnodes_) {
+            break;
+          }
+          if (joined >= lo) {
+            enough = enough.value_or(Clock::now());
+            if (Clock::now() - *enough >= std::chrono::duration<double>(a_.last_call)) {
+              break;
+            }
+          }
+          if (Clock::now() > deadline) {
+            die("rendezvous of start " + std::to_string(restart_) + ": " + std::to_string(joined) +
+                    " of at least " + std::to_string(lo) + " nodes joined within " +
+                    std::to_string(store_timeout_.count()) + " ms",
+                1);
+          }
+          std::this_thread::sleep_for(50ms);
+        }
+        a_.nnodes = std::min(joined, max_nnodes_);
+        a_.node_rank = 0;
+        store_->set(key + "/closed", std::to_string(a_.nnodes));
+      } else {
+        const int index = static_cast<int>(store_->add(key + "/joined", 1)); // 1, 2, ...
+        const std::vector<char> v = store_->get(key + "/closed");
+        a_.nnodes = std::stoi(std::string(v.begin(), v.end()));
+        if (index >= a_.nnodes) {
+          die("start " + std::to_string(restart_) + " of the job began with " + std::to_string(a_.nnodes) +
+                  " nodes without this one (it joined late)",
+              1);
+        }
+        a_.node_rank = index;
+      }
+    } catch (const std::exception& e) {
+      die("rendezvous of start " + std::to_string(restart_) + " in the store on node 0: " + e.what(), 1);
+    }
+    std::fprintf(stderr, "dtensor-run: start %d: node %d of %d\n", restart_.load(), a_.node_rank, a_.nnodes);
+  }
+
+  /// This node's ranks all exited 0: until every node's did (0), or one failed in this start (1). Only
+  /// node 0 (the store's host) waits, unless the nodes may start again.
+  int wait_for_nodes() {
+    try {
+      if (store_->add(job_key("dtensor-run/nodes_done"), 1) == a_.nnodes) {
+        store_->set(job_key("dtensor-run/all_done"), std::string_view("1"));
+      }
+      if (a_.node_rank != 0 && !rendezvous_mode()) {
+        return 0;
+      }
+      const auto until = Clock::now() + store_timeout_;
+      while (Clock::now() < until) {
+        if (store_->check({job_key("dtensor-run/all_done")})) {
+          return 0;
+        }
+        if (store_->check({job_key("dtensor-run/failed")})) {
+          const std::vector<char> v = store_->get(job_key("dtensor-run/failed"));
+          std::fprintf(stderr, "dtensor-run: this node's ranks finished, but: %s\n",
+                       std::string(v.begin(), v.end()).c_str());
+          return rendezvous_mode() ? 1 : 0;
+        }
+        std::this_thread::sleep_for(100ms);
+      }
+    } catch (...) {
+    }
+    return 0;
   }
 
   /// After a failed start: the next one, without the ranks that failed when elastic (never below MIN).
@@ -701,8 +822,9 @@ private:
       a_.nproc_per_node = std::max(a_.min_nproc, before - std::max(lost, 1));
     }
     ++restart_;
-    std::fprintf(stderr, "dtensor-run: restart %d of %d: starting %d rank(s)%s\n", restart_, a_.max_restarts,
-                 a_.nproc_per_node,
+    remote_failure_.clear();
+    std::fprintf(stderr, "dtensor-run: restart %d of %d: starting %d rank(s)%s\n", restart_.load(),
+                 a_.max_restarts, a_.nproc_per_node,
                  a_.nproc_per_node < before
                      ? (" (" + std::to_string(before - a_.nproc_per_node) + " fewer: elastic, at least " +
                         std::to_string(a_.min_nproc) + ")")
@@ -904,7 +1026,7 @@ private:
         record_exit(r, status);
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         r.failed_first = !ok && !stopping; // before this launcher stopped anyone: a failure of its own
-        if (!ok && !failed_ && !interrupted_) {
+        if (!ok && !failed_ && !interrupted_ && remote_failure_.empty()) { // not one this node stopped
           failed_ = &r;
           const std::string report = "rank " + std::to_string(r.rank) + " (local rank " +
                                      std::to_string(r.local_rank) + " on node " +
@@ -1013,6 +1135,12 @@ private:
       interrupted_ = sig;
       std::fprintf(stderr, "dtensor-run: got %s; forwarding it to %d rank(s)\n", signal_name(sig).c_str(),
                    running_);
+      if (store_ && max_nnodes_ > 1) {
+        try {
+          store_->set("dtensor-run/stopped", signal_name(sig));
+        } catch (...) {
+        }
+      }
       publish_failure("node " + std::to_string(a_.node_rank) + "'s launcher was interrupted by " +
                       signal_name(sig));
       stop_all(sig);
@@ -1039,19 +1167,28 @@ private:
       return;
     }
     try {
-      store_->set("dtensor-run/failed", what);
+      store_->set(job_key("dtensor-run/failed"), what);
     } catch (...) {
     }
   }
 
+  /// Watches the current start's failure key (each start once), and the store itself.
   void watch_store() {
+    int seen = -1;
     while (!stop_watch_.load()) {
+      const int start = restart_.load();
+      if (start == seen) {
+        std::this_thread::sleep_for(100ms);
+        continue;
+      }
       try {
-        store_->wait({"dtensor-run/failed"}, 500ms);
-        auto v = store_->get("dtensor-run/failed");
+        const std::string key = job_key_of(start, "dtensor-run/failed");
+        store_->wait({key}, 500ms);
+        auto v = store_->get(key);
         std::lock_guard lock(remote_m_);
         remote_pending_ = std::string(v.begin(), v.end());
-        return;
+        remote_start_ = start;
+        seen = start;
       } catch (const dtensor::TimeoutError&) {
         continue;
       } catch (const std::exception& e) {
@@ -1060,6 +1197,7 @@ private:
         }
         std::lock_guard lock(remote_m_);
         remote_pending_ = "lost contact with the store on node 0 (" + std::string(e.what()) + ")";
+        remote_start_ = -1;
         return;
       }
     }
@@ -1069,7 +1207,11 @@ private:
     std::string what;
     {
       std::lock_guard lock(remote_m_);
+      if (remote_start_ >= 0 && remote_start_ != restart_.load()) {
+        return; // an earlier start's failure, already acted on
+      }
       what = std::exchange(remote_pending_, std::string());
+      store_lost_ = store_lost_ || (!what.empty() && remote_start_ < 0);
     }
     if (what.empty() || failed_ != nullptr || interrupted_ != 0 || !remote_failure_.empty()) {
       return;
@@ -1081,24 +1223,9 @@ private:
     }
   }
 
-  /// With several nodes: node 0 keeps the store up until every node finished (or one failed).
-  void finish_store(bool ok) {
+  /// Stops watching the store and closes it (node 0: after every node finished, wait_for_nodes()).
+  void finish_store() {
     if (store_) {
-      try {
-        if (ok) {
-          if (store_->add("dtensor-run/nodes_done", 1) == a_.nnodes) {
-            store_->set("dtensor-run/all_done", std::string_view("1"));
-          }
-          if (a_.node_rank == 0) {
-            const auto until = Clock::now() + store_timeout_;
-            while (!store_->check({"dtensor-run/all_done"}) && !store_->check({"dtensor-run/failed"}) &&
-                   Clock::now() < until) {
-              std::this_thread::sleep_for(100ms);
-            }
-          }
-        }
-      } catch (...) {
-      }
       stop_watch_.store(true);
       if (watcher_.joinable()) {
         watcher_.join();
@@ -1109,7 +1236,8 @@ private:
   }
 
   Args a_;
-  int restart_ = 0; ///< this start's number: 0, then 1 .. --max-restarts
+  std::atomic<int> restart_{0}; ///< this start's number: 0, then 1 .. --max-restarts (read by the watcher)
+  int max_nnodes_ = 1;          ///< --nnodes (its MAX); a_.nnodes is the current start's count
   Guardian guardian_;
   std::chrono::milliseconds store_timeout_{0};
   std::vector<Rank> ranks_;
@@ -1123,6 +1251,8 @@ private:
   std::atomic<bool> stop_watch_{false};
   std::mutex remote_m_;
   std::string remote_pending_;
+  int remote_start_ = 0;    ///< the start remote_pending_ is about (-1: the store was lost)
+  bool store_lost_ = false; ///< no restart can meet
   std::string remote_failure_;
 };
 
