@@ -325,6 +325,22 @@ TEST_CASE("loads check the index, the files and the checksums, and say what is w
     fs::remove(dir / "index.json");
     CHECK(contains(error_of([&] { load_all(dir, "w"); }), "cannot open"));
   }
+  SECTION("an index whose shapes overflow int64: an error, never undefined behaviour") {
+    const fs::path dir = damaged("overflow");
+    std::ifstream in(dir / "index.json");
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    in.close();
+    for (const std::string shape : {"[4611686018427387904, 4]", "[1099511627776, 1099511627776]"}) {
+      INFO(shape);
+      std::string crafted = text;
+      const auto at = crafted.find("\"shape\": [");
+      crafted.replace(at, crafted.find(']', at) + 1 - at, "\"shape\": " + shape);
+      { std::ofstream(dir / "index.json") << crafted; }
+      const std::string e = error_of([&] { load_all(dir, "w"); });
+      CHECK(contains(e, "tensor 'w'"));
+      CHECK(contains(e, "the shape's byte size overflows int64"));
+    }
+  }
 }
 
 TEST_CASE("a save that fails midway leaves the previous checkpoint intact", "[checkpoint]") {

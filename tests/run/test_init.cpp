@@ -153,7 +153,8 @@ TEST_CASE("env: timeouts below a millisecond, huge or not finite are rejected wi
   CHECK(parse_timeout_seconds("DTENSOR_TIMEOUT", "2.5") == 2500ms);
   CHECK(parse_timeout_seconds("DTENSOR_TIMEOUT", "0.001") == 1ms);
   CHECK(parse_timeout_seconds("DTENSOR_TIMEOUT", "2592000") == dtensor::kMaxTimeout);
-  for (const char* bad : {"1e300", "0.0004", "0", "-5", "inf", "nan", "5s", "", "2592001"}) {
+  for (const char* bad : {"1e300", "0.0004", "0", "-5", "inf", "nan", "5s", "", "2592001", "0x10", " 5", "5 ",
+                          "+5", "1e400", "0x1p3"}) {
     INFO(bad);
     CHECK_THROWS_WITH(parse_timeout_seconds("DTENSOR_TIMEOUT", bad),
                       Catch::Matchers::Contains("DTENSOR_TIMEOUT='" + std::string(bad) + "'") &&
@@ -172,6 +173,33 @@ TEST_CASE("env: timeouts below a millisecond, huge or not finite are rejected wi
   CHECK_THROWS_WITH(
       dtensor::detail::init_timeout(std::chrono::milliseconds(dtensor::kMaxTimeout.count() + 1)),
       Catch::Matchers::Contains("at most 30 days"));
+}
+
+TEST_CASE("env: numbers are decimal, as written", "[env]") {
+  using dtensor::detail::is_decimal_number;
+  using dtensor::detail::parse_decimal_int;
+  for (const char* ok : {"2", "2.5", ".5", "5.", "1e3", "1E-3", "007"}) {
+    INFO(ok);
+    CHECK(is_decimal_number(ok));
+  }
+  for (const char* bad : {"", ".", "0x10", " 5", "5 ", "+5", "-5", "inf", "nan", "1e", "1e+", "5s", "1,5"}) {
+    INFO(bad);
+    CHECK_FALSE(is_decimal_number(bad));
+  }
+  CHECK(parse_decimal_int("X", "42", 0, 100) == 42);
+  CHECK(parse_decimal_int("X", "-3", -5, 5) == -3);
+  for (const char* bad : {"0x10", " 5", "5 ", "+5", "-1", "", "1e2", "101", "99999999999999999999"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(
+        parse_decimal_int("X", bad, 0, 100),
+        Catch::Matchers::Contains("X='" + std::string(bad) + "' is not an integer in [0, 100]"));
+  }
+  // init_process_group's variables: RANK=" 1" or "0x1" is refused, naming it.
+  for (const char* bad : {" 1", "0x1", "+1"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(dtensor::read_dist_env(env_of({{"RANK", bad}, {"WORLD_SIZE", "2"}})),
+                      Catch::Matchers::Contains("RANK='" + std::string(bad) + "'"));
+  }
 }
 
 TEST_CASE("env: one truth table for every flag", "[env]") {

@@ -666,6 +666,42 @@ TEST_CASE("FsdpSchedule: prefetch, reshard after forward, reductions in flight, 
     STATIC_REQUIRE(std::is_same_v<MP::param_type<0>::value_type, bfloat16>);
     STATIC_REQUIRE(std::is_same_v<MP::grad_shard_type::value_type, bfloat16>);
   }
+  SECTION("the reductions in flight never exceed max_reductions, and reach it (4 groups, caps 1 to 4)") {
+    using Mesh = MeshShape<Axis<"dp">>;
+    using Group = FlatParamGroup<double, Mesh, Fsdp<"dp">, Params<Param<2>>>;
+    for (int cap = 1; cap <= 4; ++cap) {
+      INFO("max_reductions " << cap);
+      testing::run_ranks(2, [&](ProcessGroup& world) {
+        const auto mesh = init_device_mesh<Mesh>(world);
+        std::vector<Group> groups;
+        for (int g = 0; g < 4; ++g) {
+          groups.push_back(Group::from_full(mesh, Tensor<double, 2>::full({3, 2}, double(g + 1))));
+        }
+        FsdpSchedule sched({.max_reductions = cap});
+        for (auto& g : groups) {
+          sched.add(g);
+        }
+        for (auto& g : groups) {
+          sched.forward(g, [](const auto&) { return 0; });
+        }
+        int most = 0;
+        for (int g = 3; g >= 0; --g) {
+          sched.backward(groups[std::size_t(g)], [](const auto& w) {
+            return std::tuple{DTensor<double, 2, Mesh, Partial<>>::from_local(
+                w.mesh(), Tensor<double, 2>::full({3, 2}, 1.0), std::array<std::int64_t, 2>{3, 2})};
+          });
+          const int in_flight = sched.reductions_in_flight();
+          expect(in_flight <= cap, "after group " + std::to_string(g) +
+                                       "'s backward: " + std::to_string(in_flight) +
+                                       " reductions in flight, cap " + std::to_string(cap));
+          most = std::max(most, in_flight);
+        }
+        expect(most == std::min(cap, 4), "the cap is reached: " + std::to_string(most));
+        sched.finish();
+        expect(sched.reductions_in_flight() == 0, "finish() waits for them all");
+      });
+    }
+  }
   SECTION("a group not added is an error naming the call") {
     testing::run_ranks(1, [&](ProcessGroup& world) {
       const auto mesh = init_device_mesh<FsdpLayout::Mesh>(world, 1);

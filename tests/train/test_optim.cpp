@@ -341,13 +341,35 @@ TEST_CASE("bfloat16 parameters: AdamW and SGD state in fp32, with master weights
         }
       }
     }
-    // SGD with momentum on bf16: an fp32 momentum buffer.
+    // SGD with momentum and weight decay on bf16 with master weights: fp32 state, and the master steps
+    // from itself. Each update (lr * grad ~ 2.5e-4) is below bfloat16's half ulp at these values (2^-9 at
+    // 0.5), so a step taken from the rounded parameter would lose it: the master must follow torch's
+    // algorithm in fp32 over 6 steps.
     B w = make_b(1, 0.5);
-    optim::SGD sgd({.lr = 0.1, .momentum = 0.9, .master_weights = true});
-    sgd.step(0, w, make_b(2, 0.25));
+    Vec ref = values(1, numel, 0.5);
+    optim::SGD sgd({.lr = 1e-3, .momentum = 0.9, .weight_decay = 0.01, .master_weights = true});
+    SgdRef r{sgd.options()};
+    const B w0 = make_b(1, 0.5);
+    for (int step = 0; step < 6; ++step) {
+      sgd.step(0, w, make_b(20 + step, 0.25));
+      r.step(ref, values(20 + step, numel, 0.25));
+    }
     expect(sgd.state(0).momentum_buffer.dtype() == DType::float32 &&
                sgd.state(0).master.dtype() == DType::float32,
            "bf16 SGD: fp32 state");
+    const auto m = sgd.state(0).master.as<float, 2>();
+    const auto off = w.local_offset();
+    int moved = 0;
+    for (std::int64_t i = 0; i < m.shape()[0]; ++i) {
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const double want = ref[static_cast<std::size_t>((off[0] + i) * cols + j)];
+        expect(std::abs(m(i, j) - want) < 1e-5, "bf16 SGD master: " + std::to_string(m(i, j)) +
+                                                    ", the fp32 reference " + std::to_string(want));
+        expect(float(w.local()(i, j)) == float(bfloat16(m(i, j))), "bf16 SGD: parameter != master rounded");
+        moved += float(w.local()(i, j)) != float(w0.local()(i, j)) ? 1 : 0;
+      }
+    }
+    expect(m.numel() == 0 || moved < m.numel(), "the updates stay below the parameters' bfloat16 precision");
   });
 }
 

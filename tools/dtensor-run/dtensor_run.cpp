@@ -25,6 +25,7 @@
 // world needs MPI's own launcher, so dtensor-run becomes `mpirun -np N program` (--backend: gloo keeps the
 // launch described above).
 
+#include "dtensor/core/env.hpp"
 #include "dtensor/core/timeout.hpp"
 #include "dtensor/rendezvous/tcp_store.hpp"
 #include "dtensor/rendezvous/tcp_store_server.hpp"
@@ -143,17 +144,12 @@ struct Args {
 };
 
 int parse_int(const std::string& flag, const std::string& v, int lo, int hi) {
-  std::size_t used = 0;
-  long x = 0;
   try {
-    x = std::stol(v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty() || x < lo || x > hi) {
+    (void)dtensor::detail::parse_decimal_int(flag, v, lo, hi); // decimal digits only
+  } catch (const std::exception&) {
     die(flag + ": '" + v + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
-  return static_cast<int>(x);
+  return std::stoi(v);
 }
 
 /// 128 random bits as hex: the job's store token.
@@ -220,7 +216,8 @@ Args parse(int argc, char** argv) {
       } catch (...) {
         used = 0;
       }
-      if (used != v.size() || v.empty() || !(a.last_call >= 0 && a.last_call <= 86400)) {
+      if (used != v.size() || !dtensor::detail::is_decimal_number(v) ||
+          !(a.last_call >= 0 && a.last_call <= 86400)) {
         die("--rdzv-last-call: '" + v + "' is not a number of seconds from 0 to 86400");
       }
     } else if (arg == "--max-restarts") {
@@ -276,7 +273,8 @@ Args parse(int argc, char** argv) {
         used = 0;
       }
       // A negative or NaN wait would send SIGKILL at once (or never); a day bounds the deadline arithmetic.
-      if (used != v.size() || v.empty() || !(a.stop_timeout >= 0 && a.stop_timeout <= 86400)) {
+      if (used != v.size() || !dtensor::detail::is_decimal_number(v) ||
+          !(a.stop_timeout >= 0 && a.stop_timeout <= 86400)) {
         die("--stop-timeout: '" + v + "' is not a number of seconds from 0 to 86400");
       }
     } else {
@@ -700,9 +698,9 @@ private:
   static std::chrono::milliseconds store_timeout_from_env() {
     if (const char* v = std::getenv("DTENSOR_TIMEOUT"); v != nullptr && *v != '\0') {
       try {
-        return std::chrono::milliseconds(static_cast<long long>(std::stod(v) * 1000.0));
-      } catch (...) {
-        die(std::string("DTENSOR_TIMEOUT='") + v + "' is not a number of seconds");
+        return dtensor::detail::parse_timeout_seconds("DTENSOR_TIMEOUT", v);
+      } catch (const std::exception& e) {
+        die(e.what());
       }
     }
     return dtensor::kDefaultStoreTimeout;

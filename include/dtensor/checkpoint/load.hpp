@@ -173,6 +173,7 @@ private:
     DTENSOR_CHECK(dtype.has_value(), where + ": unsupported dtype " + j.at("dtype").dump());
     t.dtype = *dtype;
     t.shape = parse_extents(j.at("shape"), where, "shape");
+    (void)checkpoint::detail::tensor_bytes(t.shape, t.dtype, where); // its sizes, multiplied, fit int64
     std::int64_t covered = 0;
     for (const auto& b : j.at("blocks")) {
       SavedTensor::SavedBlock s;

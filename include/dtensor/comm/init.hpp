@@ -122,17 +122,11 @@ inline int env_int(const EnvLookup& env, const char* name, int fallback, int min
   if (!v) {
     return fallback;
   }
-  std::size_t used = 0;
-  long long x = 0;
   try {
-    x = std::stoll(*v, &used);
-  } catch (...) {
-    used = 0;
+    return static_cast<int>(parse_decimal_int(name, *v, min_value, 1 << 30));
+  } catch (const Error& e) {
+    throw Error(std::string("init_process_group: environment variable ") + e.what());
   }
-  DTENSOR_CHECK(used == v->size() && !v->empty() && x >= min_value && x <= 1 << 30,
-                std::string("init_process_group: environment variable ") + name + "='" + *v +
-                    "' is not an integer >= " + std::to_string(min_value));
-  return static_cast<int>(x);
 }
 
 /// A flag read through `env` (core/env.hpp's truth table); false when unset.

@@ -7,11 +7,16 @@
 //   anything else                dtensor::Error naming the variable and its value
 //
 //   if (dtensor::detail::env_flag("DTENSOR_NCCL_BLOCKING_WAIT", false)) { ... }
+//
+// Numbers: decimal only, as written (is_decimal_number, parse_decimal_int): no sign unless negative values
+// are allowed, no spaces, no hexadecimal ("0x10"), no inf or nan; anything else is an Error naming the
+// variable, its value and what it takes.
 
 #include "dtensor/core/error.hpp"
 
 #include <cctype>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -34,6 +39,55 @@ inline bool parse_flag(std::string_view name, std::string_view value, bool fallb
   }
   throw Error("environment variable " + std::string(name) + "='" + std::string(value) +
               "' is not a flag: use 1, true, yes or on to turn it on, 0, false, no or off to turn it off");
+}
+
+/// Whether `text` is a plain decimal number: digits with an optional fraction and exponent ("2", "2.5",
+/// ".5", "1e3"); no sign, spaces, hexadecimal, inf or nan.
+inline bool is_decimal_number(std::string_view text) {
+  std::size_t i = 0, digits = 0;
+  const auto run = [&] {
+    std::size_t n = 0;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
+      ++i, ++n;
+    }
+    return n;
+  };
+  digits += run();
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    digits += run();
+  }
+  if (digits == 0) {
+    return false;
+  }
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) {
+      ++i;
+    }
+    if (run() == 0) {
+      return false;
+    }
+  }
+  return i == text.size();
+}
+
+/// `text`, the value of `name`, as an integer in [lo, hi]: decimal digits only (and a leading '-' where lo
+/// is negative); an Error naming the variable, its value and the range otherwise.
+inline long long parse_decimal_int(std::string_view name, std::string_view text, long long lo, long long hi) {
+  const bool negative = lo < 0 && !text.empty() && text[0] == '-';
+  const std::string_view digits = negative ? text.substr(1) : text;
+  bool ok = !digits.empty() && digits.size() <= 18;
+  long long x = 0;
+  for (char c : digits) {
+    ok = ok && c >= '0' && c <= '9';
+    x = ok ? x * 10 + (c - '0') : x;
+  }
+  x = negative ? -x : x;
+  DTENSOR_CHECK(ok && x >= lo && x <= hi, std::string(name) + "='" + std::string(text) +
+                                              "' is not an integer in [" + std::to_string(lo) + ", " +
+                                              std::to_string(hi) + "] (decimal digits only)");
+  return x;
 }
 
 /// parse_flag of the process environment's `name`.

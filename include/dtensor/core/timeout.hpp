@@ -24,6 +24,7 @@
 //   dtensor::GlooOptions o;                                                       // o.timeout: 10 min
 //   auto t = dtensor::detail::parse_timeout_seconds("DTENSOR_TIMEOUT", "2.5");   // 2500 ms
 
+#include "dtensor/core/env.hpp"
 #include "dtensor/core/error.hpp"
 
 #include <chrono>
@@ -51,16 +52,18 @@ namespace detail {
 inline std::chrono::milliseconds parse_timeout_seconds(std::string_view name, const std::string& text) {
   double s = 0;
   std::size_t used = 0;
-  try {
-    s = std::stod(text, &used);
-  } catch (...) {
-    used = 0;
+  if (is_decimal_number(text)) { // no hexadecimal, sign, spaces, inf or nan
+    try {
+      s = std::stod(text, &used);
+    } catch (...) {
+      used = text.size(); // out of double's range: "out of range" below
+      s = HUGE_VAL;
+    }
   }
   const double max_s = static_cast<double>(kMaxTimeout.count()) / 1000.0;
   const std::string range =
       "a number of seconds from 0.001 to " + std::to_string(static_cast<long long>(max_s)) + " (30 days)";
-  DTENSOR_CHECK(used == text.size() && !text.empty() && std::isfinite(s),
-                std::string(name) + "='" + text + "' is not " + range);
+  DTENSOR_CHECK(used == text.size() && !text.empty(), std::string(name) + "='" + text + "' is not " + range);
   DTENSOR_CHECK(s * 1000.0 >= 1.0 && s <= max_s,
                 std::string(name) + "='" + text + "' is out of range: use " + range);
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(s * 1000.0)));

@@ -51,6 +51,7 @@
 #include "dtensor/backends/stuck_op_board.hpp"
 #include "dtensor/core/config.hpp"
 #include "dtensor/core/cuda_sync.hpp"
+#include "dtensor/core/env.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
 #include "dtensor/core/timeout.hpp"
@@ -100,8 +101,9 @@ inline constexpr int kMpiCreateGroupTag = 3; // MPI_Comm_create_group
 inline std::int64_t mpi_max_count() {
   static const std::int64_t n = [] {
     const char* v = std::getenv("DTENSOR_MPI_MAX_COUNT");
-    const long long x = v != nullptr ? std::atoll(v) : 0;
-    return x > 0 && x <= INT_MAX ? static_cast<std::int64_t>(x) : static_cast<std::int64_t>(INT_MAX);
+    return v != nullptr && *v != '\0'
+               ? static_cast<std::int64_t>(parse_decimal_int("DTENSOR_MPI_MAX_COUNT", v, 1, INT_MAX))
+               : static_cast<std::int64_t>(INT_MAX);
   }();
   return n;
 }

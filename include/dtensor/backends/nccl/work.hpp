@@ -16,6 +16,7 @@
 #include "dtensor/backends/nccl/watchdog.hpp"
 #include "dtensor/backends/work.hpp"
 #include "dtensor/core/cuda_sync.hpp"
+#include "dtensor/core/env.hpp"
 #include "dtensor/core/error.hpp"
 
 #include <cuda_runtime_api.h>
@@ -195,11 +196,11 @@ private:
   int device_;
 };
 
-/// The watchdog's polling period: DTENSOR_NCCL_WATCHDOG_MS (1 to 10000; 100 by default).
+/// The watchdog's polling period: DTENSOR_NCCL_WATCHDOG_MS (1 to 10000, decimal; 100 by default).
 inline std::chrono::milliseconds nccl_watchdog_period() {
   const char* v = std::getenv("DTENSOR_NCCL_WATCHDOG_MS");
-  const long ms = v != nullptr ? std::atol(v) : 100;
-  return std::chrono::milliseconds(std::clamp(ms, 1L, 10000L));
+  return std::chrono::milliseconds(
+      v != nullptr && *v != '\0' ? parse_decimal_int("DTENSOR_NCCL_WATCHDOG_MS", v, 1, 10000) : 100);
 }
 
 /// The process's NCCL watchdog (started at its first watch, stopped at exit; never deleted, so exit order
