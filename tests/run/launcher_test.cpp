@@ -653,7 +653,9 @@ void kill_rank() {
   // The launcher saw rank 2 end; rank 0, blocked in the same op, is not named (it was, before the launcher
   // recorded exits: "no report from ranks 0, 2").
   dead_peer("kill_rank", {0, 1}, {"rank 2 (global 2) ended: killed by SIGKILL, seen by dtensor-run"}, 10,
-            1500, {.absent = {"no report from", "rank 0 (global 0) ended", "rank 1 (global 1) ended"}});
+            1500,
+            {.absent = {"no report from", "rank 0 (global 0) ended", "rank 1 (global 1) ended",
+                        "because a peer failed"}});
 }
 void kill_rank_4() {
   dead_peer("kill_rank", {0, 2, 3}, {"rank 1 (global 1) ended: killed by SIGKILL, seen by dtensor-run"}, 10,
@@ -661,11 +663,11 @@ void kill_rank_4() {
             {.nproc = 4,
              .victim = 1,
              .absent = {"no report from", "rank 0 (global 0) ended", "rank 2 (global 2) ended",
-                        "rank 3 (global 3) ended"}});
+                        "rank 3 (global 3) ended", "because a peer failed"}});
 }
 void stop_rank() {
   dead_peer("stop_rank", {0, 1}, {"rank 2 (global 2) ended: killed by SIGTERM, seen by dtensor-run"}, 2, 0,
-            {.absent = {"no report from"}});
+            {.absent = {"no report from", "because a peer failed"}});
 }
 void never_joins() {
   dead_peer("never_joins", {0, 1}, {"rank 2 of the group did not arrive within 2000 ms"});

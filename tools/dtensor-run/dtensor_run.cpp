@@ -878,6 +878,12 @@ private:
   }
 
   void spawn_all() {
+    if (store_) { // the ranks' failures name the dead rank from these records (backends/gloo/context.hpp)
+      try {
+        store_->set(job_key("dtensor-run/records_exits"), std::string_view("1"));
+      } catch (...) {
+      }
+    }
     if (!a_.log_dir.empty()) {
       ::mkdir(a_.log_dir.c_str(), 0755);
     }

@@ -214,6 +214,36 @@ public:
 
   /// The key under which dtensor-run records how the rank `global_rank` of the job ended.
   static std::string exit_key(int global_rank) { return "dtensor-run/exit/" + std::to_string(global_rank); }
+  /// Set by dtensor-run in each start of the job: it records how every rank ends (exit_key).
+  static constexpr const char* records_exits_key = "dtensor-run/records_exits";
+
+  /// "; rank 2 (global 2) ended: killed by SIGKILL, seen by dtensor-run" for each other member whose end
+  /// the launcher recorded, waiting up to `patience` for the first (the launcher reaps a dead rank within
+  /// milliseconds of its peers' connections closing); "" when the launcher records no exits or none came.
+  std::string ended_members(std::chrono::milliseconds patience) {
+    if (!ask([&] { return job_store_->check({records_exits_key}); })) {
+      return "";
+    }
+    const auto deadline = GlooClock::now() + patience;
+    for (;;) {
+      std::string ended;
+      for (int r = 0; r < size_ && !store_lost(); ++r) {
+        const int g = global_ranks_[static_cast<std::size_t>(r)];
+        std::optional<std::vector<char>> how;
+        if (r != rank_) {
+          ask([&] { how = job_store_->try_get(exit_key(g)); });
+        }
+        if (how) {
+          ended += "; rank " + std::to_string(r) + " (global " + std::to_string(g) +
+                   ") ended: " + std::string(how->begin(), how->end()) + ", seen by dtensor-run";
+        }
+      }
+      if (!ended.empty() || GlooClock::now() >= deadline || store_lost()) {
+        return ended;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
 
   /// Leaves this member's reason under "err/<rank>" (the first one only).
   void publish(bool is_timeout, const std::string& msg) {
@@ -338,7 +368,11 @@ public:
             "arguments [" +
             reason + "]" + ops;
     } else if (transport) {
-      if (auto peer = peer_reason(std::chrono::milliseconds(1000))) {
+      // A member the launcher saw end leads the message: the live members' own reports (they failed on
+      // the same closed connections) would name them first.
+      if (const std::string ended = ended_members(std::chrono::milliseconds(1000)); !ended.empty()) {
+        msg = head + " failed after " + elapsed() + " ms: " + ended.substr(2) + " [" + reason + "]";
+      } else if (auto peer = peer_reason(std::chrono::milliseconds(1000))) {
         is_timeout = peer->first;
         msg = head + " failed after " + elapsed() + " ms because a peer failed: " + peer->second;
         publish(is_timeout, peer->second); // pass the root cause on, not a chain
