@@ -31,10 +31,10 @@
 // schedule's (nn::FsdpScheduleOptions; 1 and 2 by default). With the check (default; --no-check skips
 // it) the same model trains in float on one rank in this process and the losses of every step must agree
 // within 1e-4 (relative; 5e-2 with --mixed, bfloat16 keeps 8 bits of mantissa): exit 1 otherwise.
-// --save-every K: the training state saved into a CheckpointFolder (--save-dir, one state kept) after every
-// K-th step, in the background (--save async, the default: the step waits for the host copy) or not (sync:
-// the step waits for the disk); the save call counts in its step's time, and the wait for the last save
-// after the steps is reported apart (bench/train/async_save.sh compares none, sync and async).
+// --save-every K (--model gpt): the training state saved into a CheckpointFolder (--save-dir, one state
+// kept) after every K-th step, in the background (--save async, the default: the step waits for the host
+// copy) or not (sync: the step waits for the disk); the save call counts in its step's time, and the wait
+// for the last save after the steps is reported apart (bench/train/async_save.sh: none, sync and async).
 #include "train_bench.hpp"
 #include <dtensor/testing/heap_counter.hpp>
 
@@ -146,6 +146,10 @@ int main(int argc, char** argv) {
   }
   if (o.model_kind != "mlp" && o.model_kind != "gpt") {
     usage("--model is mlp or gpt, not " + o.model_kind);
+  }
+  if (o.model_kind == "mlp" && o.save_every > 0) {
+    usage(
+        "--save-every is built for --model gpt only (the state's save for every trainer costs compile time)");
   }
   if (o.model_kind == "gpt" && o.layout == "tp_cm") {
     usage("--layout tp_cm is built for --model mlp only");

@@ -88,7 +88,9 @@ struct Measured {
   double save_call = 0, final_wait = 0;
 };
 
-template <class Trainer>
+/// Trains and measures (see train_bench.cpp); Saves: --save-every is compiled in (the GPT only: the
+/// training state's save for every trainer costs compile time).
+template <bool Saves, class Trainer>
 Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
   optim::AdamW opt({.lr = 1e-2, .weight_decay = 0.01});
   Measured m;
@@ -96,7 +98,7 @@ Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
   m.state_bytes = param_elements * std::int64_t(sizeof(float)) * 4; // parameter, gradient, 2 moments
   int overlapped = 0, serial = 0;
 #if DTENSOR_HAS_CHECKPOINT
-  const auto folder = o.save_every > 0
+  const auto folder = Saves && o.save_every > 0
                           ? std::make_unique<CheckpointFolder>(
                                 o.save_dir, CheckpointFolderOptions{.keep = 1, .async = o.save_async})
                           : nullptr;
@@ -116,11 +118,13 @@ Measured run(Trainer& trainer, const Options& o, std::int64_t param_elements) {
     const auto t0 = std::chrono::steady_clock::now();
     const nn::StepResult r = trainer.step(ids, targets, opt);
 #if DTENSOR_HAS_CHECKPOINT
-    if (folder && (s + 1) % o.save_every == 0) { // counted in the step: what the training waits for
-      const auto t1 = std::chrono::steady_clock::now();
-      folder->save(trainer, opt, {.step = s + 1, .data_position = (s + 1) * kBatch});
-      m.save_call += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-      ++m.saves;
+    if constexpr (Saves) {
+      if (folder && (s + 1) % o.save_every == 0) { // counted in the step: what the training waits for
+        const auto t1 = std::chrono::steady_clock::now();
+        folder->save(trainer, opt, {.step = s + 1, .data_position = (s + 1) * kBatch});
+        m.save_call += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+        ++m.saves;
+      }
     }
 #endif
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -165,7 +169,7 @@ template <class V>
 
 /// Trains a LanguageModel<float, L, Block> of kBlocks blocks in `layout` (o.recompute: each block's
 /// nn::Recompute; o.mixed: bfloat16 compute, fsdp and fsdp_tp) and measures it.
-template <template <class, class> class Block, bool Overlap = false>
+template <template <class, class> class Block, bool Overlap = false, bool Saves = false>
 Measured train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, const Options& o) {
   using Model = nn::LanguageModel<float, L, Block>;
   init::InitKeys keys(2024);
@@ -183,7 +187,7 @@ Measured train_layout(const DeviceMesh<Mesh>& mesh, const std::string& layout, c
         n += s.local_param().numel();
       }
     });
-    return run(t, o, n);
+    return run<Saves>(t, o, n);
   };
   auto model = [&]<class M>(std::type_identity<M>) {
     M m(mesh, o.model, kBlocks, keys);

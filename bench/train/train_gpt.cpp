@@ -7,7 +7,7 @@
 namespace bench::train {
 
 Measured train_gpt(const DeviceMesh<Mesh>& mesh, const std::string& layout, const Options& o) {
-  return train_layout<nn::TransformerBlock>(mesh, layout, o);
+  return train_layout<nn::TransformerBlock, false, true>(mesh, layout, o);
 }
 
 } // namespace bench::train
