@@ -1,6 +1,6 @@
 # Sourced by the scripts that run one of our benchmarks next to a torch 1.13 script at 4 processes
 # (bench/moe/moe_vs_torch.sh, bench/pipeline/pipeline_vs_torch.sh): parses --passes K and --smoke,
-# configures BUILD_DIR (default build-bench, Release) when it is not, builds dtensor-run and the benchmark,
+# builds dtensor-run and the benchmark (bench/common/release_build.sh: BUILD_DIR, default build-bench),
 # and runs the passes with the order alternating (odd passes: ours first), pass p writing its JSON into
 # $tmp/p; torch is left out where python3-torch is missing. Leaves `tmp` (removed at exit) and `passes`.
 #
@@ -9,7 +9,6 @@ name=$1
 target=$2
 torch_script=$3
 shift 3
-build=${BUILD_DIR:-build-bench}
 passes=3
 extra=()
 while [[ $# -gt 0 ]]; do
@@ -19,16 +18,10 @@ while [[ $# -gt 0 ]]; do
   *) echo "$name: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
-fi
-cmake --build "$build" -j2 --target dtensor-run "$target"
+source bench/common/release_build.sh "$target"
 run="$build/tools/dtensor-run/dtensor-run --standalone --tee 0 --nproc-per-node 4"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 have_torch=0
 /usr/bin/python3 -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null && have_torch=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 for ((p = 1; p <= passes; ++p)); do
   mkdir -p "$tmp/$p"
   if [[ $have_torch == 1 && $((p % 2)) == 0 ]]; then

@@ -13,7 +13,6 @@
 #   does if needed. The states go to a temporary folder on the file system of TMPDIR.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-build=${BUILD_DIR:-build-bench}
 passes=5
 nproc=4
 layout=fsdp_tp
@@ -29,16 +28,10 @@ while [[ $# -gt 0 ]]; do
   *) echo "async_save.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
-fi
-cmake --build "$build" -j2 --target dtensor-run bench_train
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+source bench/common/release_build.sh bench_train
 run="$build/tools/dtensor-run/dtensor-run --standalone --nproc-per-node $nproc"
 args="--model gpt --layout $layout --steps 12 --tokens 2048 --hidden 256 --ffn 768 --vocab 2048 --no-check"
 variants=(none sync async)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 for ((p = 1; p <= passes; ++p)); do
   echo "== pass $p of $passes"
   for v in "${variants[@]}"; do

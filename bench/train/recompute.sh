@@ -12,7 +12,6 @@
 #   bench/results. BUILD_DIR (default build-bench) is configured as scripts/bench.sh does if needed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-build=${BUILD_DIR:-build-bench}
 before=
 passes=5
 nproc=4
@@ -28,17 +27,11 @@ while [[ $# -gt 0 ]]; do
   *) echo "recompute.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_ENABLE_CUDA=OFF
-fi
-cmake --build "$build" -j2 --target dtensor-run bench_train
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+source bench/common/release_build.sh bench_train
 run="$build/tools/dtensor-run/dtensor-run --standalone --nproc-per-node $nproc"
 args="--model gpt --layout tp --steps 8 --tokens $tokens --hidden 256 --ffn 768 --vocab 2048 --no-check"
 variants=(selective none full)
 [[ -n $before ]] && variants+=(before)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 for ((p = 1; p <= passes; ++p)); do
   echo "== pass $p of $passes"
   for v in "${variants[@]}"; do

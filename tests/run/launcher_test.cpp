@@ -7,7 +7,8 @@
 //   rank0_store   --rank0-store: rank 0 hosts the store, ranks started in any order still meet
 //   launcherless  ranks started as mpirun / srun start them (OpenMPI, Slurm variables), in reverse order
 //   orphans       the launcher killed by SIGKILL: the ranks' own children die too
-//   flags         malformed flags are refused with a clear message (--stop-timeout -1, nan, 1x)
+//   flags         malformed flags are refused with a clear message (--stop-timeout and --rdzv-last-call -1,
+//                 nan, 1x, " 5", 0x10; counts not written in decimal)
 //   store_security  --standalone: the store listens on loopback only and refuses clients without the
 //                 job's token, which the ranks get
 //   restarts      --max-restarts: a rank SIGKILLed in the first starts, every rank started again with
@@ -213,6 +214,18 @@ void show(const Proc& p) {
 
 // ---- scenarios ------------------------------------------------------------------------------------------
 
+/// dtensor-run with each case's flags exits 2 at once, saying its text.
+void expect_refused(const std::vector<std::pair<std::vector<std::string>, std::string>>& cases) {
+  for (const auto& [flags, why] : cases) {
+    std::vector<std::string> argv = {g_launcher};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back(g_program);
+    Proc p(argv, {});
+    p.wait(10s);
+    EXPECT(p.code() == 2 && contains(p.output, why), "refused with '" + why + "': " + p.output);
+  }
+}
+
 /// The "start <k> rank <r> of <n>" lines of a run of rank_program restart.
 int starts_seen(const std::string& out, int k, int n) {
   int seen = 0;
@@ -267,18 +280,9 @@ void restarts_with(const std::vector<std::string>& launch, bool mpi) {
 
 void restarts() {
   restarts_with({g_launcher, "--standalone", "--stop-timeout", "5"}, false);
-  for (const auto& [flags, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--nproc-per-node", "2:4"}, "give --max-restarts N too"},
-           {{"--nproc-per-node", "4:2", "--max-restarts", "1"}, "is not an integer in [4, 4096]"},
-           {{"--max-restarts", "-1"}, "is not an integer in [0,"},
-           {{"--nnodes", "1:2"}, "give --max-restarts N too"}}) {
-    std::vector<std::string> argv = {g_launcher};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.push_back(g_program);
-    Proc p(argv, {});
-    p.wait(10s);
-    EXPECT(p.code() == 2 && contains(p.output, why), "refused with '" + why + "': " + p.output);
-  }
+  expect_refused({{{"--nproc-per-node", "2:4"}, "give --max-restarts N too"},
+                  {{"--nproc-per-node", "4:2", "--max-restarts", "1"}, "is not an integer in [4, 4096]"},
+                  {{"--max-restarts", "-1"}, "is not an integer in [0,"}});
 }
 
 void restarts_mpi() {
@@ -517,19 +521,10 @@ void multinode_restarts() {
     EXPECT(contains(n0.output, "start 1: node 0 of 1") && starts_seen(n0.output, 1, 2) == 2,
            "the restart runs on node 0 only: 2 ranks, WORLD_SIZE 2");
   }
-  for (const auto& [flags, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--nnodes", "1:2"}, "give --max-restarts N too"},
-           {{"--nnodes", "2", "--nproc-per-node", "1:2", "--max-restarts", "1"},
-            "the elastic unit is the node"},
-           {{"--nnodes", "2", "--max-restarts", "1", "--rank0-store"}, "needs the launchers' store"},
-           {{"--rdzv-last-call", "-1"}, "is not a number of seconds"}}) {
-    std::vector<std::string> argv = {g_launcher};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.push_back(g_program);
-    Proc p(argv, {});
-    p.wait(10s);
-    EXPECT(p.code() == 2 && contains(p.output, why), "refused with '" + why + "': " + p.output);
-  }
+  expect_refused(
+      {{{"--nnodes", "1:2"}, "give --max-restarts N too"},
+       {{"--nnodes", "2", "--nproc-per-node", "1:2", "--max-restarts", "1"}, "the elastic unit is the node"},
+       {{"--nnodes", "2", "--max-restarts", "1", "--rank0-store"}, "needs the launchers' store"}});
 }
 
 void rank0_store() {
@@ -770,14 +765,13 @@ void store_security() {
 }
 
 void flags() {
-  for (const std::string v : {"-1", "nan", "1x", ""}) {
-    Proc p({g_launcher, "--stop-timeout", v, "/bin/true"}, {});
-    p.wait(10s);
-    show(p);
-    EXPECT(p.code() == 2 &&
-               contains(p.output, "--stop-timeout: '" + v + "' is not a number of seconds from 0 to"),
-           "--stop-timeout '" + v + "' is refused");
+  for (const std::string v : {"-1", "nan", "1x", "", " 5", "0x10", "86401"}) {
+    expect_refused(
+        {{{"--stop-timeout", v}, "--stop-timeout: '" + v + "' is not a number of seconds from 0 to"},
+         {{"--rdzv-last-call", v}, "--rdzv-last-call: '" + v + "' is not a number of seconds"}});
   }
+  expect_refused({{{"--nproc-per-node", " 4"}, "is not an integer in [1, 4096]"},
+                  {{"--nnodes", "0x2"}, "is not an integer in [1, 65536]"}});
 }
 
 } // namespace

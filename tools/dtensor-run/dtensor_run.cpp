@@ -48,6 +48,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <elf.h>
@@ -145,11 +146,42 @@ struct Args {
 
 int parse_int(const std::string& flag, const std::string& v, int lo, int hi) {
   try {
-    (void)dtensor::detail::parse_decimal_int(flag, v, lo, hi); // decimal digits only
+    return static_cast<int>(dtensor::detail::parse_decimal_int(flag, v, lo, hi)); // decimal digits only
   } catch (const std::exception&) {
     die(flag + ": '" + v + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
-  return std::stoi(v);
+}
+
+/// Why a failed job is not started again once its restarts are spent.
+std::string no_restart_left(int used, int max) {
+  return "no restart left (" + std::to_string(used) + " of " + std::to_string(max) + " used)";
+}
+
+/// "N" (MIN = MAX = N) or "MIN:MAX" (lo <= MIN <= MAX <= hi): {MIN, MAX}.
+std::pair<int, int> parse_range(const std::string& flag, const std::string& v, int lo, int hi) {
+  const auto colon = v.find(':');
+  if (colon == std::string::npos) {
+    const int n = parse_int(flag, v, lo, hi);
+    return {n, n};
+  }
+  const int min = parse_int(flag + " (its MIN)", v.substr(0, colon), lo, hi);
+  return {min, parse_int(flag + " (its MAX)", v.substr(colon + 1), min, hi)};
+}
+
+/// A number of seconds from 0 to a day (decimal): a negative or NaN wait would fire at once (or never),
+/// and a day bounds the deadline arithmetic.
+double parse_seconds(const std::string& flag, const std::string& v) {
+  std::size_t used = 0;
+  double s = -1;
+  try {
+    s = dtensor::detail::is_decimal_number(v) ? std::stod(v, &used) : -1;
+  } catch (...) {
+    s = -1;
+  }
+  if (used != v.size() || !(s >= 0 && s <= 86400)) {
+    die(flag + ": '" + v + "' is not a number of seconds from 0 to 86400");
+  }
+  return s;
 }
 
 /// 128 random bits as hex: the job's store token.
@@ -201,36 +233,17 @@ Args parse(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       std::exit(0);
     } else if (arg == "--nproc-per-node") {
-      const std::string v = need();
-      if (auto colon = v.find(':'); colon != std::string::npos) {
-        a.min_nproc = parse_int(arg + " (its MIN)", v.substr(0, colon), 1, 4096);
-        a.nproc_per_node = parse_int(arg + " (its MAX)", v.substr(colon + 1), a.min_nproc, 4096);
-      } else {
-        a.nproc_per_node = parse_int(arg, v, 1, 4096);
-      }
+      const auto [min, max] = parse_range(arg, need(), 1, 4096);
+      a.nproc_per_node = max;
+      a.min_nproc = min < max ? min : 0; // N:N is not elastic
     } else if (arg == "--rdzv-last-call") {
-      const std::string v = need();
-      std::size_t used = 0;
-      try {
-        a.last_call = std::stod(v, &used);
-      } catch (...) {
-        used = 0;
-      }
-      if (used != v.size() || !dtensor::detail::is_decimal_number(v) ||
-          !(a.last_call >= 0 && a.last_call <= 86400)) {
-        die("--rdzv-last-call: '" + v + "' is not a number of seconds from 0 to 86400");
-      }
+      a.last_call = parse_seconds(arg, need());
     } else if (arg == "--max-restarts") {
       a.max_restarts = parse_int(arg, need(), 0, 1 << 20);
     } else if (arg == "--nnodes") {
-      std::string v = need();
-      if (auto colon = v.find(':'); colon != std::string::npos) {
-        const int lo = parse_int(arg + " (its MIN)", v.substr(0, colon), 1, 1 << 16);
-        a.nnodes = parse_int(arg + " (its MAX)", v.substr(colon + 1), lo, 1 << 16);
-        a.min_nnodes = lo < a.nnodes ? lo : 0; // N:N is not elastic
-      } else {
-        a.nnodes = parse_int(arg, v, 1, 1 << 16);
-      }
+      const auto [min, max] = parse_range(arg, need(), 1, 1 << 16);
+      a.nnodes = max;
+      a.min_nnodes = min < max ? min : 0; // N:N is not elastic
     } else if (arg == "--node-rank") {
       a.node_rank = parse_int(arg, need(), 0, 1 << 16);
     } else if (arg == "--master-addr") {
@@ -265,18 +278,7 @@ Args parse(int argc, char** argv) {
         die("--backend needs a name: gloo, nccl, mpi or auto");
       }
     } else if (arg == "--stop-timeout") {
-      const std::string v = need();
-      std::size_t used = 0;
-      try {
-        a.stop_timeout = std::stod(v, &used);
-      } catch (...) {
-        used = 0;
-      }
-      // A negative or NaN wait would send SIGKILL at once (or never); a day bounds the deadline arithmetic.
-      if (used != v.size() || !dtensor::detail::is_decimal_number(v) ||
-          !(a.stop_timeout >= 0 && a.stop_timeout <= 86400)) {
-        die("--stop-timeout: '" + v + "' is not a number of seconds from 0 to 86400");
-      }
+      a.stop_timeout = parse_seconds(arg, need());
     } else {
       die("unknown option " + arg + " (see --help)");
     }
@@ -681,16 +683,20 @@ public:
       if (code == 0 && store_ && a_.nnodes > 1) {
         code = wait_for_nodes();
       }
-      if (code == 0 || interrupted_ != 0 || restart_ >= a_.max_restarts || store_lost_ || job_stopped()) {
-        if (code != 0 && a_.max_restarts > 0 && interrupted_ == 0) {
-          std::fprintf(stderr, "dtensor-run: no restart left (%d of %d used)%s; giving up\n", restart_.load(),
-                       a_.max_restarts, store_lost_ ? " or the store is gone" : "");
+      if (code != 0 && interrupted_ == 0 && a_.max_restarts > 0) {
+        const std::string why = restart_ >= a_.max_restarts ? no_restart_left(restart_, a_.max_restarts)
+                                : store_lost_               ? "the store on node 0 is gone"
+                                : job_stopped()             ? "a launcher of the job was interrupted"
+                                                            : "";
+        if (why.empty()) {
+          restart();
+          continue;
         }
-        finish_store();
-        guardian_.done();
-        return code;
+        std::fprintf(stderr, "dtensor-run: %s; giving up\n", why.c_str());
       }
-      restart();
+      finish_store();
+      guardian_.done();
+      return code;
     }
   }
 
@@ -711,11 +717,12 @@ private:
   /// The job's store key `key` of the current start: the first start's keys as they are, restart k's under
   /// "dtensor-run/restart-<k>/" (DTENSOR_STORE_PREFIX tells the ranks), so that no start reads the keys of
   /// an earlier one (their groups' addresses, the exits of their ranks).
-  std::string store_prefix() const {
-    return restart_ == 0 ? std::string() : "dtensor-run/restart-" + std::to_string(restart_);
+  static std::string store_prefix_of(int start) {
+    return start == 0 ? std::string() : "dtensor-run/restart-" + std::to_string(start);
   }
+  std::string store_prefix() const { return store_prefix_of(restart_); }
   static std::string job_key_of(int start, const std::string& key) {
-    return start == 0 ? key : "dtensor-run/restart-" + std::to_string(start) + "/" + key;
+    return start == 0 ? key : store_prefix_of(start) + "/" + key;
   }
   std::string job_key(const std::string& key) const { return job_key_of(restart_, key); }
 
@@ -1494,8 +1501,8 @@ int run_mpirun(const Args& a) {
     const int code = run_mpirun_once(a, mpirun, np, restart, interrupted);
     if (code == 0 || interrupted != 0 || restart >= a.max_restarts) {
       if (code != 0 && a.max_restarts > 0 && interrupted == 0) {
-        std::fprintf(stderr, "dtensor-run: no restart left (%d of %d used); giving up\n", restart,
-                     a.max_restarts);
+        std::fprintf(stderr, "dtensor-run: %s; giving up\n",
+                     no_restart_left(restart, a.max_restarts).c_str());
       }
       return code;
     }

@@ -44,12 +44,12 @@ public:
   PendingSave(PendingSave&&) noexcept = default;
   PendingSave& operator=(PendingSave&& other) noexcept {
     if (this != &other) {
-      finish(std::uncaught_exceptions() > 0);
+      (void)finish(std::uncaught_exceptions() > 0);
       state_ = std::move(other.state_);
     }
     return *this;
   }
-  ~PendingSave() { finish(std::uncaught_exceptions() > 0); }
+  ~PendingSave() { (void)finish(std::uncaught_exceptions() > 0); }
 
   /// Whether the outcome is known on this rank (wait() would not block).
   bool ready() const { return state_ == nullptr || state_->done.load(); }
@@ -57,14 +57,7 @@ public:
   /// Blocks until the save is published (then returns) or failed (then throws its error, on every rank).
   /// Once it returned or threw, the PendingSave is empty.
   void wait() {
-    if (state_ == nullptr) {
-      return;
-    }
-    if (state_->thread.joinable()) {
-      state_->thread.join();
-    }
-    const std::string error = std::move(state_->error);
-    state_.reset();
+    const std::string error = finish(false);
     DTENSOR_CHECK(error.empty(), error);
   }
 
@@ -82,11 +75,16 @@ public:
     });
   }
 
-  /// The outcome of a save that already ran: `error` ("" when published).
-  static PendingSave finished(std::string error) {
+  /// `save()` run now, on this thread (where there is no store to finish through): a ready PendingSave
+  /// with its outcome.
+  static PendingSave now(const std::function<void()>& save) {
     PendingSave p;
     p.state_ = std::make_unique<State>();
-    p.state_->error = std::move(error);
+    try {
+      save();
+    } catch (const std::exception& e) {
+      p.state_->error = e.what();
+    }
     p.state_->done.store(true);
     return p;
   }
@@ -99,10 +97,11 @@ private:
     std::string error;
   };
 
-  /// Waits (abandon: asks the thread to give up its waits on the store first) and drops the outcome.
-  void finish(bool abandon) noexcept {
+  /// Waits (abandon: asks the thread to give up its waits on the store first) and takes the outcome: the
+  /// save's error, "" when published or nothing was pending.
+  std::string finish(bool abandon) noexcept {
     if (state_ == nullptr) {
-      return;
+      return "";
     }
     if (abandon) {
       state_->cancel.store(true);
@@ -110,7 +109,9 @@ private:
     if (state_->thread.joinable()) {
       state_->thread.join();
     }
+    std::string error = std::move(state_->error);
     state_.reset();
+    return error;
   }
 
   std::unique_ptr<State> state_;
@@ -118,12 +119,24 @@ private:
 
 namespace detail {
 
-/// Where a rank's part of an asynchronous save goes: part `part` of `parts` (0: not saved in parts), whose
-/// ranks are `world`; the publisher is rank 0 of part 0.
+/// Where a rank's part of an asynchronous save goes: part `part` of `parts` (0: not saved in parts), its
+/// files in `subdir` of the save's directory (empty: the directory itself); the publisher is rank 0 of
+/// part 0.
 struct SaveSlot {
   int part = 0;
   int parts = 0;
+  std::string subdir;
 };
+
+/// What a step of an asynchronous save posts to the store: "ok:<what fn returns>", or "error:<prefix><its
+/// exception>".
+inline std::string outcome_of(const std::string& prefix, const std::function<std::string()>& fn) {
+  try {
+    return "ok:" + fn();
+  } catch (const std::exception& e) {
+    return "error:" + prefix + e.what();
+  }
+}
 
 /// The value under `key` of `store`, waiting up to `limit` in slices, so that `cancel` is seen within
 /// 100 ms. Throws Error on cancel and on timeout (naming `who`).
@@ -145,6 +158,16 @@ inline std::string await_key(Store& store, const std::string& key, std::chrono::
   }
 }
 
+/// The outcome another step posted under `key` (await_key; the key is removed): what it returned; its error
+/// is thrown.
+inline std::string take_outcome(Store& store, const std::string& key, std::chrono::milliseconds limit,
+                                const std::atomic<bool>& cancel, const std::string& who) {
+  const std::string v = await_key(store, key, limit, cancel, who);
+  store.delete_key(key);
+  DTENSOR_CHECK(v.rfind("ok:", 0) == 0, v.substr(v.find(':') + 1));
+  return v.substr(3);
+}
+
 /// A key of the job's store for the n-th call about `what` of this rank: "dtensor/<kind>/<what>/<n>", n
 /// counting the calling thread's calls (a rank's thread: the same on every rank, the calls being
 /// collective; ranks that are threads of one process count apart).
@@ -159,76 +182,53 @@ inline std::string collective_key(const std::string& kind, const std::filesystem
 /// "" when published.
 inline std::string finish_async_save(const std::filesystem::path& dir, const std::filesystem::path& tmp,
                                      const std::vector<Named>& tensors, const SaveOptions& options,
-                                     SaveSlot slot, Store& store, const std::string& keys,
+                                     const SaveSlot& slot, Store& store, const std::string& keys,
                                      const std::function<void()>& publish, const std::atomic<bool>& cancel) {
   const ProcessGroup& world = tensors.front().world();
   const int rank = world.rank();
-  const int size = world.size();
   const std::chrono::milliseconds limit = world.timeout();
+  const std::filesystem::path files = slot.subdir.empty() ? tmp : tmp / slot.subdir;
   const std::string part = keys + "/part-" + std::to_string(slot.part);
-  const auto ok = [](const std::string& v) { return v.rfind("ok:", 0) == 0; };
-  const auto error_of = [](const std::string& v) { return v.substr(v.find(':') + 1); };
-  const std::string where = "checkpoint::save_async " + dir.string() + ": ";
-
-  std::string mine;
-  try {
-    mine = "ok:" + write_rank_file(slot.parts > 0 ? tmp / ("part-" + std::to_string(slot.part)) : tmp,
-                                   tensors, rank, options.chunk_bytes);
-  } catch (const std::exception& e) {
-    mine = std::string("error:rank ") + std::to_string(rank) + ": " + e.what();
-  }
-  store.set(part + "/file-" + std::to_string(rank), mine);
-
+  store.set(part + "/file-" + std::to_string(rank), outcome_of("rank " + std::to_string(rank) + ": ", [&] {
+              return write_rank_file(files, tensors, rank, options.chunk_bytes);
+            }));
   if (rank == 0) { // the part's index
-    std::string outcome = "ok:";
-    try {
-      std::vector<std::string> all;
-      for (int r = 0; r < size; ++r) {
-        const std::string key = part + "/file-" + std::to_string(r);
-        const std::string v = await_key(store, key, limit, cancel, "rank " + std::to_string(r));
-        store.delete_key(key);
-        DTENSOR_CHECK(ok(v), error_of(v));
-        all.push_back(v.substr(3));
-      }
-      if (options.on_stage) {
-        options.on_stage("files");
-      }
-      write_index(dir, slot.parts > 0 ? tmp / ("part-" + std::to_string(slot.part)) : tmp, tensors, all,
-                  options.chunk_bytes);
-      if (options.on_stage) {
-        options.on_stage("index");
-      }
-    } catch (const std::exception& e) {
-      outcome = std::string("error:") + e.what();
-    }
-    store.set(part + "/index", outcome);
+    store.set(part + "/index", outcome_of("", [&] {
+                std::vector<std::string> all;
+                for (int r = 0; r < world.size(); ++r) {
+                  all.push_back(take_outcome(store, part + "/file-" + std::to_string(r), limit, cancel,
+                                             "rank " + std::to_string(r)));
+                }
+                if (options.on_stage) {
+                  options.on_stage("files");
+                }
+                write_index(dir, files, tensors, all, options.chunk_bytes);
+                if (options.on_stage) {
+                  options.on_stage("index");
+                }
+                return std::string();
+              }));
   }
-
   if (rank == 0 && slot.part == 0) { // the publisher
-    std::string outcome = "ok:";
-    try {
-      for (int p = 0; p < std::max(slot.parts, 1); ++p) {
-        const std::string key = keys + "/part-" + std::to_string(p) + "/index";
-        const std::string v = await_key(store, key, limit, cancel, "part " + std::to_string(p) + "'s index");
-        store.delete_key(key);
-        DTENSOR_CHECK(ok(v), error_of(v));
-      }
-      if (publish) {
-        publish();
-      }
-      swap_in(tmp, dir);
-    } catch (const std::exception& e) {
-      outcome = std::string("error:") + e.what();
-    }
-    store.set(keys + "/done", outcome);
+    store.set(keys + "/done", outcome_of("", [&] {
+                for (int p = 0; p < std::max(slot.parts, 1); ++p) {
+                  take_outcome(store, keys + "/part-" + std::to_string(p) + "/index", limit, cancel,
+                               "part " + std::to_string(p) + "'s index");
+                }
+                if (publish) {
+                  publish();
+                }
+                swap_in(tmp, dir);
+                return std::string();
+              }));
   }
-
   const std::string done = await_key(store, keys + "/done", limit, cancel, "the publisher (rank 0)");
-  if (store.add(keys + "/read", 1) == std::int64_t(size) * std::max(slot.parts, 1)) {
+  if (store.add(keys + "/read", 1) == std::int64_t(world.size()) * std::max(slot.parts, 1)) {
     store.delete_key(keys + "/done");
     store.delete_key(keys + "/read");
   }
-  return ok(done) ? std::string() : where + error_of(done);
+  return done.rfind("ok:", 0) == 0 ? std::string()
+                                   : "checkpoint::save_async " + dir.string() + ": " + done.substr(6);
 }
 
 /// The snapshots of `tensors` an asynchronous save writes.
@@ -251,12 +251,7 @@ inline PendingSave save_async(const std::filesystem::path& dir, const std::vecto
   const ProcessGroup& world = tensors.front().world();
   Store* store = world.backend().job_store();
   if (store == nullptr) { // no store to finish through: now, on this thread
-    try {
-      save(dir, tensors, std::move(options));
-    } catch (const std::exception& e) {
-      return PendingSave::finished(e.what());
-    }
-    return PendingSave::finished("");
+    return PendingSave::now([&] { save(dir, tensors, options); });
   }
   const std::filesystem::path tmp = detail::sibling(dir, ".tmp");
   detail::on_rank0(world, tensors.front().device(), [&] { detail::prepare_save(dir, tmp, tensors); });

@@ -15,10 +15,11 @@
 #include "dtensor/core/error.hpp"
 
 #include <cctype>
+#include <charconv>
 #include <cstdlib>
-#include <limits>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 namespace dtensor::detail {
 
@@ -75,15 +76,11 @@ inline bool is_decimal_number(std::string_view text) {
 /// `text`, the value of `name`, as an integer in [lo, hi]: decimal digits only (and a leading '-' where lo
 /// is negative); an Error naming the variable, its value and the range otherwise.
 inline long long parse_decimal_int(std::string_view name, std::string_view text, long long lo, long long hi) {
-  const bool negative = lo < 0 && !text.empty() && text[0] == '-';
-  const std::string_view digits = negative ? text.substr(1) : text;
-  bool ok = !digits.empty() && digits.size() <= 18;
+  const std::string_view digits = lo < 0 && !text.empty() && text[0] == '-' ? text.substr(1) : text;
   long long x = 0;
-  for (char c : digits) {
-    ok = ok && c >= '0' && c <= '9';
-    x = ok ? x * 10 + (c - '0') : x;
-  }
-  x = negative ? -x : x;
+  const auto [at, error] = std::from_chars(text.data(), text.data() + text.size(), x);
+  const bool ok = !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos &&
+                  error == std::errc() && at == text.data() + text.size();
   DTENSOR_CHECK(ok && x >= lo && x <= hi, std::string(name) + "='" + std::string(text) +
                                               "' is not an integer in [" + std::to_string(lo) + ", " +
                                               std::to_string(hi) + "] (decimal digits only)");

@@ -21,6 +21,7 @@
 // others through the job's store, so every rank loads the same one; it also removes the old states.
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -86,8 +87,8 @@ public:
 
   /// The latest complete state; nullopt when there is none.
   std::optional<std::filesystem::path> latest() const {
-    const std::vector<std::int64_t> steps = complete_steps();
-    return steps.empty() ? std::nullopt : std::optional(state(steps.back()));
+    const std::int64_t step = latest_step();
+    return step < 0 ? std::nullopt : std::optional(state(step));
   }
 
   /// Loads the latest complete state into `trainer` and `opt` (any layout and trainer of the same model)
@@ -102,12 +103,8 @@ public:
     TrainingProgress p = load_training_state(trainer, state(step), opt);
     DTENSOR_CHECK(p.step == step, "CheckpointFolder::resume: " + state(step).string() + " says step " +
                                       std::to_string(p.step) + ", its name " + std::to_string(step));
-    resumed_ = step;
     return p;
   }
-
-  /// The step resume() loaded (-1: none, a fresh start).
-  std::int64_t resumed_step() const noexcept { return resumed_; }
 
   /// Saves the state after `progress.step` steps as state(progress.step): waits for the previous save
   /// first, then saves in the background (options().async) or now. Collective over every rank of the trainer.
@@ -144,34 +141,32 @@ public:
   }
 
 private:
-  /// N of "step-<N>" (digits only); nullopt for any other name.
+  /// N of "step-<N>" (decimal digits only); nullopt for any other name.
   static std::optional<std::int64_t> step_of(const std::string& name) {
-    if (name.size() <= 5 || name.rfind("step-", 0) != 0 || name.size() > 5 + 18) {
+    if (name.size() <= 5 || name.rfind("step-", 0) != 0 || name[5] < '0' || name[5] > '9') {
       return std::nullopt;
     }
+    const char* const end = name.data() + name.size();
     std::int64_t n = 0;
-    for (char c : name.substr(5)) {
-      if (c < '0' || c > '9') {
-        return std::nullopt;
-      }
-      n = n * 10 + (c - '0');
-    }
-    return n;
+    const auto [at, error] = std::from_chars(name.data() + 5, end, n);
+    return error == std::errc() && at == end ? std::optional(n) : std::nullopt;
+  }
+
+  /// This process's latest complete step; -1 when there is none.
+  std::int64_t latest_step() const {
+    const std::vector<std::int64_t> steps = complete_steps();
+    return steps.empty() ? -1 : steps.back();
   }
 
   /// Global rank 0's latest complete step (-1: none), the same on every rank: through the job's store.
   std::int64_t agreed_latest(const ProcessGroup& world) {
     Store* store = world.backend().job_store();
-    const auto mine = [&] {
-      const std::vector<std::int64_t> steps = complete_steps();
-      return steps.empty() ? std::int64_t(-1) : steps.back();
-    };
     if (store == nullptr || world.size() == 1) {
-      return mine();
+      return latest_step();
     }
     const std::string key = checkpoint::detail::collective_key("checkpoint_folder_resume", folder_);
     if (world.rank() == 0) {
-      const std::int64_t step = mine();
+      const std::int64_t step = latest_step();
       store->set(key, std::to_string(step));
       return step;
     }
@@ -211,7 +206,6 @@ private:
   CheckpointFolderOptions options_;
   checkpoint::PendingSave pending_;
   bool rank0_ = false; ///< global rank 0 (of the trainer of the last save): prunes
-  std::int64_t resumed_ = -1;
 };
 
 } // namespace dtensor

@@ -395,6 +395,15 @@ private:
   Opt& opt_;
 };
 
+/// Writes parts.json (the count of parts) into `tmp`, synced with the directory.
+inline void write_parts_list(const std::filesystem::path& tmp, int parts) {
+  const std::string text = nlohmann::json{{"parts", parts}}.dump() + "\n";
+  checkpoint::File out(tmp / "parts.json", O_WRONLY | O_CREAT | O_TRUNC);
+  out.write_all(text.data(), text.size());
+  out.sync();
+  checkpoint::sync_directory(tmp);
+}
+
 /// Saves a rank's part of a training state saved in parts (`named`: its part's tensors, on the part's
 /// world) as part `across.rank()` of `dir`. Collective over `across` (one rank of each part: a pp group)
 /// and each part's world. The parts are written beside `dir` and published together in one rename: a
@@ -418,11 +427,7 @@ inline void save_state_parts(const std::filesystem::path& dir, const std::vector
           fs::remove_all(e.path());
         }
       }
-      const std::string text = nlohmann::json{{"parts", across.size()}}.dump() + "\n";
-      checkpoint::File out(tmp / "parts.json", O_WRONLY | O_CREAT | O_TRUNC);
-      out.write_all(text.data(), text.size());
-      out.sync();
-      checkpoint::sync_directory(tmp);
+      write_parts_list(tmp, across.size());
       checkpoint::detail::swap_in(tmp, dir);
     } catch (const std::exception& e) {
       error = "save_training_state " + dir.string() + ": " + e.what();
@@ -447,12 +452,7 @@ inline checkpoint::PendingSave save_state_parts_async(const std::filesystem::pat
   checkpoint::detail::check_save(dir, named, {});
   Store* store = world.backend().job_store();
   if (store == nullptr) {
-    try {
-      save_state_parts(dir, named, across);
-    } catch (const std::exception& e) {
-      return checkpoint::PendingSave::finished(e.what());
-    }
-    return checkpoint::PendingSave::finished("");
+    return checkpoint::PendingSave::now([&] { save_state_parts(dir, named, across); });
   }
   const fs::path tmp = checkpoint::detail::sibling(dir, ".tmp");
   const bool leader = world.rank() == 0; // writes its part's index
@@ -467,24 +467,14 @@ inline checkpoint::PendingSave save_state_parts_async(const std::filesystem::pat
                                      tmp / state_part_name(across.rank()), named);
   });
   const int parts = across.size();
-  auto publish = [tmp, parts] {
-    const std::string text = nlohmann::json{{"parts", parts}}.dump() + "\n";
-    checkpoint::File out(tmp / "parts.json", O_WRONLY | O_CREAT | O_TRUNC);
-    out.write_all(text.data(), text.size());
-    out.sync();
-    checkpoint::sync_directory(tmp);
-  };
-  const checkpoint::detail::SaveSlot slot{across.rank(), parts};
+  auto publish = [tmp, parts] { write_parts_list(tmp, parts); };
+  const checkpoint::detail::SaveSlot slot{across.rank(), parts, state_part_name(across.rank())};
   return checkpoint::PendingSave([dir, tmp, snap = checkpoint::detail::snapshots(named), store, slot,
                                   keys = checkpoint::detail::collective_key("async_save", dir),
                                   publish](const std::atomic<bool>& cancel) {
     return checkpoint::detail::finish_async_save(dir, tmp, snap, {}, slot, *store, keys, publish, cancel);
   });
 }
-
-} // namespace detail
-
-namespace detail {
 
 /// The tensors of the training state of `sources` (StateWriter's), in order. Collective over the sources'
 /// mesh for an FSDP group.

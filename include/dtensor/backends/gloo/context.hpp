@@ -5,12 +5,12 @@
 //    connections (abort);
 //  - connect_full_mesh: connects a group through its store and returns only once every member connected;
 //  - GlooFailures: a failing member leaves its reason in the group's store under "err/<rank>" and closes
-//    its connections, so peers blocked on it fail at once; a peer whose op fails with a transport error
-//    reads the members' reasons (up to 1 s) and reports the root cause (a peer's timeout stays a
-//    TimeoutError), else the members that reported nothing (a killed process cannot). Under dtensor-run the
-//    launcher records every rank's end in the job's store ("dtensor-run/exit/<global rank>": "killed by
-//    SIGKILL"), so the members that ended are named with how they ended, and a member that is merely
-//    blocked is not named at all. When the store itself is gone (its host died), the board says so at once
+//    its connections, so peers blocked on it fail at once. A peer whose op fails with a transport error
+//    names, under dtensor-run, the members the launcher saw end: it records every rank's end in the job's
+//    store ("dtensor-run/exit/<global rank>": "killed by SIGKILL"), so those lead the message with how they
+//    ended and a member that is merely blocked is not named at all. Otherwise it reads the members' reasons
+//    (up to 1 s) and reports the root cause (a peer's timeout stays a TimeoutError), else the members that
+//    reported nothing (a killed process cannot). When the store itself is gone (its host died), the board says so at once
 //    instead of asking again.
 //    translate() turns any failure of an op into the Error / TimeoutError wait() rethrows.
 
@@ -280,10 +280,8 @@ public:
   }
 
   /// Why nobody's reason could be read: "; ... the job's store is unreachable too: <its error>" when the
-  /// store is gone; else, of the members that published neither an op nor a reason, those the launcher
-  /// saw end ("; rank 2 (global 2) ended: killed by SIGKILL, seen by dtensor-run"), or when it recorded
-  /// none (another launcher, in-process ranks) all of them ("; no report from rank 2 (...)"). Called
-  /// after peer_reason's patience.
+  /// store is gone; else the members that published neither an op nor a reason ("; no report from rank 2
+  /// (...)"). Called when no launcher recorded an end (ended_members) and after peer_reason's patience.
   std::string silent_members() {
     std::vector<int> silent;
     for (int r = 0; r < size_ && !store_lost(); ++r) {
@@ -297,19 +295,6 @@ public:
     }
     if (silent.empty()) {
       return "";
-    }
-    std::string ended;
-    for (int r : silent) {
-      const int g = global_ranks_[static_cast<std::size_t>(r)];
-      std::optional<std::vector<char>> how;
-      ask([&] { how = job_store_->try_get(exit_key(g)); });
-      if (how) {
-        ended += "; rank " + std::to_string(r) + " (global " + std::to_string(g) +
-                 ") ended: " + std::string(how->begin(), how->end()) + ", seen by dtensor-run";
-      }
-    }
-    if (!ended.empty()) {
-      return ended;
     }
     std::string list;
     for (int r : silent) {
