@@ -280,9 +280,16 @@ void restarts_with(const std::vector<std::string>& launch, bool mpi) {
 
 void restarts() {
   restarts_with({g_launcher, "--standalone", "--stop-timeout", "5"}, false);
-  expect_refused({{{"--nproc-per-node", "2:4"}, "give --max-restarts N too"},
-                  {{"--nproc-per-node", "4:2", "--max-restarts", "1"}, "is not an integer in [4, 4096]"},
-                  {{"--max-restarts", "-1"}, "is not an integer in [0,"}});
+  expect_refused(
+      {{{"--nproc-per-node", "2:4"}, "give --max-restarts N too"},
+       {{"--nproc-per-node", "4:2", "--max-restarts", "1"}, "is not an integer in [4, 4096]"},
+       {{"--max-restarts", "-1"}, "is not an integer in [0,"},
+       {{"--nproc-per-node", "4", "--replica-size", "3"}, "does not divide --nproc-per-node 4"},
+       {{"--nproc-per-node", "4", "--replica-size", "0"}, "is not an integer in [1, 4096]"},
+       {{"--nproc-per-node", "2:4", "--max-restarts", "1", "--replica-size", "1"},
+        "per-replica restarts work on one machine"},
+       {{"--rank0-store", "--replica-size", "1"}, "the launcher's store (leave out --rank0-store)"},
+       {{"--backend", "mpi", "--replica-size", "1"}, "--replica-size needs --backend gloo"}});
 }
 
 void restarts_mpi() {

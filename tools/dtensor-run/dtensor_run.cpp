@@ -86,6 +86,11 @@ options (torchrun's spellings; `--a-b` and `--a_b`, `--opt v` and `--opt=v` are 
                          TORCHELASTIC_RESTART_COUNT) = 0, 1, ... With several nodes every launcher
                          restarts its ranks, and the node ranks of a start are those of its rendezvous
                          (node 0: the store's host; the others in the order they join)
+  --replica-size K       per-replica restarts (ReplicaManager, train/replicas.hpp): the ranks form
+                         replicas of K consecutive ranks; when a rank fails only its replica is
+                         stopped and started again (up to --max-restarts times each, with
+                         DTENSOR_REPLICA_RESTART_COUNT = 1, 2, ...) while the others go on; a replica
+                         with no restart left stays out. One machine; the ranks get DTENSOR_REPLICA_SIZE
   --node-rank R          this machine's index, 0..nnodes-1 (default 0)
   --master-addr A        address of node 0, where the store runs (default 127.0.0.1)
   --master-port P        port of the store (default 29500; 0 = a free port, one machine only)
@@ -126,6 +131,7 @@ struct Args {
   int min_nproc = 0;  // --nproc-per-node MIN:MAX: MIN (0: not elastic)
   int min_nnodes = 0; // --nnodes MIN:MAX: MIN (0: not elastic)
   int max_restarts = 0;
+  int replica_size = 0;  // --replica-size K: per-replica restarts (0: the job's)
   double last_call = 10; // --rdzv-last-call seconds
   int nnodes = 1;
   int node_rank = 0;
@@ -240,6 +246,9 @@ Args parse(int argc, char** argv) {
       a.last_call = parse_seconds(arg, need());
     } else if (arg == "--max-restarts") {
       a.max_restarts = parse_int(arg, need(), 0, 1 << 20);
+    } else if (arg == "--replica-size") {
+      a.replica_size = parse_int(arg, need(), 1, 4096);
+      a.own_launch_only = true;
     } else if (arg == "--nnodes") {
       const auto [min, max] = parse_range(arg, need(), 1, 1 << 16);
       a.nnodes = max;
@@ -318,6 +327,16 @@ Args parse(int argc, char** argv) {
   if (a.nnodes > 1 && a.max_restarts > 0 && !a.agent_store) {
     die("--max-restarts with several nodes needs the launchers' store (leave out --rank0-store): the "
         "launchers meet there to start again");
+  }
+  if (a.replica_size > 0) {
+    if (a.nnodes > 1 || a.min_nproc > 0 || a.min_nnodes > 0 || !a.agent_store) {
+      die("--replica-size: per-replica restarts work on one machine (--nnodes 1), with a fixed "
+          "--nproc-per-node and the launcher's store (leave out --rank0-store)");
+    }
+    if (a.nproc_per_node % a.replica_size != 0) {
+      die("--replica-size " + std::to_string(a.replica_size) + " does not divide --nproc-per-node " +
+          std::to_string(a.nproc_per_node) + " into whole replicas");
+    }
   }
   if (a.master_port == 0 && a.nnodes > 1) {
     die("--master-port 0 (a free port) works on one machine only (--nnodes 1)");
@@ -608,6 +627,7 @@ struct Stream {
 struct Rank {
   int rank = 0;
   int local_rank = 0;
+  int incarnation = 0; // --replica-size: which start of its replica this is
   pid_t pid = -1;
   bool running = false;
   int status = 0;            // waitpid status once exited
@@ -683,7 +703,7 @@ public:
       if (code == 0 && store_ && a_.nnodes > 1) {
         code = wait_for_nodes();
       }
-      if (code != 0 && interrupted_ == 0 && a_.max_restarts > 0) {
+      if (code != 0 && interrupted_ == 0 && a_.max_restarts > 0 && a_.replica_size == 0) {
         const std::string why = restart_ >= a_.max_restarts ? no_restart_left(restart_, a_.max_restarts)
                                 : store_lost_               ? "the store on node 0 is gone"
                                 : job_stopped()             ? "a launcher of the job was interrupted"
@@ -864,6 +884,10 @@ private:
     if (a_.agent_store && restart_ > 0) {
       set["DTENSOR_STORE_PREFIX"] = store_prefix();
     }
+    if (a_.replica_size > 0) {
+      set["DTENSOR_REPLICA_SIZE"] = std::to_string(a_.replica_size);
+      set["DTENSOR_REPLICA_RESTART_COUNT"] = std::to_string(r.incarnation);
+    }
     if (a_.store_bind_given) {
       set["DTENSOR_STORE_BIND_ADDR"] = a_.store_bind_addr;
     }
@@ -1036,6 +1060,10 @@ private:
         --running_;
         record_exit(r, status);
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (a_.replica_size > 0 && interrupted_ == 0) {
+          replica_exited(r, ok);
+          continue;
+        }
         r.failed_first = !ok && !stopping; // before this launcher stopped anyone: a failure of its own
         if (!ok && !failed_ && !interrupted_ && remote_failure_.empty()) { // not one this node stopped
           failed_ = &r;
@@ -1055,10 +1083,80 @@ private:
         }
       }
     }
+    if (a_.replica_size > 0) {
+      restart_stopped_replicas();
+    }
     // After every exit already there was seen: ranks that failed in the same instant all count as failed
     // on their own (an elastic restart leaves them all out).
     if (failed_ != nullptr && !stopping) {
       stop_all(SIGTERM);
+    }
+  }
+
+  // ---- --replica-size: a failed rank stops and restarts its replica alone ------------------------------
+
+  /// Rank `r` of a replica exited: a failure stops the rest of its replica (SIGKILL: its groups with the
+  /// failed rank are broken) and records the replica's end, which the other replicas' quorum reads
+  /// (train/replicas.hpp).
+  void replica_exited(Rank& r, bool ok) {
+    const std::size_t rep = static_cast<std::size_t>(r.rank / a_.replica_size);
+    replica_restarts_.resize(ranks_.size() / static_cast<std::size_t>(a_.replica_size));
+    replica_failure_.resize(replica_restarts_.size());
+    if (!ok && replica_failure_[rep] == 0) {
+      replica_failure_[rep] = exit_code_of(r.status) == 0 ? 1 : exit_code_of(r.status);
+      std::fprintf(
+          stderr, "dtensor-run: rank %d (replica %zu, start %d, pid %d) failed: %s; stopping replica %zu\n",
+          r.rank, rep, r.incarnation, static_cast<int>(r.pid), describe_status(r.status).c_str(), rep);
+      if (store_) {
+        try {
+          store_->set("dtensor-run/replica-exit/" + std::to_string(rep) + "/" + std::to_string(r.incarnation),
+                      describe_status(r.status));
+        } catch (...) {
+        }
+      }
+      for (Rank& o : ranks_) {
+        if (o.running && o.rank / a_.replica_size == r.rank / a_.replica_size) {
+          ::kill(-o.pid, SIGKILL);
+        }
+      }
+    }
+    if (::kill(-r.pid, 0) != 0) {
+      guardian_.forget(r.pid);
+    }
+  }
+
+  /// Starts again each failed replica whose ranks all exited, while it has restarts left; one without
+  /// stays out and sets the launcher's exit status.
+  void restart_stopped_replicas() {
+    for (std::size_t rep = 0; rep < replica_failure_.size(); ++rep) {
+      if (replica_failure_[rep] == 0) {
+        continue;
+      }
+      const auto first = ranks_.begin() + static_cast<std::ptrdiff_t>(rep) * a_.replica_size;
+      const auto last = first + a_.replica_size;
+      if (std::any_of(first, last, [](const Rank& x) { return x.running; })) {
+        continue;
+      }
+      if (replica_restarts_[rep] >= a_.max_restarts) {
+        std::fprintf(stderr, "dtensor-run: replica %zu: %s; the other replicas go on without it\n", rep,
+                     no_restart_left(replica_restarts_[rep], a_.max_restarts).c_str());
+        replica_gave_up_ = replica_gave_up_ != 0 ? replica_gave_up_ : replica_failure_[rep];
+        replica_failure_[rep] = 0;
+        continue;
+      }
+      replica_failure_[rep] = 0;
+      const int start = ++replica_restarts_[rep];
+      std::fprintf(stderr, "dtensor-run: replica %zu: restart %d of %d\n", rep, start, a_.max_restarts);
+      for (auto it = first; it != last; ++it) {
+        for (Stream* s : {&it->out, &it->err}) {
+          if (s->fd >= 0) {
+            drain(*it, *s);
+            close_stream(*it, *s);
+          }
+        }
+        it->incarnation = start;
+        spawn(*it);
+      }
     }
   }
 
@@ -1121,6 +1219,9 @@ private:
       std::fprintf(stderr, "dtensor-run: interrupted by %s; stopped %d rank(s)\n",
                    signal_name(interrupted_).c_str(), a_.nproc_per_node);
       return 128 + interrupted_;
+    }
+    if (replica_gave_up_ != 0) { // already reported when it gave up
+      return replica_gave_up_;
     }
     if (failed_ != nullptr) { // already reported when it failed
       const int code = exit_code_of(failed_->status);
@@ -1252,6 +1353,9 @@ private:
   Guardian guardian_;
   std::chrono::milliseconds store_timeout_{0};
   std::vector<Rank> ranks_;
+  std::vector<int> replica_restarts_; // --replica-size: restarts used by each replica
+  std::vector<int> replica_failure_;  // the failed rank's exit code while its replica stops, else 0
+  int replica_gave_up_ = 0;           // the first exit code of a replica that ran out of restarts
   int running_ = 0;
   Rank* failed_ = nullptr;
   int interrupted_ = 0;
@@ -1470,6 +1574,10 @@ int run_mpirun(const Args& a) {
   if (a.nnodes != 1) {
     die("--backend mpi: dtensor-run starts an MPI job on one machine only (--nnodes 1); across machines "
         "start it with mpirun (a hostfile) or srun --mpi=pmix");
+  }
+  if (a.replica_size > 0) {
+    die("--backend mpi: an MPI job ends with any of its ranks, so --replica-size needs --backend gloo (or "
+        "nccl)");
   }
   if (a.own_launch_only) {
     die("--backend mpi: --rank0-store and --store-bind-addr are about dtensor-run's TCP store; MPI jobs "
