@@ -25,7 +25,7 @@
 //
 // The forward and backward run under a CommDebugMode, and what it records must be exactly what the
 // structure above implies (expected_comm): per op, mesh axis and reduce op, the count and the bytes this
-// rank received; on the (1, 1) mesh of the reference the same ops, moving nothing.
+// rank received; on the (1, 1) mesh of the reference nothing at all (an axis of size 1 costs nothing).
 
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/comm/init.hpp>
@@ -92,11 +92,12 @@ std::vector<CommPin> expected_comm(std::int64_t dp, std::int64_t tp, std::int64_
   const std::int64_t rows = chunk(kTokens, dp, d); // tokens of this dp coordinate: the logits' rows
   const std::int64_t own = chunk(rows, tp, t);     // of those, this rank's between the TP regions
   const std::int64_t act = kHidden * 8;            // bytes of one token's activation
-  return {{"all_gather", "tp", std::nullopt, 6, 6 * (rows - own) * act},
-          {"reduce_scatter", "tp", ReduceOp::sum, 6, 6 * (tp - 1) * own * act},
-          {"all_reduce", "tp", ReduceOp::max, 1, ring_bytes(tp, rows)},
-          {"all_reduce", "tp", ReduceOp::sum, 1, ring_bytes(tp, 2 * rows)},
-          {"all_reduce", "dp", ReduceOp::sum, 1, ring_bytes(dp, 2)}};
+  const std::int64_t on_tp = tp > 1 ? 1 : 0, on_dp = dp > 1 ? 1 : 0; // none over an axis of size 1
+  return {{"all_gather", "tp", std::nullopt, 6 * on_tp, 6 * (rows - own) * act},
+          {"reduce_scatter", "tp", ReduceOp::sum, 6 * on_tp, 6 * (tp - 1) * own * act},
+          {"all_reduce", "tp", ReduceOp::max, on_tp, ring_bytes(tp, rows)},
+          {"all_reduce", "tp", ReduceOp::sum, on_tp, ring_bytes(tp, 2 * rows)},
+          {"all_reduce", "dp", ReduceOp::sum, on_dp, ring_bytes(dp, 2)}};
 }
 
 /// Empty when `comm` recorded exactly `want` and nothing else; otherwise the differences.

@@ -9,8 +9,11 @@
 // argument checks, BufferRef/counts set-up, the backend adapter (op descriptor, sequence number, executor,
 // completion object) and the wait. Tensors are tiny (16 floats) so copies cost a few ns. Each sample times
 // 2000 back-to-back calls; the table gives the median ns per call (min-max over samples) and the heap
-// allocations per call (replaced operator new). Redistributions run on 1-rank meshes (1-, 2- and 3-axis),
-// with the plan fixed at compile time; they execute every step kind. The second method, ours minus raw
+// allocations per call (replaced operator new). Redistributions run as rank 0 of a fake world of 4
+// (backends/fake: every op completes at once, nothing is exchanged) on meshes (4), (2, 2) and (2, 2, 1), with
+// the plan fixed at compile time: every step kind runs its geometry, staging and op set-up (on a mesh of one
+// rank no step runs: an axis of size 1 costs nothing). The size-1 rows: [S(0),P] -> [S(0),R] on (4, 1), a
+// static mesh (no step at compile time) and a dynamic one (the plan for the real sizes, looked up). The second method, ours minus raw
 // gloo at 4 B in the collectives sweep (same run, 2 processes), is in BENCHMARKS.md. The exchange
 // geometry and the cost model (bytes_per_rank) run on simulated meshes, next to their brute-force oracles.
 // Writes bench/results/overhead.json.
@@ -45,6 +48,9 @@ struct Ctx {
   bench::Table table{{"call", "ns per call [min-max]", "allocations per call", "lower bound"}};
   int calls = 2000;
   int samples = 15;
+  std::string backend = "gloo";
+  std::string method =
+      "1-rank group/mesh: no gloo algorithm runs; time = dtensor front end + backend adapter";
 };
 
 template <class F>
@@ -61,14 +67,13 @@ void row(Ctx& c, const std::string& suite_name, const std::string& name, F&& f) 
   }
   const double allocs = double(dtensor::testing::heap::count() - a0) / n;
   bench::Stats ns{s.median * 1e3, s.min * 1e3, s.max * 1e3, s.samples};
-  bench::Record r{"overhead", name, "gloo", 1, 64, s, "", {}, {}};
+  bench::Record r{"overhead", name, c.backend, 1, 64, s, "", {}, {}};
   r.add_str("kind", suite_name)
       .add_num("ns_per_call", ns.median)
       .add_num("ns_min", ns.min)
       .add_num("ns_max", ns.max)
       .add_num("allocations_per_call", allocs)
-      .add_str("method",
-               "1-rank group/mesh: no gloo algorithm runs; time = dtensor front end + backend adapter");
+      .add_str("method", c.method);
   c.table.row({name, bench::num(ns.median) + " [" + bench::num(ns.min) + "-" + bench::num(ns.max) + "]",
                bench::fmt("%.1f", allocs), ""});
   c.results.add(std::move(r));
@@ -174,30 +179,49 @@ int main(int argc, char** argv) {
   using M2 = MeshShape<Axis<"dp">, Axis<"tp">>;
   using M3 = MeshShape<Axis<"pp">, Axis<"dp">, Axis<"tp">>;
   auto m1 = init_device_mesh<M1>(world);
-  auto m2 = init_device_mesh<M2>(world, 1);
-  auto m3 = init_device_mesh<M3>(world, 1, 1);
   const auto full = Tensor<float, 2>::full({4, 4}, 1.0f);
-  auto s0 = distribute_tensor<Shard<0>>(m1, full, replicated_source);
-  auto r1 = distribute_tensor<Replicate>(m1, full, replicated_source);
-  auto p1 = distribute_tensor<Partial<>>(m1, full, replicated_source);
-  auto s01 = distribute_tensor<Shard<0>, Shard<1>>(m2, full, replicated_source);
-  auto s00 = distribute_tensor<Shard<0>, Shard<0>>(m2, full, replicated_source);
-  auto s010 = distribute_tensor<Shard<0>, Shard<1>, Replicate>(m3, full, replicated_source);
+  {
+    // Rank 0 of a fake world of 4: the steps run; the backend completes each op at once.
+    const ProcessGroup four = fake_world(0, 4);
+    c.backend = "fake";
+    c.method = "rank 0 of a fake world of 4: every step's geometry, staging and op set-up run, the backend "
+               "completes at once; time = dtensor's code";
+    auto f1 = init_device_mesh<M1>(four);
+    auto f2 = init_device_mesh<M2>(four, 2);
+    auto f3 = init_device_mesh<M3>(four, 2, 2);
+    auto s0 = distribute_tensor<Shard<0>>(f1, full, replicated_source);
+    auto r1 = distribute_tensor<Replicate>(f1, full, replicated_source);
+    auto p1 = distribute_tensor<Partial<>>(f1, full, replicated_source);
+    auto s01 = distribute_tensor<Shard<0>, Shard<1>>(f2, full, replicated_source);
+    auto s00 = distribute_tensor<Shard<0>, Shard<0>>(f2, full, replicated_source);
+    auto s010 = distribute_tensor<Shard<0>, Shard<1>, Replicate>(f3, full, replicated_source);
 
-  row(c, "redistribute", "[S(0)]->[S(0)] (no step)", [&] { auto y = s0.redistribute<Shard<0>>(); });
-  row(c, "redistribute", "[S(0)]->[R] all_gather", [&] { auto y = s0.redistribute<Replicate>(); });
-  row(c, "redistribute", "[R]->[S(0)] local_chunk", [&] { auto y = r1.redistribute<Shard<0>>(); });
-  row(c, "redistribute", "[S(0)]->[S(1)] all_to_all", [&] { auto y = s0.redistribute<Shard<1>>(); });
-  row(c, "redistribute", "[P]->[R] all_reduce", [&] { auto y = p1.redistribute<Replicate>(); });
-  row(c, "redistribute", "[P]->[S(0)] reduce_scatter", [&] { auto y = p1.redistribute<Shard<0>>(); });
-  row(c, "redistribute", "[S(0),S(1)]->[S(1),S(0)] permute",
-      [&] { auto y = s01.redistribute<Shard<1>, Shard<0>>(); });
-  row(c, "redistribute", "[S(0),S(0)]->[S(1),S(1)] flat all_to_all",
-      [&] { auto y = s00.redistribute<Shard<1>, Shard<1>>(); });
-  row(c, "redistribute", "[S(0),S(1)]->[R,R] 2x all_gather",
-      [&] { auto y = s01.redistribute<Replicate, Replicate>(); });
-  row(c, "redistribute", "3-axis [S(0),S(1),R]->[S(1),S(0),R]",
-      [&] { auto y = s010.redistribute<Shard<1>, Shard<0>, Replicate>(); });
+    row(c, "redistribute", "[S(0)]->[S(0)] (no step)", [&] { auto y = s0.redistribute<Shard<0>>(); });
+    row(c, "redistribute", "[S(0)]->[R] all_gather", [&] { auto y = s0.redistribute<Replicate>(); });
+    row(c, "redistribute", "[R]->[S(0)] local_chunk", [&] { auto y = r1.redistribute<Shard<0>>(); });
+    row(c, "redistribute", "[S(0)]->[S(1)] all_to_all", [&] { auto y = s0.redistribute<Shard<1>>(); });
+    row(c, "redistribute", "[P]->[R] all_reduce", [&] { auto y = p1.redistribute<Replicate>(); });
+    row(c, "redistribute", "[P]->[S(0)] reduce_scatter", [&] { auto y = p1.redistribute<Shard<0>>(); });
+    row(c, "redistribute", "[S(0),S(1)]->[S(1),S(0)] permute",
+        [&] { auto y = s01.redistribute<Shard<1>, Shard<0>>(); });
+    row(c, "redistribute", "[S(0),S(0)]->[S(1),S(1)] flat all_to_all",
+        [&] { auto y = s00.redistribute<Shard<1>, Shard<1>>(); });
+    row(c, "redistribute", "[S(0),S(1)]->[R,R] 2x all_gather",
+        [&] { auto y = s01.redistribute<Replicate, Replicate>(); });
+    row(c, "redistribute", "3-axis [S(0),S(1),R]->[S(1),S(0),R]",
+        [&] { auto y = s010.redistribute<Shard<1>, Shard<0>, Replicate>(); });
+
+    // An axis of size 1: [S(0),P] -> [S(0),R] on (4, 1) is no step (torch's test_one_chunk_mesh).
+    using Static = MeshShape<Axis<"a", 4>, Axis<"b", 1>>;
+    auto st = distribute_tensor<Shard<0>, Partial<>>(init_device_mesh<Static>(four), full, replicated_source);
+    auto dy = distribute_tensor<Shard<0>, Partial<>>(init_device_mesh<M2>(four, 4), full, replicated_source);
+    row(c, "redistribute", "[S(0),P]->[S(0),R] on (4,1) static (no step)",
+        [&] { auto y = st.redistribute<Shard<0>, Replicate>(); });
+    row(c, "redistribute", "[S(0),P]->[S(0),R] on (4,1) dynamic (no step)",
+        [&] { auto y = dy.redistribute<Shard<0>, Replicate>(); });
+    c.backend = "gloo";
+    c.method = "1-rank group/mesh: no gloo algorithm runs; time = dtensor front end + backend adapter";
+  }
 
   // Ops on DTensors next to their local kernel on the same local tensors, interleaved: the difference is
   // what the sharded op adds on the host (its placement rule is decided at compile time).
@@ -280,8 +304,9 @@ int main(int argc, char** argv) {
     c.samples = saved_samples;
   }
 
-  std::printf("host overhead per call (1-rank gloo group / 1-rank meshes: no communication; float32, 16 "
-              "elements)\n");
+  std::printf(
+      "host overhead per call (collectives: 1-rank gloo group; redistributions: rank 0 of a fake world "
+      "of 4; no communication; float32, 16 elements)\n");
   c.table.print();
   c.results.write(c.opt, "overhead.json");
   return 0;

@@ -88,7 +88,14 @@ Result run_layer(const DeviceMesh<Mesh>& mesh, const Case& k) {
   CommDebugMode comm;
   auto [y, back] = moe.forward(x, with_backward);
   r.fwd_a2a = comm.count("all_to_all", "ep");
-  r.fwd_gather = comm.count("all_gather") - comm.count("all_gather", "tp") - comm.count("all_gather", "dp");
+  // The counts' all_gather runs over the token axes (every axis but tp) of more than one rank.
+  std::string token_axes;
+  for (int a = 0; a < mesh.num_axes(); ++a) {
+    if (a != L::tp && mesh.size(a) > 1) {
+      token_axes += (token_axes.empty() ? "" : "*") + std::string(mesh.names()[a]);
+    }
+  }
+  r.fwd_gather = token_axes.empty() ? 0 : comm.count("all_gather", token_axes);
   r.fwd_total = comm.total_count();
   r.stats = moe.stats();
   comm.reset();

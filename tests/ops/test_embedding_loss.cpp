@@ -158,6 +158,9 @@ void expect_loss_comm(const CommDebugMode& debug, const Mesh& mesh, std::int64_t
       n_row *= mesh.size(a);
     }
   }
+  // Axes of size 1 take no part (over them only: no collective).
+  vocab &= ~mesh.unit_axes();
+  row &= ~mesh.unit_axes();
   std::int64_t ops = 0;
   for (const AxisMask group : {vocab, row}) {
     if (group == 0) {

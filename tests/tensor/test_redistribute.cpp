@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -146,6 +147,9 @@ TEST_CASE("1-D meshes: every single-axis transition with the expected collective
             } else if (a.is_shard() && b.is_shard() && a.dim != b.dim) {
               op = "all_to_all";
             }
+            if (n == 1) {
+              op.clear(); // an axis of size 1: no communication (the block stays as it is)
+            }
             expect(comm.total_count() == (op.empty() ? 0 : 1),
                    what + ": " + std::to_string(comm.total_count()) + " collectives\n" + comm.to_string());
             expect(op.empty() || comm.count(op, "x") == 1,
@@ -160,7 +164,7 @@ TEST_CASE("1-D meshes: every single-axis transition with the expected collective
         auto pp = p.redistribute<Partial<>>();
         expect(comm.total_count() == 0, "R -> P and P -> P communicate nothing");
         check_matches_reference(pp.redistribute<Replicate>(), "R -> P -> R");
-        expect(comm.count("all_reduce") == 1, "P -> R is one all_reduce");
+        expect(comm.count("all_reduce") == (n > 1 ? 1 : 0), "P -> R is one all_reduce (none on one rank)");
       }
     });
   }
@@ -229,7 +233,8 @@ TEST_CASE("an rvalue DTensor is reduced in place, an lvalue is left as it was", 
       const auto before = p.local().clone();
       auto r = p.redistribute<Replicate>();
       check_matches_reference(r, "P -> R of an lvalue");
-      expect(r.local().data() != p.local().data(), "an lvalue's P -> R writes a new buffer");
+      // (On one rank nothing is reduced: the result is the block itself, as an R -> R is.)
+      expect((r.local().data() != p.local().data()) == (n > 1), "an lvalue's P -> R writes a new buffer");
       for (std::int64_t i = 0; i < before.shape()[0]; ++i) {
         for (std::int64_t j = 0; j < before.shape()[1]; ++j) {
           expect(p.local()(i, j) == before(i, j), "an lvalue's P -> R leaves the input alone");
@@ -247,7 +252,7 @@ TEST_CASE("an rvalue DTensor is reduced in place, an lvalue is left as it was", 
       const auto kept = held.clone();
       auto v = std::move(u).redistribute<Replicate>();
       check_matches_reference(v, "P -> R of an rvalue whose memory is shared");
-      expect(v.local().data() != held.data(), "shared memory: P -> R writes a new buffer");
+      expect((v.local().data() != held.data()) == (n > 1), "shared memory: P -> R writes a new buffer");
       for (std::int64_t i = 0; i < kept.shape()[0]; ++i) {
         for (std::int64_t j = 0; j < kept.shape()[1]; ++j) {
           expect(held(i, j) == kept(i, j), "memory another tensor holds is not reduced in place");
@@ -274,6 +279,119 @@ TEST_CASE("2-D mesh (3,2): every source in {R,S(0),S(1),P}^2 to every target in 
 TEST_CASE("2-D mesh (2,1): every source in {R,S(0),S(1),P}^2 to every target in {R,S(0),S(1)}^2",
           "[dtensor]") {
   exhaustive_2d(2, 1);
+}
+
+namespace {
+
+/// The ops CommDebugMode recorded, by op name, and whether every one ran over the axes `axes`.
+std::map<std::string, std::int64_t> ops_of(const CommDebugMode& comm, const std::string& axes, bool& only) {
+  std::map<std::string, std::int64_t> ops;
+  for (const auto& [key, e] : comm.entries()) {
+    ops[key.first] += e.count;
+    only = only && key.second == axes;
+  }
+  return ops;
+}
+
+} // namespace
+
+TEST_CASE("a mesh axis of size 1 costs nothing: on (n, 1) and (1, n) every transition runs what the 1-D mesh "
+          "runs",
+          "[dtensor]") {
+  Poison poison;
+  for (int n = 1; n <= 4; ++n) {
+    for (const bool first : {true, false}) { // the size-n axis first (n, 1), or second (1, n)
+      INFO("mesh " << (first ? n : 1) << ", " << (first ? 1 : n));
+      testing::run_ranks(n, [&](ProcessGroup& world) {
+        auto mesh = init_device_mesh<Mesh2>(world, first ? n : 1, first ? 1 : n);
+        auto line = init_device_mesh<Mesh1>(world); // the same ranks in the same order
+        const std::string live = first ? "dp" : "tp";
+        using Sources = List<Replicate, Shard<0>, Shard<1>, Partial<>>;
+        using Targets = List<Replicate, Shard<0>, Shard<1>>;
+        for_each_type(Sources{}, [&]<class A0>() {
+          for_each_type(Sources{}, [&]<class A1>() {
+            for_each_type(Targets{}, [&]<class B0>() {
+              for_each_type(Targets{}, [&]<class B1>() {
+                auto x = make_source<DTensor<float, 2, Mesh2, A0, A1>>(mesh, 2 * n + 1, n + 2);
+                CommDebugMode comm;
+                auto y = x.template redistribute<B0, B1>();
+                const std::string what = x.template plan_for<B0, B1>().to_string();
+                bool only = true;
+                const auto got = ops_of(comm, live, only);
+                expect(only, what + ": an op over an axis of size 1\n" + comm.to_string());
+                check_matches_reference(y, what);
+                // The same transition on the 1-D mesh of the size-n axis.
+                auto one_d = [&]<class S, class T>() {
+                  auto u = make_source<DTensor<float, 2, Mesh1, S>>(line, 2 * n + 1, n + 2);
+                  CommDebugMode c;
+                  auto v = u.template redistribute<T>();
+                  bool o = true;
+                  return ops_of(c, "x", o);
+                };
+                const auto want =
+                    first ? one_d.template operator()<A0, B0>() : one_d.template operator()<A1, B1>();
+                const auto show = [](const std::map<std::string, std::int64_t>& m) {
+                  std::string t;
+                  for (const auto& [op, count] : m) {
+                    t += " " + op + " x" + std::to_string(count);
+                  }
+                  return t;
+                };
+                expect(got == want, what + ": ran" + show(got) + ", the 1-D mesh" + show(want));
+              });
+            });
+          });
+        });
+      });
+    }
+  }
+}
+
+TEST_CASE("a mesh axis of size 1 costs nothing: the five transitions of torch's test_one_chunk_mesh on "
+          "(4, 1), static and dynamic",
+          "[dtensor]") {
+  using Static = MeshShape<Axis<"a", 4>, Axis<"b", 1>>;
+  using Dynamic = MeshShape<Axis<"a">, Axis<"b">>;
+  // The plans with the sizes known at compile time: the step over b is dropped.
+  STATIC_REQUIRE(DTensor<float, 2, Static, Shard<0>, Shard<1>>::plan_to<Shard<0>, Replicate>().plan.size() ==
+                 0);
+  STATIC_REQUIRE(DTensor<float, 2, Static, Shard<0>, Shard<1>>::plan_to<Shard<0>, Shard<0>>().plan.size() ==
+                 0);
+  STATIC_REQUIRE(DTensor<float, 2, Static, Shard<0>, Partial<>>::plan_to<Shard<0>, Shard<0>>().plan.size() ==
+                 0);
+  STATIC_REQUIRE(DTensor<float, 2, Static, Shard<0>, Partial<>>::plan_to<Shard<0>, Shard<1>>().plan.size() ==
+                 0);
+  STATIC_REQUIRE(DTensor<float, 2, Static, Shard<0>, Partial<>>::plan_to<Shard<0>, Replicate>().plan.size() ==
+                 0);
+  CHECK(DTensor<float, 2, Static, Shard<0>, Partial<>>::plan_to<Shard<0>, Replicate>().to_string() ==
+        "[S(0),P(sum)] -> [S(0),R]: nothing to do");
+  // Dynamic sizes: the nominal plan has the step; the plan run on (4, 1) has not.
+  CHECK(DTensor<float, 2, Dynamic, Shard<0>, Partial<>>::plan_to<Shard<0>, Replicate>().plan.size() == 1);
+  Poison poison;
+  testing::run_ranks(4, [](ProcessGroup& world) {
+    const auto five = [&]<class Shape>(const DeviceMesh<Shape>& mesh, const std::string& kind) {
+      const auto run = [&]<class... S>(Placements<S...>, auto to) {
+        using X = DTensor<float, 2, Shape, S...>;
+        const auto x = make_source<X>(mesh, 16, 8);
+        CommDebugMode comm;
+        const auto y = [&]<class... T>(Placements<T...>) {
+          expect(x.template plan_for<T...>().plan.size() == 0,
+                 kind + ": the plan run has a step: " + x.template plan_for<T...>().to_string());
+          return x.template redistribute<T...>();
+        }(to);
+        expect(comm.total_count() == 0,
+               kind + ": " + std::to_string(comm.total_count()) + " ops\n" + comm.to_string());
+        check_matches_reference(y, kind + " " + to_string(X::placements));
+      };
+      run(Placements<Shard<0>, Shard<1>>{}, Placements<Shard<0>, Replicate>{});
+      run(Placements<Shard<0>, Shard<1>>{}, Placements<Shard<0>, Shard<0>>{});
+      run(Placements<Shard<0>, Partial<>>{}, Placements<Shard<0>, Shard<0>>{});
+      run(Placements<Shard<0>, Partial<>>{}, Placements<Shard<0>, Shard<1>>{});
+      run(Placements<Shard<0>, Partial<>>{}, Placements<Shard<0>, Replicate>{});
+    };
+    five(init_device_mesh<Static>(world), "static (4, 1)");
+    five(init_device_mesh<Dynamic>(world, 4, 1), "dynamic (4, 1)");
+  });
 }
 
 TEST_CASE("order-sensitive plans: permutations and flattened all_to_all", "[dtensor]") {
@@ -439,8 +557,8 @@ TEST_CASE("CommDebugMode counts every path: distribute_tensor, full_tensor, coll
              "distribute_tensor's scatter\n" + comm.to_string());
       comm.reset();
       auto f = x.full_tensor();
-      expect(comm.total_count() == 1 && comm.bytes("all_gather", "x") == rows * 3 * 4 - mine,
-             "full_tensor is one all_gather\n" + comm.to_string());
+      expect(comm.total_count() == (n > 1 ? 1 : 0) && comm.bytes("all_gather", "x") == rows * 3 * 4 - mine,
+             "full_tensor is one all_gather (none on one rank)\n" + comm.to_string());
       comm.reset();
       auto t = Tensor<float, 1>::full({10}, 1.0f);
       all_reduce(t, ReduceOp::sum, mesh.group<"x">());
@@ -466,19 +584,19 @@ TEST_CASE("CommDebugMode counts every path: distribute_tensor, full_tensor, coll
 }
 
 TEST_CASE("a redistribution on a sub-mesh never waits on ranks outside it", "[dtensor]") {
-  // Mesh (pp=2, dp=1, tp=2) on 4 ranks; stage 0 = ranks {0,1}, stage 1 = {2,3}. Stage 0 permutes on its
-  // slice (its dp*tp group is made on first use) and then sends to stage 1, which meanwhile blocks in a
-  // point-to-point exchange that needs those sends. If making the group took stage 1's ranks, this
-  // would deadlock (and fail with a TimeoutError after 5 s).
+  // Mesh (pp=2, dp=2, tp=2) on 8 ranks; stage 0 = ranks 0-3, stage 1 = 4-7. Stage 0 permutes on its slice
+  // (its dp*tp group is made on first use) and then sends to stage 1, which meanwhile blocks receiving
+  // those sends. If making the group took stage 1's ranks, this would deadlock (and fail with a
+  // TimeoutError after 5 s).
   using Pipe = MeshShape<Axis<"pp", 2>, Axis<"dp">, Axis<"tp">>;
   testing::RunRanksOptions options;
   options.timeout = std::chrono::seconds(5);
   testing::run_ranks(
-      4,
+      8,
       [](ProcessGroup& world) {
         const int r = world.rank();
         for (int round = 0; round < 20; ++round) {
-          auto mesh = init_device_mesh<Pipe>(world, 1, 2);
+          auto mesh = init_device_mesh<Pipe>(world, 2, 2);
           auto stage = mesh.slice<"dp", "tp">();
           auto permute_on_stage = [&] {
             auto x = make_source<DTensor<float, 2, MeshShape<Axis<"dp">, Axis<"tp">>, Shard<0>, Shard<1>>>(
@@ -486,22 +604,15 @@ TEST_CASE("a redistribution on a sub-mesh never waits on ranks outside it", "[dt
             CommDebugMode comm;
             auto y = x.redistribute<Shard<1>, Shard<0>>();
             expect(comm.count("permute", "dp*tp") == 1, "a permute over the stage\n" + comm.to_string());
-            check_matches_reference(y, "[S(0),S(1)] -> [S(1),S(0)] on stage " + std::to_string(r / 2));
+            check_matches_reference(y, "[S(0),S(1)] -> [S(1),S(0)] on stage " + std::to_string(r / 4));
           };
           auto msg = Tensor<float, 1>::full({4}, static_cast<float>(round));
           auto got = Tensor<float, 1>::full({4}, -1.0f);
-          if (r < 2) {
+          if (r < 4) {
             permute_on_stage();
-            send(msg, r + 2, world);
-          } else if (r == 2) {
-            recv(got, 0, world);
-            send(got, 3, world);
+            send(msg, r + 4, world);
           } else {
-            recv(got, 1, world);
-            expect(got(0) == static_cast<float>(round), "rank 3 got rank 1's message");
-            recv(got, 2, world);
-          }
-          if (r >= 2) {
+            recv(got, r - 4, world);
             expect(got(3) == static_cast<float>(round), "stage 1 got stage 0's message");
             permute_on_stage();
           }

@@ -634,7 +634,9 @@ GptRun gpt_pipelined(const DeviceMesh<PMesh>& mesh, Schedule schedule, int v) {
     if (g < stages - 1 && rank_of(g + 1) != s) {
       links.insert({rank_of(g + 1), 0});
     }
-    const std::int64_t groups = (last - first) + (g == 0 ? 1 : 0) + (g == stages - 1 ? 1 : 0);
+    // FSDP's gathers and reductions over dp (none over a dp of one rank: a size-1 axis costs nothing)
+    const std::int64_t groups =
+        stage.size<"dp">() > 1 ? (last - first) + (g == 0 ? 1 : 0) + (g == stages - 1 ? 1 : 0) : 0;
     run.expected[2] += groups;
     run.expected[3] += groups;
   }

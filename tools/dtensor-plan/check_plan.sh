@@ -4,7 +4,8 @@
 # bubble; ZB-H1's no larger than 1F1B's) and
 # HSDP, at least one fits in 1 GiB and none in 1 KiB, the best is listed first, and the JSON parses and
 # holds every layout with its dry runs (HSDP and DDP among them); a mixture of experts plans with its experts
-# sharded over ep; float compute gathers twice the bytes of bfloat16.
+# sharded over ep; float compute gathers twice the bytes of bfloat16; no dry run has an op over an axis of
+# size 1.
 # usage: check_plan.sh DTENSOR_PLAN DIR
 set -u
 plan=$1 dir=$2
@@ -34,6 +35,10 @@ for l in ls:
         assert sum(d["at_peak"].values()) == d["peak_bytes"], d
         assert sum(c["bytes"] for c in d["comm"]) == d["bytes_nvlink"] + d["bytes_network"], d
         assert sum(c["count"] for c in d["comm"]) == d["ops"], d
+        # an axis of size 1 costs nothing: no op over it (tp = 1, cp = 1, ... layouts)
+        sizes = {"pp": l["pp"], "cp": l["cp"], "tp": l["tp"], "ep": l["ep"], "rep": l["replicas"]}
+        for c in d["comm"]:
+            assert all(sizes.get(a, 2) > 1 for a in c["axes"].split("*")), (l, c)
     # the step: the slowest representative's timeline plus its pipeline idle (none without a pipeline)
     assert (l["bubble_seconds"] > 0) == (l["pp"] > 1), l
     assert l["recompute"] == (l["pp"] == 1), l  # a pipeline recomputes only where it does not fit

@@ -319,6 +319,12 @@ inline StepRun submit_step(const Plan& plan, int i, AnyTensor in, const Extents&
     const Block after = spec_block(global, st.after, mesh.sizes(), mesh.coordinate());
     CommOptions opts;
     opts.blocking = !async;
+    if ((st.axes & ~mesh.unit_axes()) == 0) {
+      // Every axis of the step has size 1, a size its plan did not know (a backward's dual, planned for
+      // the nominal sizes): this rank's block is the same before and after, and there is nobody to
+      // exchange with. make_plan plans no step over an axis it knows to have size 1.
+      return {std::move(in), Work()};
+    }
     switch (st.kind) {
     case StepKind::local_partial: {
       if (!holds_value(Placement::partial(st.op), mesh.coordinate()[st.axis()])) {

@@ -148,13 +148,25 @@ public:
   /// This rank's position in the mesh (row-major over the coordinate).
   int rank() const noexcept { return coord_to_rank(state_->coord, state_->sizes); }
 
+  /// The axes of size 1: a collective over them moves nothing (exec/execute.hpp skips it).
+  AxisMask unit_axes() const noexcept {
+    AxisMask m = 0;
+    for (int a = 0; a < num_axes(); ++a) {
+      m |= state_->sizes[a] == 1 ? axis_bit(a) : AxisMask{0};
+    }
+    return m;
+  }
+
   /// The process group of this rank along `axis`.
   const ProcessGroup& group(int axis) const { return state_->groups[axis]; }
 
   /// The group over the axes in `axes` (row-major over them: a flattened group), labelled "dp*tp". Made
   /// on first use by its members only (no other rank of the mesh takes part) and kept; later calls look it
-  /// up by mask (no allocation).
+  /// up by mask (no allocation). Axes of size 1 change neither the members nor their order, so they are
+  /// left out: over (dp, tp) with tp = 1 it is dp's group itself, no new communicator.
   const ProcessGroup& group_over(AxisMask axes) const {
+    const AxisMask wide = axes & ~unit_axes();
+    axes = wide != 0 ? wide : axis_bit(first_axis(axes));
     if (axis_count(axes) == 1) {
       return state_->groups[first_axis(axes)];
     }

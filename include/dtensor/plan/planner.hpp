@@ -26,6 +26,10 @@
 // Where Partial axes are reduced and something else changes too, make_plan ranks candidate plans (how
 // each axis is reduced, what is chunked first) by bytes_per_rank and keeps the cheapest (see make_plan).
 //
+// An axis of size 1 (a static size, or the real one of a dynamic axis: make_plan's `nominal`) gets no step:
+// over one rank a shard is the whole dim and a partial value is the value, so the plan is the one of the
+// mesh without that axis ([S(0),P] -> [S(0),R] on (4, 1): nothing to do), as in torch's redistribute.
+//
 // Everything is constexpr over values: `make_plan` runs at compile time for the typed redistribute and
 // at run time for printing and tests.
 
@@ -327,26 +331,9 @@ constexpr Extents nominal_global(const MeshSizes& nominal, int tensor_rank) {
   return total <= 1099511627776.0 ? g : Extents{};
 }
 
-} // namespace detail
-
-/// The plan from `src` to `dst` for a tensor of `tensor_rank` dims. `nominal` mesh sizes (empty: 2 per
-/// axis) decide between plans whose cost depends on them; every plan is exact for every size.
-///
-/// Without Partial sources to reduce, the plan is the rule above. With them, the planner ranks the plans
-/// of every Reduction (each reduced axis: all_reduce if its target is R, or reduce_scatter onto any dim;
-/// each replicated axis chunked onto any dim first, or not) by bytes_per_rank on an even global shape of the
-/// nominal sizes (plan/cost.hpp; its model cannot be costed here, so in closed form on values) and keeps the
-/// cheapest, the rule's plan on ties. So a reduction runs on the smallest data the target allows, and an
-/// all_reduce whose result is exchanged anyway becomes a reduce_scatter whose gather joins that exchange:
-///
-///   [R,P] -> [S(0),S(0)]     local_chunk(dp, dim 0); reduce_scatter(tp, dim 0)          (not 3x the bytes)
-///   [P,P] -> [R,R]           all_reduce(dp*tp)                   (3/4 of two all_reduces' bytes, 2x2)
-///   [S(0),P] -> [S(1),R]     reduce_scatter(tp, dim 0); permute(dp*tp)  (5/6 of all_to_all + all_reduce)
-///
-/// tests/plan/test_search.cpp compares every plan with the cheapest sequence of these steps found by
-/// exhaustive search (plan/search.hpp).
-constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst_list, int tensor_rank,
-                         MeshSizes nominal = {}, AllReduceOrder order = AllReduceOrder::by_size) {
+/// make_plan of a valid transition, every axis planned as it is (make_plan handles the axes of size 1).
+constexpr Plan plan_any_sizes(const PlacementList& src_list, const PlacementList& dst_list, int tensor_rank,
+                              MeshSizes nominal, AllReduceOrder order) {
   Plan plan;
   plan.error = check_transition(src_list, dst_list, tensor_rank);
   if (plan.error != PlanError::none) {
@@ -421,6 +408,55 @@ constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst
       return best;
     }
   }
+}
+
+/// The placements `list` with those of the axes of size 1 in `sizes` made Replicate, but a Partial that
+/// `other` (the other side of the transition) carries too: over one rank a shard is the whole dim and a
+/// partial value is the value, so a transition that changes only such axes moves nothing.
+constexpr PlacementList without_unit_axes(const PlacementList& list, const PlacementList& other,
+                                          const MeshSizes& sizes) {
+  PlacementList out = list;
+  for (int a = 0; a < out.size() && a < sizes.size(); ++a) {
+    if (sizes[a] == 1 && !(out[a].is_partial() && other[a] == out[a])) {
+      out[a] = Placement::replicate();
+    }
+  }
+  return out;
+}
+
+} // namespace detail
+
+/// The plan from `src` to `dst` for a tensor of `tensor_rank` dims. `nominal` mesh sizes (empty: 2 per
+/// axis) decide between plans whose cost depends on them; every plan is exact for every size.
+///
+/// Without Partial sources to reduce, the plan is the rule above. With them, the planner ranks the plans
+/// of every Reduction (each reduced axis: all_reduce if its target is R, or reduce_scatter onto any dim;
+/// each replicated axis chunked onto any dim first, or not) by bytes_per_rank on an even global shape of the
+/// nominal sizes (plan/cost.hpp; its model cannot be costed here, so in closed form on values) and keeps the
+/// cheapest, the rule's plan on ties. So a reduction runs on the smallest data the target allows, and an
+/// all_reduce whose result is exchanged anyway becomes a reduce_scatter whose gather joins that exchange:
+///
+///   [R,P] -> [S(0),S(0)]     local_chunk(dp, dim 0); reduce_scatter(tp, dim 0)          (not 3x the bytes)
+///   [P,P] -> [R,R]           all_reduce(dp*tp)                   (3/4 of two all_reduces' bytes, 2x2)
+///   [S(0),P] -> [S(1),R]     reduce_scatter(tp, dim 0); permute(dp*tp)  (5/6 of all_to_all + all_reduce)
+///
+/// tests/plan/test_search.cpp compares every plan with the cheapest sequence of these steps found by
+/// exhaustive search (plan/search.hpp).
+constexpr Plan make_plan(const PlacementList& src_list, const PlacementList& dst_list, int tensor_rank,
+                         MeshSizes nominal = {}, AllReduceOrder order = AllReduceOrder::by_size) {
+  const PlanError error = check_transition(src_list, dst_list, tensor_rank);
+  if (error != PlanError::none) {
+    Plan plan;
+    plan.error = error;
+    return plan;
+  }
+  // Axes of size 1 (static sizes, or the real ones) are planned as Replicate: no step runs over them.
+  Plan plan = detail::plan_any_sizes(detail::without_unit_axes(src_list, dst_list, nominal),
+                                     detail::without_unit_axes(dst_list, src_list, nominal), tensor_rank,
+                                     nominal, order);
+  plan.src = ShardSpec::from(src_list, tensor_rank);
+  plan.dst = ShardSpec::from(dst_list, tensor_rank);
+  return plan;
 }
 
 /// The always-exact fallback for Shard/Replicate changes: one permute over every mesh axis that moves

@@ -128,14 +128,33 @@ private:
   mutable std::vector<std::unique_ptr<const Made>> made_; // never shrinks: references stay valid
 };
 
+/// Whether a step of `plan` runs over an axis whose size in `sizes` is 1 (make_plan plans none where it
+/// knows the size).
+inline bool runs_over_unit_axis(const Plan& plan, const MeshSizes& sizes) {
+  AxisMask unit = 0;
+  for (int a = 0; a < sizes.size(); ++a) {
+    unit |= sizes[a] == 1 ? axis_bit(a) : AxisMask{0};
+  }
+  for (const Step& st : plan.steps) {
+    if ((st.axes & unit) != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 /// The plan Src -> Dst for a mesh of `sizes`: fixed at compile time, or, where the size of a dynamic axis
-/// may change it (Plan::sizes_decide), make_plan for the real sizes (PlansBySizes).
+/// may change it (Plan::sizes_decide, or a dynamic axis of size 1 that a step runs over: make_plan then
+/// plans without it), make_plan for the real sizes (PlansBySizes).
 template <class Shape, int Rank, class Src, class Dst>
 const Plan& select_plan(const MeshSizes& sizes) {
   constexpr const Plan& plan = plan_v<Shape, Rank, Src, Dst>;
-  if constexpr (Shape::is_static || !plan.sizes_decide) {
+  if constexpr (Shape::is_static) {
     return plan;
   } else {
+    if (!plan.sizes_decide && !runs_over_unit_axis(plan, sizes)) {
+      return plan;
+    }
     static const PlansBySizes plans(Src::value, Dst::value, Rank);
     return plans.get(sizes);
   }

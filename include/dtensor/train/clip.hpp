@@ -354,12 +354,16 @@ double total_norm(NormType type, const G0& g0, const G&... grads) {
   detail::for_each_gradient(g0, add);
   (detail::for_each_gradient(grads, add), ...);
   if constexpr (axes != 0) {
-    if (mesh != nullptr) { // every rank holds the same sources, so all of them call or none does
+    // Every rank holds the same sources, so all of them call or none does; over axes of size 1 only, the
+    // share is the total (a size-1 axis costs nothing).
+    if (mesh != nullptr && (axes & ~mesh->unit_axes()) != 0) {
       // On the gradients' device: NCCL reduces device memory only.
       Tensor<double, 1> total = Tensor<double, 1>::full({1}, acc, device);
       all_reduce(total, type.is_inf() ? ReduceOp::max : ReduceOp::sum, mesh->group_over(axes));
       const ::dtensor::detail::HostSyncScope read("clip_grad_norm: the total norm");
       acc = device.is_meta() ? std::nan("") : total.item(); // meta gradients: no norm
+    } else if (mesh != nullptr && device.is_meta()) {
+      acc = std::nan("");
     }
   }
   return type.is_inf() ? acc : (type.p == 2 ? std::sqrt(acc) : std::pow(acc, 1.0 / type.p));

@@ -154,7 +154,9 @@ public:
       if (!ready_bucket.buffer.defined()) { // a bucket of empty shards only
         ready_bucket.buffer = Tensor<T, 1>({0});
       }
-      ready_bucket.work = all_reduce(ready_bucket.buffer, ReduceOp::sum, group_, async_op);
+      if (group_.size() > 1) { // a group of one: the sum is the bucket (a size-1 axis costs nothing)
+        ready_bucket.work = all_reduce(ready_bucket.buffer, ReduceOp::sum, group_, async_op);
+      }
       if (!overlap_) {
         ready_bucket.work.wait();
       }
