@@ -10,15 +10,27 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <thread>
+#include <vector>
 
 using namespace comm_test;
 
 namespace {
 
 constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::product};
+
+/// The ops every collective that reduces is checked with on T: kOps, and the bitwise ones on integers.
+template <class T>
+std::vector<ReduceOp> ops_for() {
+  std::vector<ReduceOp> ops(std::begin(kOps), std::end(kOps));
+  if constexpr (std::is_integral_v<T>) {
+    ops.insert(ops.end(), {ReduceOp::band, ReduceOp::bor, ReduceOp::bxor});
+  }
+  return ops;
+}
 
 /// Rank r's value at flat index i: small integers in {1, 2, 3}.
 long val(int r, std::int64_t i) {
@@ -44,6 +56,15 @@ T reference(ReduceOp op, int n, const std::function<long(int)>& f) {
       break;
     case ReduceOp::min:
       acc = std::min(acc, v);
+      break;
+    case ReduceOp::band:
+      acc &= v;
+      break;
+    case ReduceOp::bor:
+      acc |= v;
+      break;
+    case ReduceOp::bxor:
+      acc ^= v;
       break;
     }
   }
@@ -79,7 +100,7 @@ TEMPLATE_TEST_CASE("all_reduce, reduce and broadcast match a single-process refe
   testing::run_ranks(world, [](ProcessGroup& g) {
     const int n = g.size(), r = g.rank();
     for (std::int64_t numel : {0, 1, 7, 33}) {
-      for (ReduceOp op : kOps) {
+      for (ReduceOp op : ops_for<T>()) {
         const std::string what = std::string(to_string(op)) + " of " + std::to_string(numel);
         auto t = Tensor<T, 2>({numel, 1});
         fill_with(t, [&](auto i) { return val(r, i); });
@@ -138,7 +159,7 @@ TEMPLATE_TEST_CASE("all_gather_into_tensor, reduce_scatter_tensor and their list
           in, [&](auto i) { return from_int<T>(val(r, i)); }, tag(g, "functional input untouched"));
       expect_values<T>(untouched, expect_gathered, tag(g, "functional::all_gather_into_tensor"));
 
-      for (ReduceOp op : kOps) {
+      for (ReduceOp op : ops_for<T>()) {
         const std::string what = std::string(to_string(op)) + " k=" + std::to_string(k);
         auto big = Tensor<T, 2>({n * k, 2});
         fill_with(big, [&](auto j) { return val(r, j); });
@@ -166,7 +187,7 @@ TEMPLATE_TEST_CASE("all_gather_into_tensor, reduce_scatter_tensor and their list
           outs[m], [&](auto i) { return from_int<T>(val(m, i)); },
           tag(g, "all_gather (uneven) block " + std::to_string(m)));
     }
-    for (ReduceOp op : kOps) {
+    for (ReduceOp op : ops_for<T>()) {
       std::vector<Tensor<T, 2>> ins;
       for (int j = 0; j < n; ++j) {
         ins.push_back(Tensor<T, 2>({rows(j), 2}));

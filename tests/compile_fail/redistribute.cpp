@@ -73,3 +73,10 @@ Tensor<char, 1> t;
 #endif
 
 int main() {}
+
+//! CASE bitwise_partial_of_float DTensor: Partial<band>, Partial<bor> and Partial<bxor> are bitwise
+#ifdef CASE_bitwise_partial_of_float
+void f(const DTensor<float, 2, Mesh, Partial<ReduceOp::bxor>, Replicate>& p) {
+  (void)p.local();
+}
+#endif

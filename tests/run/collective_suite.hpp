@@ -123,15 +123,45 @@ template <class T>
 void all_reduce_ops(const Ctx& c) {
   const std::int64_t n = 7;
   auto value = [](int r, std::int64_t i) { return double(r + 1 + i % 3); };
-  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::product}) {
+  std::vector<ReduceOp> ops{ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::product};
+  if constexpr (std::is_integral_v<T>) { // the bitwise ops: integer types only
+    ops.insert(ops.end(), {ReduceOp::band, ReduceOp::bor, ReduceOp::bxor});
+  }
+  for (ReduceOp op : ops) {
     auto t = make<T>(c, n, [&](std::int64_t i) { return value(c.rank, i); });
+    if (is_bitwise(op) && c.device.is_cuda()) { // NCCL has no bitwise reduction: refused before any launch
+      std::string said;
+      try {
+        all_reduce(t, op, c.world);
+      } catch (const Error& e) {
+        said = e.what();
+      }
+      if (said.find("no bitwise reduction") == std::string::npos) {
+        throw Error("rank " + std::to_string(c.rank) + ": all_reduce " + std::string(to_string(op)) +
+                    " on NCCL was not refused (" + said + ")");
+      }
+      continue;
+    }
     all_reduce(t, op, c.world);
     auto ref = [&](std::int64_t i) {
       double acc = value(0, i);
       std::uint64_t wrap = static_cast<std::uint64_t>(acc);
+      std::uint64_t bits = wrap;
       for (int r = 1; r < c.size; ++r) {
         const double v = value(r, i);
         switch (op) {
+        case ReduceOp::band:
+          bits &= static_cast<std::uint64_t>(v);
+          acc = static_cast<double>(bits);
+          break;
+        case ReduceOp::bor:
+          bits |= static_cast<std::uint64_t>(v);
+          acc = static_cast<double>(bits);
+          break;
+        case ReduceOp::bxor:
+          bits ^= static_cast<std::uint64_t>(v);
+          acc = static_cast<double>(bits);
+          break;
         case ReduceOp::sum:
         case ReduceOp::avg:
           acc += v;

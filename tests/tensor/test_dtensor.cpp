@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <dtensor/comm/collectives.hpp>
 #include <dtensor/comm/comm_debug.hpp>
 #include <dtensor/core/tensor_io.hpp>
 #include <dtensor/mesh/device_mesh.hpp>
@@ -150,6 +151,63 @@ TEST_CASE("Partial ops other than sum: R -> P(op) -> R is exact on integer-value
     auto avg = DTensor<float, 2, Mesh1, Partial<ReduceOp::avg>>::from_local(mesh, mine);
     expect(avg.full_tensor()(1, 1) == 3.0f, "avg of 0, 3, 6");
   });
+}
+
+TEST_CASE(
+    "bitwise Partials: Partial<band/bor/bxor> of integers on 1-4 ranks against the bits of every rank's "
+    "block",
+    "[dtensor]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    testing::run_ranks(n, [n](ProcessGroup& world) {
+      auto mesh = init_device_mesh<Mesh1>(world);
+      const int r = world.rank();
+      // Rank m holds bits(m, i) at flat index i of a (5, 3) block: the reference combines every rank's.
+      const auto bits = [](int m, std::int64_t i) { return std::int32_t((i * 37 + m * 11) % 64 | (1 << m)); };
+      const auto block = [&](int m) { // rank m's block
+        auto t = Tensor<std::int32_t, 2>({5, 3});
+        for (std::int64_t i = 0; i < 15; ++i) {
+          t.data()[i] = bits(m, i);
+        }
+        return t;
+      };
+      const auto check = [&]<ReduceOp Op>(auto combine, const char* name) {
+        auto p = DTensor<std::int32_t, 2, Mesh1, Partial<Op>>::from_local(mesh, block(r));
+        const auto full = p.full_tensor();
+        const auto rows = p.template redistribute<Shard<0>>().full_tensor(); // reduce_scatter, then gather
+        for (std::int64_t i = 0; i < 15; ++i) {
+          std::int32_t want = bits(0, i);
+          for (int m = 1; m < n; ++m) {
+            want = combine(want, bits(m, i));
+          }
+          expect(full.data()[i] == want && rows.data()[i] == want,
+                 std::string(name) + ": element " + std::to_string(i) + " is " +
+                     std::to_string(full.data()[i]) + " / " + std::to_string(rows.data()[i]) + ", want " +
+                     std::to_string(want));
+        }
+        // R -> P(op) -> R gives the value back (bxor: coordinate 0 keeps it, the others hold 0).
+        const auto rep = DTensor<std::int32_t, 2, Mesh1, Replicate>::from_local(mesh, block(0));
+        const auto back = rep.template redistribute<Partial<Op>>().full_tensor();
+        expect(equal(back, rep.local()), std::string(name) + ": R -> P -> R");
+      };
+      check.template operator()<ReduceOp::band>([](std::int32_t a, std::int32_t b) { return a & b; }, "band");
+      check.template operator()<ReduceOp::bor>([](std::int32_t a, std::int32_t b) { return a | b; }, "bor");
+      check.template operator()<ReduceOp::bxor>([](std::int32_t a, std::int32_t b) { return a ^ b; }, "bxor");
+      // A floating tensor has no bitwise reduction: refused before any communication, on every rank.
+      auto f = Tensor<float, 1>::full({4}, 1.0f);
+      bool refused = false;
+      try {
+        all_reduce(f, ReduceOp::bxor, world);
+      } catch (const Error& e) {
+        refused =
+            std::string(e.what()).find(
+                "is bitwise and reduces int32, int64 and uint8 tensors, not float32") != std::string::npos;
+      }
+      expect(refused, "all_reduce(bxor) of float32 is refused");
+      all_reduce(f, ReduceOp::sum, world); // the group is still usable
+      expect(f.data()[0] == static_cast<float>(n), "the group works after the refusal");
+    });
+  }
 }
 
 TEST_CASE("factories: zeros, ones, full, from_global_index", "[dtensor]") {

@@ -65,6 +65,9 @@ struct ReduceOpTable {
   V max;
   V min;
   V product;
+  V band;
+  V bor;
+  V bxor;
 
   /// The entry of `op`; Error("<backend>: unsupported reduce op <n>") for a value outside ReduceOp.
   constexpr V at(ReduceOp op, std::string_view backend) const {
@@ -79,6 +82,12 @@ struct ReduceOpTable {
       return min;
     case ReduceOp::product:
       return product;
+    case ReduceOp::band:
+      return band;
+    case ReduceOp::bor:
+      return bor;
+    case ReduceOp::bxor:
+      return bxor;
     }
     throw Error(std::string(backend) + ": unsupported reduce op " + std::to_string(static_cast<int>(op)));
   }

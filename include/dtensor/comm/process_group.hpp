@@ -19,8 +19,10 @@
 #include "dtensor/comm/comm_debug.hpp"
 #include "dtensor/comm/stream.hpp"
 #include "dtensor/comm/wait_timer.hpp"
+#include "dtensor/core/element_type.hpp"
 #include "dtensor/core/error.hpp"
 #include "dtensor/core/format.hpp"
+#include "dtensor/core/reduce_op.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -157,6 +159,7 @@ public:
   WorkPtr all_reduce(BufferRef buf, ReduceOp op, const CommOptions& opts,
                      std::string_view what = "all_reduce") const {
     auto& b = impl(what);
+    check_reduce(what, op, buf.dtype);
     const std::int64_t n = b.size();
     record(what, n > 1 ? (2 * (n - 1) * buf.count + n - 1) / n : 0, buf.dtype, op, buf.count);
     return on_stream(what, opts, detail::each_buffer(buf),
@@ -164,6 +167,7 @@ public:
   }
   WorkPtr reduce(BufferRef buf, int root, ReduceOp op, const CommOptions& opts) const {
     auto& b = impl("reduce");
+    check_reduce("reduce", op, buf.dtype);
     record("reduce", b.rank() == root ? (b.size() - 1) * buf.count : 0, buf.dtype, op, buf.count);
     return on_stream("reduce", opts, detail::each_buffer(buf),
                      [&](const CommOptions& o) { return b.reduce(buf, root, op, o); });
@@ -186,6 +190,7 @@ public:
                          std::span<const std::int64_t> displs, ReduceOp op, const CommOptions& opts,
                          std::string_view what = "reduce_scatter") const {
     auto& b = impl(what);
+    check_reduce(what, op, out.dtype);
     record(what, (b.size() - 1) * out.count, out.dtype, op, sum_except(counts, -1));
     return on_stream(what, opts, detail::each_buffer(in, out),
                      [&](const CommOptions& o) { return b.reduce_scatter(in, out, counts, displs, op, o); });
@@ -267,6 +272,16 @@ public:
   }
 
 private:
+  /// A bitwise op (band, bor, bxor) reduces integer tensors only: an Error before any communication, as
+  /// torch.distributed refuses BAND, BOR and BXOR on floating tensors.
+  void check_reduce(std::string_view what, ReduceOp op, DType dtype) const {
+    if (is_bitwise(op) && dtype != DType::int32 && dtype != DType::int64 && dtype != DType::uint8) {
+      throw Error(
+          std::string(what) + " on " + to_string() + ": ReduceOp " + std::string(dtensor::to_string(op)) +
+          " is bitwise and reduces int32, int64 and uint8 tensors, not " + std::string(dtype_name(dtype)));
+    }
+  }
+
   /// Submits on the op's stream (comm/stream.hpp); `each_buffer(f)` passes the op's buffers to f. While a
   /// CommWaitTimer is active on this thread, the submission is timed and so is the completion's wait().
   template <class EachBuffer, class Submit>

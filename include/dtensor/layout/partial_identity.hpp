@@ -18,8 +18,8 @@
 
 namespace dtensor {
 
-/// The value a Partial coordinate other than 0 holds after R -> P(op): op's identity (sum: 0, product: 1),
-/// as the bytes of one element of `dtype`.
+/// The value a Partial coordinate other than 0 holds after R -> P(op): op's identity (sum, bxor: 0; product:
+/// 1), as the bytes of one element of `dtype`.
 inline void partial_identity(DType dtype, ReduceOp op, unsigned char (&out)[8]) {
   std::memset(out, 0, sizeof out);
   if (op == ReduceOp::product) {

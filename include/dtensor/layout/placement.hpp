@@ -42,11 +42,13 @@ struct Placement {
 };
 
 /// Whether the rank at coordinate `coord` along an axis with placement `p` holds the value itself: a
-/// Partial<sum> / Partial<product> value made from a replicated one lives on coordinate 0 and the others
-/// hold the op's identity (0 / 1), which keeps it exact; every other placement holds it everywhere
-/// (Partial<avg/max/min> hold the value on every coordinate).
+/// Partial<sum> / Partial<product> / Partial<bxor> value made from a replicated one lives on coordinate 0
+/// and the others hold the op's identity (0 / 1 / 0), which keeps it exact; every other placement holds it
+/// everywhere (Partial<avg/max/min/band/bor> hold the value on every coordinate: reducing v with itself
+/// gives v).
 constexpr bool holds_value(Placement p, int coord) noexcept {
-  return !(p.is_partial() && (p.op == ReduceOp::sum || p.op == ReduceOp::product) && coord != 0);
+  return !(p.is_partial() && (p.op == ReduceOp::sum || p.op == ReduceOp::product || p.op == ReduceOp::bxor) &&
+           coord != 0);
 }
 
 /// The placement list of a DTensor: one Placement per mesh axis, in mesh-axis order.

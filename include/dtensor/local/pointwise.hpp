@@ -486,6 +486,8 @@ template <class T, int R>
 Tensor<T, R> reduce(ReduceOp op, const Tensor<T, R>& x, int dim, double divide = 1) {
   DTENSOR_CHECK(dim >= 0 && dim < R,
                 "local::reduce: dim " + std::to_string(dim) + " out of range for rank " + std::to_string(R));
+  DTENSOR_CHECK(!is_bitwise(op), "local::reduce: ReduceOp " + std::string(to_string(op)) +
+                                     " is a collective's reduction only (sum, avg, max, min, product here)");
   auto shape = x.shape();
   const std::int64_t len = shape[dim];
   shape[dim] = 1;

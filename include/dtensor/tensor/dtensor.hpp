@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -206,9 +207,27 @@ class DTensor;
 template <class T, int Rank, class Shape, class... P>
 class PendingRedistribute;
 
+namespace detail {
+
+/// Whether one of the placements P is Partial<band/bor/bxor> (false for a list validate_placements refuses).
+template <class... P>
+consteval bool has_bitwise_partial() {
+  if constexpr ((PlacementType<P> && ...)) {
+    return ((P::value.is_partial() && is_bitwise(P::value.op)) || ...);
+  } else {
+    return false;
+  }
+}
+
+} // namespace detail
+
 template <class T, int Rank, class Shape, class... P>
 class DTensor {
   static_assert(validate_placements<Shape, Rank, P...>());
+  static_assert(
+      std::is_integral_v<T> || !detail::has_bitwise_partial<P...>(),
+      "DTensor: Partial<band>, Partial<bor> and Partial<bxor> are bitwise and need an integer element "
+      "type (int32, int64, uint8); a floating tensor has no bitwise reduction");
 
 public:
   using value_type = T;

@@ -89,9 +89,11 @@ inline void fill_repeating(std::byte* dst, std::int64_t count, const std::byte* 
   }
 }
 
-/// data = data op data op ... (n operands), by doubling: log2(n) passes. avg, max and min leave data.
+/// data = data op data op ... (n operands), by doubling: log2(n) passes. avg, max, min, band and bor leave
+/// data.
 inline void reduce_copies(void* data, std::int64_t count, DType dtype, ReduceOp op, int n) {
-  if (n <= 1 || count == 0 || op == ReduceOp::avg || op == ReduceOp::max || op == ReduceOp::min) {
+  if (n <= 1 || count == 0 || op == ReduceOp::avg || op == ReduceOp::max || op == ReduceOp::min ||
+      op == ReduceOp::band || op == ReduceOp::bor) {
     return;
   }
   const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);

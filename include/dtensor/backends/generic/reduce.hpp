@@ -43,6 +43,12 @@ T reduce_one(ReduceOp op, T a, T b) {
       return std::max(a, b);
     case ReduceOp::min:
       return std::min(a, b);
+    case ReduceOp::band:
+      return static_cast<T>(a & b);
+    case ReduceOp::bor:
+      return static_cast<T>(a | b);
+    case ReduceOp::bxor:
+      return static_cast<T>(a ^ b);
     }
     return a;
   } else {
@@ -56,6 +62,10 @@ T reduce_one(ReduceOp op, T a, T b) {
       return a != a ? a : b != b ? b : std::max(a, b);
     case ReduceOp::min:
       return a != a ? a : b != b ? b : std::min(a, b);
+    case ReduceOp::band: // floating types are refused before any communication (check_reduce_dtype)
+    case ReduceOp::bor:
+    case ReduceOp::bxor:
+      return a;
     }
     return a;
   }
@@ -86,6 +96,12 @@ inline ReduceFn reduce_function(DType dtype, ReduceOp op) {
       return &reduce_kernel<T, ReduceOp::max>;
     case ReduceOp::min:
       return &reduce_kernel<T, ReduceOp::min>;
+    case ReduceOp::band:
+      return &reduce_kernel<T, ReduceOp::band>;
+    case ReduceOp::bor:
+      return &reduce_kernel<T, ReduceOp::bor>;
+    case ReduceOp::bxor:
+      return &reduce_kernel<T, ReduceOp::bxor>;
     }
     return nullptr;
   });

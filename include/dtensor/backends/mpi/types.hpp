@@ -81,7 +81,10 @@ public:
                                                     .avg = &mpi_user_reduce<T, ReduceOp::sum>,
                                                     .max = &mpi_user_reduce<T, ReduceOp::max>,
                                                     .min = &mpi_user_reduce<T, ReduceOp::min>,
-                                                    .product = &mpi_user_reduce<T, ReduceOp::product>};
+                                                    .product = &mpi_user_reduce<T, ReduceOp::product>,
+                                                    .band = &mpi_user_reduce<T, ReduceOp::band>,
+                                                    .bor = &mpi_user_reduce<T, ReduceOp::bor>,
+                                                    .bxor = &mpi_user_reduce<T, ReduceOp::bxor>};
         return fns.at(op, "MPI backend");
       });
       const int rc = MPI_Op_create(fn, /*commute=*/1, &ops_[i]);
@@ -104,7 +107,7 @@ public:
   }
 
 private:
-  static constexpr std::size_t kOps = 4;   // sum (avg), product, max, min
+  static constexpr std::size_t kOps = 7;   // sum (avg), product, max, min, band, bor, bxor
   static constexpr std::size_t kTypes = 9; // DType's values
 
   MpiUserOps() {
@@ -123,6 +126,12 @@ private:
       return 2;
     case ReduceOp::min:
       return 3;
+    case ReduceOp::band:
+      return 4;
+    case ReduceOp::bor:
+      return 5;
+    case ReduceOp::bxor:
+      return 6;
     }
     return 0;
   }
@@ -136,8 +145,14 @@ inline MPI_Op mpi_op(DType dtype, ReduceOp op) {
   if (!mpi_reduces_natively(dtype)) {
     return MpiUserOps::instance().get(dtype, op);
   }
-  const ReduceOpTable<MPI_Op> ops{
-      .sum = MPI_SUM, .avg = MPI_SUM, .max = MPI_MAX, .min = MPI_MIN, .product = MPI_PROD};
+  const ReduceOpTable<MPI_Op> ops{.sum = MPI_SUM,
+                                  .avg = MPI_SUM,
+                                  .max = MPI_MAX,
+                                  .min = MPI_MIN,
+                                  .product = MPI_PROD,
+                                  .band = MPI_BAND,
+                                  .bor = MPI_BOR,
+                                  .bxor = MPI_BXOR};
   return ops.at(op, "MPI backend");
 }
 

@@ -54,10 +54,20 @@ inline ncclDataType_t nccl_type(DType d) {
   return t;
 }
 
-/// NCCL's reduction for `op` (avg is ncclAvg for every type).
+/// NCCL's reduction for `op` (avg is ncclAvg for every type). NCCL has no bitwise reduction: band, bor and
+/// bxor are refused (as torch's NCCL backend refuses BAND, BOR and BXOR).
 inline ncclRedOp_t nccl_op(ReduceOp op) {
-  constexpr ReduceOpTable<ncclRedOp_t> ops{
-      .sum = ncclSum, .avg = ncclAvg, .max = ncclMax, .min = ncclMin, .product = ncclProd};
+  DTENSOR_CHECK(!is_bitwise(op), "NCCL backend: NCCL has no bitwise reduction (ReduceOp " +
+                                     std::string(to_string(op)) +
+                                     "); use the gloo or MPI backend for band, bor and bxor");
+  constexpr ReduceOpTable<ncclRedOp_t> ops{.sum = ncclSum,
+                                           .avg = ncclAvg,
+                                           .max = ncclMax,
+                                           .min = ncclMin,
+                                           .product = ncclProd,
+                                           .band = ncclNumOps,
+                                           .bor = ncclNumOps,
+                                           .bxor = ncclNumOps};
   return ops.at(op, "NCCL backend");
 }
 
